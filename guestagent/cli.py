@@ -1,0 +1,132 @@
+"""Command lines: `guestagent serve` (in the guest) and `guestctl` (on the host)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+
+from guestagent import jsonlog
+from guestagent.client import AgentClient, describe_error
+from guestagent.display import as_json, memory_info_text
+from guestagent.errors import AgentError
+from guestagent.kernelfs import KernelFS
+from guestagent.transport import parse_address
+from guestagent.v1 import agent_pb2 as pb
+from guestagent.watch import PSI_MIN_WINDOW_US
+
+
+def agent_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="guestagent", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = commands.add_parser("serve", help="run the in-guest agent")
+    serve_cmd.add_argument(
+        "--listen",
+        action="append",
+        metavar="ADDR",
+        help="vsock://:PORT, unix:///PATH or tcp://HOST:PORT; repeatable (default vsock://:1024)",
+    )
+    serve_cmd.add_argument(
+        "--allow-cid",
+        action="append",
+        type=int,
+        default=[],
+        metavar="CID",
+        help="also accept vsock peers with this CID (the host, CID 2, always is)",
+    )
+    serve_cmd.add_argument("--root", type=Path, default=Path("/"), help="kernel file tree root")
+    serve_cmd.add_argument(
+        "--cgroup-mount", default="sys/fs/cgroup", help="cgroup2 mount below root"
+    )
+    serve_cmd.add_argument("--grace-seconds", type=float, default=10.0)
+    serve_cmd.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+
+    # Imported here so guestctl does not load the server.
+    from guestagent.server import ServerConfig, serve
+
+    jsonlog.configure(args.log_level)
+    try:
+        config = ServerConfig(
+            listen=tuple(parse_address(a) for a in args.listen or ["vsock://:1024"]),
+            fs=KernelFS(args.root, args.cgroup_mount),
+            allowed_cids=frozenset({2, *args.allow_cid}),
+            grace_seconds=args.grace_seconds,
+        )
+        asyncio.run(serve(config))
+    except (AgentError, OSError) as e:
+        jsonlog.EventLog("guestagent").error("fatal", error=str(e))
+        return 1
+    return 0
+
+
+def _info(client: AgentClient, args: argparse.Namespace) -> str:
+    info = client.info(args.cgroup)
+    return as_json(info) if args.json else memory_info_text(info)
+
+
+def _watch(client: AgentClient, args: argparse.Namespace) -> str:
+    trigger = (
+        pb.PressureTrigger(stall_us=args.stall_us, window_us=args.window_us)
+        if args.stall_us
+        else None
+    )
+    for count, info in enumerate(client.watch(args.cgroup, args.interval_ms, trigger), 1):
+        reason = pb.WatchReason.Name(info.reason).removeprefix("WATCH_REASON_").lower()
+        text = as_json(info) if args.json else memory_info_text(info)
+        print(f"--- {reason} {' '.join(info.changed_cgroups)}".rstrip(), flush=True)
+        print(text, flush=True)
+        if args.count and count >= args.count:
+            break
+    return ""
+
+
+def _health(client: AgentClient, args: argparse.Namespace) -> str:
+    return client.health(args.service)
+
+
+def ctl_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="guestctl", description="talk to a guest's agent")
+    parser.add_argument(
+        "--target",
+        required=True,
+        help="vsock://CID:PORT, hvsock:///path/vsock.sock:PORT, unix:///PATH or tcp://HOST:PORT",
+    )
+    parser.add_argument("--json", action="store_true", help="print protobuf JSON")
+    parser.add_argument("--timeout", type=float, default=30.0)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    info = commands.add_parser("info", help="one memory report")
+    info.add_argument("--cgroup", action="append", default=[], help="cgroup path; repeatable")
+    info.set_defaults(run=_info)
+
+    watch = commands.add_parser("watch", help="stream memory reports")
+    watch.add_argument("--cgroup", action="append", default=[])
+    watch.add_argument("--interval-ms", type=int, default=0)
+    watch.add_argument("--count", type=int, default=0, help="stop after N messages")
+    watch.add_argument("--stall-us", type=int, default=0, help="PSI trigger stall")
+    watch.add_argument("--window-us", type=int, default=PSI_MIN_WINDOW_US * 2)
+    watch.set_defaults(run=_watch)
+
+    check = commands.add_parser("health", help="grpc.health.v1 status")
+    check.add_argument("--service", default="")
+    check.set_defaults(run=_health)
+
+    args = parser.parse_args(argv)
+    run: Callable[[AgentClient, argparse.Namespace], str] = args.run
+    try:
+        with AgentClient(args.target, timeout=args.timeout) as client:
+            output = run(client, args)
+    except grpc.RpcError as e:
+        print(f"guestctl: {describe_error(e)}", file=sys.stderr)
+        return 1
+    except (AgentError, OSError) as e:
+        print(f"guestctl: {e}", file=sys.stderr)
+        return 1
+    if output:
+        print(output)
+    return 0

@@ -1,0 +1,125 @@
+"""Host-side client: reach the agent over vsock, hybrid vsock, unix or tcp.
+
+grpcio cannot dial vsock either, so for vsock targets the client runs the relay in the
+other direction: a private unix socket whose connections are joined to the guest.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from guestagent.transport import (
+    HybridVsockAddress,
+    SocketRelay,
+    UnixAddress,
+    VsockAddress,
+    dial_hybrid_vsock,
+    dial_vsock,
+    grpc_target,
+    parse_address,
+)
+from guestagent.v1 import agent_pb2 as pb
+from guestagent.v1 import agent_pb2_grpc as pb_grpc
+
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
+
+
+class AgentClient:
+    def __init__(self, target: str, timeout: float = 30.0) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._relay: SocketRelay | None = None
+        self._relay_dir: Path | None = None
+        address = parse_address(target)
+        if isinstance(address, VsockAddress | HybridVsockAddress):
+            address = self._start_relay(address)
+        self.channel = grpc.insecure_channel(grpc_target(address), options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.MemoryAgentStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
+
+    def _start_relay(self, address: VsockAddress | HybridVsockAddress) -> UnixAddress:
+        self._relay_dir = Path(tempfile.mkdtemp(prefix="guestctl-"))
+        path = str(self._relay_dir / "relay.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(16)
+        dial = (
+            functools.partial(dial_vsock, address)
+            if isinstance(address, VsockAddress)
+            else functools.partial(dial_hybrid_vsock, address)
+        )
+        self._relay = SocketRelay(listener, dial=dial, name="client-relay").start()
+        return UnixAddress(path)
+
+    def info(self, cgroups: Iterable[str] = ()) -> pb.MemoryInfo:
+        request = pb.GetMemoryInfoRequest(cgroups=list(cgroups))
+        response: pb.MemoryInfo = self.stub.GetMemoryInfo(request, timeout=self.timeout)
+        return response
+
+    def watch(
+        self,
+        cgroups: Iterable[str] = (),
+        interval_ms: int = 0,
+        trigger: pb.PressureTrigger | None = None,
+    ) -> Iterator[pb.MemoryInfo]:
+        request = pb.WatchMemoryRequest(interval_ms=interval_ms, cgroups=list(cgroups))
+        if trigger is not None:
+            request.pressure_trigger.CopyFrom(trigger)
+        stream: Iterator[pb.MemoryInfo] = self.stub.WatchMemory(request)
+        return stream
+
+    def health(self, service: str = "") -> str:
+        response = self.health_stub.Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=self.timeout
+        )
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+    def wait_ready(self, timeout: float = 30.0) -> float:
+        """Block until the health service says SERVING; returns the seconds it took."""
+        start = time.monotonic()
+        deadline = start + timeout
+        while True:
+            try:
+                if self.health() == "SERVING":
+                    return time.monotonic() - start
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"agent at {self.target} not serving after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.channel.close()
+        if self._relay is not None:
+            self._relay.close()
+        if self._relay_dir is not None:
+            shutil.rmtree(self._relay_dir, ignore_errors=True)
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def describe_error(error: Any) -> str:
+    """One line for a failed call: 'INVALID_ARGUMENT: cgroup path ... is absolute'."""
+    if isinstance(error, grpc.RpcError):
+        return f"{error.code().name}: {error.details()}"
+    return str(error)

@@ -1,0 +1,66 @@
+"""Human-readable text for guestctl: pure functions from messages to lines."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from guestagent.v1 import agent_pb2 as pb
+
+MIB = 1024 * 1024
+
+
+def as_json(message: Any) -> str:
+    return json.dumps(
+        MessageToDict(
+            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        ),
+        indent=2,
+    )
+
+
+def mib(value: int) -> str:
+    return f"{value / MIB:,.1f} MiB"
+
+
+def limit_text(limit: pb.Limit) -> str:
+    return "max" if limit.unlimited else mib(limit.bytes)
+
+
+def pressure_text(pressure: pb.Pressure) -> str:
+    return (
+        f"some avg10={pressure.some.avg10:.2f} avg60={pressure.some.avg60:.2f} "
+        f"full avg10={pressure.full.avg10:.2f} avg60={pressure.full.avg60:.2f}"
+    )
+
+
+def memory_info_text(info: pb.MemoryInfo) -> str:
+    system = info.system
+    lines = [
+        f"memory   total {mib(system.mem_total_bytes)}  free {mib(system.mem_free_bytes)}  "
+        f"available {mib(system.mem_available_bytes)}",
+        f"         buffers {mib(system.buffers_bytes)}  cached {mib(system.cached_bytes)}  "
+        f"shmem {mib(system.shmem_bytes)}",
+        f"swap     total {mib(system.swap_total_bytes)}  free {mib(system.swap_free_bytes)}",
+        "pressure " + (pressure_text(info.pressure) if info.HasField("pressure") else "(no PSI)"),
+    ]
+    for cgroup in info.cgroups:
+        swap = (
+            f"swap {mib(cgroup.swap_current_bytes)} / {limit_text(cgroup.swap_max)}"
+            if cgroup.HasField("swap_max")
+            else "swap (no accounting)"
+        )
+        events = cgroup.events
+        lines += [
+            f"cgroup {cgroup.path}",
+            f"  memory {mib(cgroup.current_bytes)} / max {limit_text(cgroup.max)}  "
+            f"high {limit_text(cgroup.high)}  low {mib(cgroup.low_bytes)}  {swap}",
+            f"  anon {mib(cgroup.anon_bytes)}  file {mib(cgroup.file_bytes)}  events "
+            f"low={events.low} high={events.high} max={events.max} oom={events.oom} "
+            f"oom_kill={events.oom_kill}",
+        ]
+        if cgroup.HasField("pressure"):
+            lines.append(f"  pressure {pressure_text(cgroup.pressure)}")
+    return "\n".join(lines)

@@ -1,0 +1,307 @@
+"""Addresses and the vsock relay.
+
+PyPI's grpcio is built without vsock ("VSOCK is not supported"), so vsock is bridged here:
+the agent binds AF_VSOCK itself and joins each admitted connection to the gRPC server's
+private unix socket; the host client does the mirror image (a private unix socket whose
+connections are joined to vsock, or to a Cloud Hypervisor / Firecracker hybrid vsock).
+Bytes move with splice(2) through a pipe, so a relayed call costs two extra copies in the
+kernel and none in Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import ipaddress
+import os
+import select
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from guestagent.errors import InvalidArgument
+from guestagent.jsonlog import EventLog
+
+log = EventLog("guestagent.transport")
+
+HOST_CID = 2  # VMADDR_CID_HOST: the hypervisor side, the only trusted caller.
+_CHUNK = 256 * 1024
+_F_SETPIPE_SZ = 1031
+
+
+@dataclass(frozen=True)
+class VsockAddress:
+    cid: int
+    port: int
+
+
+@dataclass(frozen=True)
+class HybridVsockAddress:
+    """A Cloud Hypervisor / Firecracker vsock: a host unix socket plus a CONNECT handshake."""
+
+    path: str
+    port: int
+
+
+@dataclass(frozen=True)
+class UnixAddress:
+    path: str
+
+
+@dataclass(frozen=True)
+class TcpAddress:
+    host: str
+    port: int
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+Address = VsockAddress | HybridVsockAddress | UnixAddress | TcpAddress
+
+
+def _port(text: str, address: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise InvalidArgument(f"address {address!r}: port {text!r} is not a number") from None
+    if not 0 <= port <= 0xFFFFFFFF:
+        raise InvalidArgument(f"address {address!r}: port {port} is out of range")
+    return port
+
+
+def parse_address(text: str) -> Address:
+    """vsock://CID:PORT (CID may be empty: any), hvsock:///path:PORT, unix:///path, tcp://H:P."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        raise InvalidArgument(
+            f"address {text!r} has no scheme (vsock://, hvsock://, unix://, tcp://)"
+        )
+    if scheme == "unix":
+        if not rest.startswith("/"):
+            raise InvalidArgument(f"address {text!r}: unix path must be absolute")
+        return UnixAddress(rest)
+    if scheme == "hvsock":
+        path, colon, port = rest.rpartition(":")
+        if not colon or not path.startswith("/"):
+            raise InvalidArgument(f"address {text!r}: expected hvsock:///path/to/socket:PORT")
+        return HybridVsockAddress(path, _port(port, text))
+    host, colon, port = rest.rpartition(":")
+    if not colon:
+        raise InvalidArgument(f"address {text!r} has no port")
+    if scheme == "vsock":
+        if host in ("", "-1"):
+            return VsockAddress(socket.VMADDR_CID_ANY, _port(port, text))
+        return VsockAddress(_port(host, text), _port(port, text))
+    if scheme == "tcp":
+        if not host:
+            raise InvalidArgument(f"address {text!r} has no host")
+        tcp_port = _port(port, text)
+        if tcp_port > 0xFFFF:
+            raise InvalidArgument(f"address {text!r}: tcp port {tcp_port} is out of range")
+        return TcpAddress(host.strip("[]"), tcp_port)
+    raise InvalidArgument(f"address {text!r}: unknown scheme {scheme!r}")
+
+
+def grpc_target(address: UnixAddress | TcpAddress) -> str:
+    """The string grpcio takes for an address it can reach natively."""
+    if isinstance(address, UnixAddress):
+        return f"unix://{address.path}"
+    host = f"[{address.host}]" if ":" in address.host else address.host
+    return f"{host}:{address.port}"
+
+
+def open_vsock_listener(address: VsockAddress) -> socket.socket:
+    listener = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    listener.bind((address.cid, address.port))
+    listener.listen(64)
+    return listener
+
+
+def dial_vsock(address: VsockAddress) -> socket.socket:
+    sock = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    try:
+        sock.connect((address.cid, address.port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def dial_hybrid_vsock(address: HybridVsockAddress) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(address.path)
+        sock.sendall(f"CONNECT {address.port}\n".encode())
+        reply = _read_line(sock, limit=128)
+        if not reply.startswith(b"OK "):
+            raise ConnectionRefusedError(
+                f"hybrid vsock {address.path} port {address.port} answered {reply!r}"
+            )
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _read_line(sock: socket.socket, limit: int) -> bytes:
+    """Read up to a newline byte by byte, so no relayed data is consumed with it."""
+    line = bytearray()
+    while len(line) < limit:
+        byte = sock.recv(1)
+        if not byte or byte == b"\n":
+            break
+        line += byte
+    return bytes(line)
+
+
+def dial_unix(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _SpliceUnsupported(Exception):
+    pass
+
+
+def _splice_pump(src: socket.socket, dst: socket.socket) -> None:
+    read_end, write_end = os.pipe()
+    try:
+        with contextlib.suppress(OSError):  # A smaller pipe only means more splice calls.
+            fcntl.fcntl(write_end, _F_SETPIPE_SZ, _CHUNK)
+        first = True
+        while True:
+            try:
+                moved = os.splice(src.fileno(), write_end, _CHUNK)
+            except OSError as e:
+                if first and e.errno == errno.EINVAL:
+                    raise _SpliceUnsupported from e
+                raise
+            first = False
+            if moved == 0:
+                return
+            while moved:
+                moved -= os.splice(read_end, dst.fileno(), moved)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _copy_pump(src: socket.socket, dst: socket.socket) -> None:
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    while True:
+        received = src.recv_into(buffer)
+        if received == 0:
+            return
+        dst.sendall(view[:received])
+
+
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy src to dst until src's EOF, then half-close dst so the peer sees EOF too."""
+    try:
+        try:
+            _splice_pump(src, dst)
+        except _SpliceUnsupported:
+            _copy_pump(src, dst)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        # A reset on either side ends both directions: wake the other pump too.
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def join(a: socket.socket, b: socket.socket) -> None:
+    """Relay both directions until both end, then close both sockets."""
+    other = threading.Thread(target=pump, args=(b, a), name="relay-back", daemon=True)
+    other.start()
+    try:
+        pump(a, b)
+        other.join()
+    finally:
+        a.close()
+        b.close()
+
+
+class SocketRelay:
+    """Accepts on a listener and joins each admitted connection to a freshly dialled one."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        dial: Callable[[], socket.socket],
+        admit: Callable[[Any], bool] = lambda peer: True,
+        name: str = "relay",
+    ) -> None:
+        self.listener = listener
+        self._dial = dial
+        self._admit = admit
+        self._name = name
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
+
+    def start(self) -> SocketRelay:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting. Connections already relayed run on until their peers close them."""
+        os.write(self._wake_write, b"x")
+        self._thread.join(timeout=5)
+        self.listener.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def _accept_loop(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.listener.fileno(), self._wake_read], [], [])
+            if self._wake_read in ready:
+                return
+            try:
+                conn, peer = self.listener.accept()
+            except OSError as e:
+                log.warning("relay_accept_failed", relay=self._name, errno=e.errno, error=str(e))
+                continue
+            if not self._admit(peer):
+                conn.close()
+                continue
+            threading.Thread(
+                target=self._relay_one, args=(conn, peer), name=f"{self._name}-conn", daemon=True
+            ).start()
+
+    def _relay_one(self, conn: socket.socket, peer: Any) -> None:
+        try:
+            upstream = self._dial()
+        except OSError as e:
+            log.warning("relay_dial_failed", relay=self._name, peer=str(peer), error=str(e))
+            conn.close()
+            return
+        join(conn, upstream)
+
+
+def vsock_admitter(allowed_cids: frozenset[int]) -> Callable[[Any], bool]:
+    """Only the host may call by default: a guest's container must not raise its own limits."""
+
+    def admit(peer: Any) -> bool:
+        cid, port = peer
+        if cid in allowed_cids:
+            return True
+        log.warning("vsock_peer_refused", cid=cid, port=port, allowed=sorted(allowed_cids))
+        return False
+
+    return admit

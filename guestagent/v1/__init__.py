@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC modules for guestagent.v1 (built from protos/, not edited)."""

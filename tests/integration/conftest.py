@@ -1,0 +1,16 @@
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakeroot import FakeRoot
+from tests.integration.agentproc import AgentProcess
+
+
+@pytest.fixture
+def agent(fake_root: FakeRoot, tmp_path: Path) -> Iterator[AgentProcess]:
+    fake_root.add_cgroup("pod/ctr")
+    process = AgentProcess(fake_root.root, tmp_path)
+    process.start()
+    yield process
+    process.kill()

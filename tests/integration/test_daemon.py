@@ -1,0 +1,187 @@
+"""The real daemon, over unix and tcp, called with guestctl and the client library."""
+
+import contextlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from guestagent.client import AgentClient
+from guestagent.v1 import agent_pb2 as pb
+from tests.fakeroot import FakeRoot
+from tests.integration.agentproc import AgentProcess
+from tests.unit.test_transport import _hybrid_vsock_server
+
+
+def guestctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from guestagent.cli import ctl_main; raise SystemExit(ctl_main())",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_guestctl_info_text_and_json(agent: AgentProcess) -> None:
+    text = guestctl("--target", agent.unix_target, "info", "--cgroup", "pod/ctr")
+    assert text.returncode == 0, text.stderr
+    assert "total 487.1 MiB" in text.stdout
+    assert "cgroup pod/ctr" in text.stdout
+    assert "oom_kill=1" in text.stdout
+    as_json = guestctl("--target", agent.tcp_target, "--json", "info")
+    assert as_json.returncode == 0, as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert int(report["system"]["mem_total_bytes"]) == 498764 * 1024
+    assert report["pressure"]["some"]["avg10"] == 1.5
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "code", "words"),
+    [
+        ("../../etc", "INVALID_ARGUMENT", "'..'"),
+        ("/pod", "INVALID_ARGUMENT", "absolute"),
+        ("pod/missing", "NOT_FOUND", "'pod/missing'"),
+    ],
+)
+def test_bad_cgroups_get_clear_errors(
+    agent: AgentProcess, cgroup: str, code: str, words: str
+) -> None:
+    result = guestctl("--target", agent.unix_target, "info", "--cgroup", cgroup)
+    assert result.returncode == 1
+    assert f"{code}: " in result.stderr and words in result.stderr
+
+
+def test_missing_psi_is_absent(agent: AgentProcess, fake_root: FakeRoot) -> None:
+    (fake_root.root / "proc/pressure/memory").unlink()
+    with AgentClient(agent.tcp_target) as client:
+        info = client.info()
+    assert not info.HasField("pressure")
+
+
+def test_unix_socket_is_owner_only(agent: AgentProcess) -> None:
+    assert stat.S_IMODE(os.stat(agent.unix_path).st_mode) == 0o600
+
+
+def test_health_and_reflection(agent: AgentProcess) -> None:
+    with AgentClient(agent.unix_target) as client:
+        assert client.health("guestagent.v1.MemoryAgent") == "SERVING"
+        stub = reflection_pb2_grpc.ServerReflectionStub(client.channel)
+        replies = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        )
+        names = {s.name for reply in replies for s in reply.list_services_response.service}
+    assert {"guestagent.v1.MemoryAgent", "grpc.health.v1.Health"} <= names
+
+
+def test_logs_are_json_lines(agent: AgentProcess) -> None:
+    events = agent.log_events()
+    serving = next(e for e in events if e["event"] == "serving")
+    assert agent.unix_target in serving["listen"]  # type: ignore[operator]
+
+
+def test_watch_fires_on_memory_events_before_the_interval(
+    agent: AgentProcess, fake_root: FakeRoot
+) -> None:
+    events_file = fake_root.root / "sys/fs/cgroup/pod/ctr/memory.events"
+    with AgentClient(agent.unix_target) as client:
+        stream = client.watch(["pod/ctr"], interval_ms=60_000)
+        first = next(stream)
+        assert first.reason == pb.WATCH_REASON_INITIAL
+        started = time.monotonic()
+        events_file.write_text("low 0\nhigh 3\nmax 2\noom 2\noom_kill 2\n")
+        changed = next(stream)
+        elapsed = time.monotonic() - started
+        stream.cancel()
+    assert changed.reason == pb.WATCH_REASON_MEMORY_EVENTS
+    assert list(changed.changed_cgroups) == ["pod/ctr"]
+    assert changed.cgroups[0].events.oom_kill == 2
+    assert elapsed < 30  # Well before the 60 s interval.
+
+
+def test_watch_interval_ticks(agent: AgentProcess) -> None:
+    with AgentClient(agent.unix_target) as client:
+        stream = client.watch(interval_ms=100)
+        reasons = [next(stream).reason for _ in range(3)]
+        stream.cancel()
+    assert reasons == [pb.WATCH_REASON_INITIAL, pb.WATCH_REASON_INTERVAL, pb.WATCH_REASON_INTERVAL]
+
+
+@pytest.mark.parametrize(
+    ("interval", "trigger", "words"),
+    [
+        (10, None, "below the minimum"),
+        (0, pb.PressureTrigger(stall_us=1, window_us=50), "outside"),
+    ],
+)
+def test_watch_refusals(
+    agent: AgentProcess, interval: int, trigger: pb.PressureTrigger | None, words: str
+) -> None:
+    with AgentClient(agent.unix_target) as client, pytest.raises(grpc.RpcError) as raised:
+        next(client.watch(interval_ms=interval, trigger=trigger))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in raised.value.details()
+
+
+def inotify_fds(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # Closed while we looked.
+            count += "inotify" in os.readlink(fd)
+    return count
+
+
+def test_a_client_that_goes_away_frees_its_watch(agent: AgentProcess) -> None:
+    assert agent.proc is not None
+    baseline = inotify_fds(agent.proc.pid)
+    client = AgentClient(agent.unix_target)
+    stream = client.watch(["pod/ctr"], interval_ms=60_000)
+    next(stream)
+    assert inotify_fds(agent.proc.pid) == baseline + 1
+    client.close()  # The channel goes away without cancelling politely.
+    deadline = time.monotonic() + 10
+    while inotify_fds(agent.proc.pid) != baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert inotify_fds(agent.proc.pid) == baseline
+
+
+def test_sigterm_ends_streams_and_exits_zero(agent: AgentProcess) -> None:
+    with AgentClient(agent.unix_target) as client:
+        stream = client.watch(interval_ms=60_000)
+        next(stream)
+        ended = threading.Event()
+
+        def drain() -> None:
+            for _ in stream:
+                pass
+            ended.set()
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        assert agent.terminate() == 0
+        reader.join(timeout=10)
+        assert ended.is_set(), "stream did not end cleanly on SIGTERM"
+    assert [e["event"] for e in agent.log_events()][-2:] == ["stopping", "stopped"]
+
+
+def test_hybrid_vsock_target_through_the_client_relay(agent: AgentProcess, tmp_path: Path) -> None:
+    vsock_path = str(tmp_path / "ch-vsock.sock")
+    server = _hybrid_vsock_server(vsock_path, b"OK 1073741824\n", str(agent.unix_path))
+    try:
+        result = guestctl("--target", f"hvsock://{vsock_path}:1024", "--json", "info")
+    finally:
+        server.close()
+    assert result.returncode == 0, result.stderr
+    assert int(json.loads(result.stdout)["system"]["mem_total_bytes"]) == 498764 * 1024
