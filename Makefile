@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 WHEEL_STAMP := dist/.built
 SOURCES := $(shell find guestagent protos -name '*.py' -o -name '*.proto' | grep -v _pb2) pyproject.toml setup.py
 
-.PHONY: setup test unit vm run bench lint image wheel clean
+.PHONY: setup protos test unit vm run bench lint image wheel clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml setup.py image/requirements.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c image/requirements.txt -e '.[test,dev]'
 	touch $@
+
+# Regenerate guestagent/v1 after editing protos/ (an editable install does it too).
+protos: $(STAMP)
+	$(PY) -c 'from pathlib import Path; from setup import generate_protos; generate_protos(Path("."))'
 
 wheel: $(WHEEL_STAMP)
 

@@ -40,4 +40,5 @@ class BuildWithProtos(build_py):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildWithProtos})
+if __name__ == "__main__":  # setuptools runs this file as __main__; `make protos` imports it.
+    setup(cmdclass={"build_py": BuildWithProtos})

@@ -26,6 +26,10 @@ class KernelFS:
     def dev(self, *parts: str) -> Path:
         return self.root.joinpath("dev", *parts)
 
+    def run(self, *parts: str) -> Path:
+        """/run: a tmpfs that outlives an agent restart but not a reboot, as kernel state does."""
+        return self.root.joinpath("run", *parts)
+
     @property
     def cgroup_root(self) -> Path:
         return self.root / self.cgroup_mount

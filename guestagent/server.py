@@ -26,6 +26,7 @@ from guestagent.cgroups import cgroup_dir
 from guestagent.jsonlog import EventLog
 from guestagent.kernelfs import KernelFS
 from guestagent.meminfo import read_report
+from guestagent.swap import SwapManager
 from guestagent.transport import (
     Address,
     SocketRelay,
@@ -40,7 +41,12 @@ from guestagent.transport import (
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 from guestagent.watch import KernelSignals, PressureTriggerSpec, Signal, pressure_trigger_spec
-from guestagent.wire import memory_info_pb
+from guestagent.wire import (
+    enable_swap_spec_from_pb,
+    memory_info_pb,
+    selector_from_pb,
+    swap_area_pb,
+)
 
 log = EventLog("guestagent.server")
 
@@ -116,9 +122,28 @@ def watch_interval_seconds(interval_ms: int) -> float:
 
 
 class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
-    def __init__(self, fs: KernelFS, stopping: asyncio.Event) -> None:
+    def __init__(self, fs: KernelFS, stopping: asyncio.Event, swaps: SwapManager) -> None:
         self.fs = fs
         self._stopping = stopping
+        self.swaps = swaps
+
+    # Swap and limit changes block on the kernel (mkswap, swapon, reclaim on memory.max),
+    # so they run in threads and never stall other calls or watch streams.
+
+    @unary
+    async def EnableSwap(self, request: pb.EnableSwapRequest, context: Any) -> pb.SwapArea:
+        spec = enable_swap_spec_from_pb(request)
+        return swap_area_pb(await asyncio.to_thread(self.swaps.enable, spec))
+
+    @unary
+    async def DisableSwap(self, request: pb.DisableSwapRequest, context: Any) -> pb.SwapArea:
+        selector = selector_from_pb(request.device)
+        return swap_area_pb(await asyncio.to_thread(self.swaps.disable, selector))
+
+    @unary
+    async def ListSwaps(self, request: pb.ListSwapsRequest, context: Any) -> pb.ListSwapsResponse:
+        areas = await asyncio.to_thread(self.swaps.list)
+        return pb.ListSwapsResponse(areas=[swap_area_pb(a) for a in areas])
 
     @unary
     async def GetMemoryInfo(self, request: pb.GetMemoryInfoRequest, context: Any) -> pb.MemoryInfo:
@@ -205,7 +230,7 @@ class Agent:
         self.bound: list[str] = []
         self._private_dir: Path | None = None
         pb_grpc.add_MemoryAgentServicer_to_server(
-            MemoryAgentServicer(config.fs, self.stopping), self.server
+            MemoryAgentServicer(config.fs, self.stopping, SwapManager(config.fs)), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

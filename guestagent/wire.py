@@ -1,9 +1,20 @@
-"""Domain values to protobuf messages. Kept out of the modules so they stay free of gRPC."""
+"""Protobuf messages to domain values and back, so the modules stay free of gRPC."""
 
 from __future__ import annotations
 
+from guestagent.blockdev import DeviceSelector
+from guestagent.errors import InvalidArgument
 from guestagent.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
+from guestagent.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec, SwapArea
 from guestagent.v1 import agent_pb2 as pb
+
+DISCARD_TO_PB = {
+    DiscardPolicy.BOTH: pb.DISCARD_BOTH,
+    DiscardPolicy.PAGES: pb.DISCARD_PAGES,
+    DiscardPolicy.ONCE: pb.DISCARD_ONCE,
+    DiscardPolicy.NONE: pb.DISCARD_NONE,
+}
+DISCARD_FROM_PB = {v: k for k, v in DISCARD_TO_PB.items()}
 
 
 def limit_pb(value: int | None) -> pb.Limit:
@@ -69,4 +80,46 @@ def memory_info_pb(
     )
     if report.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(report.pressure))
+    return message
+
+
+def selector_from_pb(message: pb.DeviceSelector) -> DeviceSelector:
+    which = message.WhichOneof("device")
+    if which == "path":
+        return DeviceSelector(path=message.path)
+    if which == "serial":
+        return DeviceSelector(serial=message.serial)
+    raise InvalidArgument("no device given: set device.path or device.serial")
+
+
+def enable_swap_spec_from_pb(request: pb.EnableSwapRequest) -> EnableSwapSpec:
+    if request.discard not in DISCARD_FROM_PB:
+        raise InvalidArgument(
+            f"discard policy {request.discard} is not one of {sorted(DISCARD_FROM_PB)}"
+        )
+    return EnableSwapSpec(
+        selector=selector_from_pb(request.device),
+        priority=request.priority if request.HasField("priority") else None,
+        discard=DISCARD_FROM_PB[request.discard],
+        wait_ms=request.wait_ms,
+        force=request.force,
+        label=request.label or DEFAULT_LABEL,
+    )
+
+
+def swap_area_pb(area: SwapArea) -> pb.SwapArea:
+    message = pb.SwapArea(
+        device=area.device,
+        size_bytes=area.size_bytes,
+        used_bytes=area.used_bytes,
+        priority=area.priority,
+        discard_supported=area.discard_supported,
+        rotational=bool(area.rotational),
+        uuid=area.uuid,
+        label=area.label,
+        already_active=area.already_active,
+        formatted=area.formatted,
+    )
+    if area.discard is not None:
+        message.discard = DISCARD_TO_PB[area.discard]
     return message
