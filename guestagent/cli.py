@@ -12,7 +12,7 @@ import grpc
 
 from guestagent import jsonlog
 from guestagent.client import AgentClient, describe_error
-from guestagent.display import as_json, memory_info_text
+from guestagent.display import as_json, memory_info_text, swap_area_text
 from guestagent.errors import AgentError
 from guestagent.kernelfs import KernelFS
 from guestagent.transport import parse_address
@@ -85,6 +85,44 @@ def _watch(client: AgentClient, args: argparse.Namespace) -> str:
     return ""
 
 
+def _selector(args: argparse.Namespace) -> pb.DeviceSelector:
+    if args.serial:
+        return pb.DeviceSelector(serial=args.serial)
+    return pb.DeviceSelector(path=args.device)
+
+
+def _swap_enable(client: AgentClient, args: argparse.Namespace) -> str:
+    request = pb.EnableSwapRequest(
+        device=_selector(args),
+        discard=f"DISCARD_{args.discard.upper()}",
+        wait_ms=args.wait_ms,
+        force=args.force,
+        label=args.label,
+    )
+    if args.priority is not None:
+        request.priority = args.priority
+    area = client.enable_swap(request)
+    return as_json(area) if args.json else swap_area_text(area)
+
+
+def _swap_disable(client: AgentClient, args: argparse.Namespace) -> str:
+    area = client.disable_swap(_selector(args))
+    return as_json(area) if args.json else f"disabled {swap_area_text(area)}"
+
+
+def _swap_list(client: AgentClient, args: argparse.Namespace) -> str:
+    areas = client.list_swaps()
+    if args.json:
+        return as_json(pb.ListSwapsResponse(areas=areas))
+    return "\n".join(swap_area_text(a) for a in areas) or "no active swap areas"
+
+
+def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--device", help="device node, e.g. /dev/vdb")
+    which.add_argument("--serial", help="virtio serial (udev ID_SERIAL), e.g. swap0")
+
+
 def _health(client: AgentClient, args: argparse.Namespace) -> str:
     return client.health(args.service)
 
@@ -111,6 +149,22 @@ def ctl_main(argv: Sequence[str] | None = None) -> int:
     watch.add_argument("--stall-us", type=int, default=0, help="PSI trigger stall")
     watch.add_argument("--window-us", type=int, default=PSI_MIN_WINDOW_US * 2)
     watch.set_defaults(run=_watch)
+
+    swap = commands.add_parser("swap", help="the guest's swap areas").add_subparsers(
+        dest="swap_command", required=True
+    )
+    enable = swap.add_parser("enable", help="format (if needed) and enable a swap disk")
+    _add_device_arguments(enable)
+    enable.add_argument("--priority", type=int)
+    enable.add_argument("--discard", choices=["both", "pages", "once", "none"], default="both")
+    enable.add_argument("--wait-ms", type=int, default=0, help="wait for a hot-plugged disk")
+    enable.add_argument("--force", action="store_true", help="format over existing data")
+    enable.add_argument("--label", default="")
+    enable.set_defaults(run=_swap_enable)
+    disable = swap.add_parser("disable", help="swapoff an area")
+    _add_device_arguments(disable)
+    disable.set_defaults(run=_swap_disable)
+    swap.add_parser("list", help="active swap areas").set_defaults(run=_swap_list)
 
     check = commands.add_parser("health", help="grpc.health.v1 status")
     check.add_argument("--service", default="")

@@ -32,7 +32,14 @@ from guestagent.transport import (
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    # The agent is local (a VM on this host): retry a refused connect within 100 ms, not
+    # grpc's default 1 s, so a client that starts with the VM sees it ready at once.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 class AgentClient:
@@ -78,6 +85,20 @@ class AgentClient:
             request.pressure_trigger.CopyFrom(trigger)
         stream: Iterator[pb.MemoryInfo] = self.stub.WatchMemory(request)
         return stream
+
+    def enable_swap(self, request: pb.EnableSwapRequest) -> pb.SwapArea:
+        area: pb.SwapArea = self.stub.EnableSwap(request, timeout=self.timeout)
+        return area
+
+    def disable_swap(self, device: pb.DeviceSelector) -> pb.SwapArea:
+        area: pb.SwapArea = self.stub.DisableSwap(
+            pb.DisableSwapRequest(device=device), timeout=self.timeout
+        )
+        return area
+
+    def list_swaps(self) -> list[pb.SwapArea]:
+        response = self.stub.ListSwaps(pb.ListSwapsRequest(), timeout=self.timeout)
+        return list(response.areas)
 
     def health(self, service: str = "") -> str:
         response = self.health_stub.Check(

@@ -64,3 +64,19 @@ def memory_info_text(info: pb.MemoryInfo) -> str:
         if cgroup.HasField("pressure"):
             lines.append(f"  pressure {pressure_text(cgroup.pressure)}")
     return "\n".join(lines)
+
+
+def swap_area_text(area: pb.SwapArea) -> str:
+    discard = (
+        pb.DiscardPolicy.Name(area.discard).removeprefix("DISCARD_").lower()
+        if area.HasField("discard")
+        else "unknown"
+    )
+    state = "already active" if area.already_active else ("formatted" if area.formatted else "")
+    return (
+        f"{area.device}  {mib(area.size_bytes)} (used {mib(area.used_bytes)})  "
+        f"priority {area.priority}  discard {discard}"
+        f"{'' if area.discard_supported else ' (device cannot discard)'}  "
+        f"rotational {int(area.rotational)}  uuid {area.uuid or '-'}  label {area.label or '-'}"
+        + (f"  [{state}]" if state else "")
+    )

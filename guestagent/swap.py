@@ -9,8 +9,6 @@ and a failure after the disk was touched puts back what was there.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import enum
 import json
 import os
@@ -20,6 +18,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from guestagent import syscalls
 from guestagent.blockdev import (
     HEAD_BYTES,
     SWAP_SIGNATURE,
@@ -145,21 +144,6 @@ def parse_swap_header(head: bytes, page_size: int) -> SwapHeader | None:
     )
 
 
-class _Libc:
-    def __init__(self) -> None:
-        self._libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-    def swapon(self, path: str, flags: int) -> None:
-        if self._libc.swapon(os.fsencode(path), ctypes.c_int(flags)) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), path)
-
-    def swapoff(self, path: str) -> None:
-        if self._libc.swapoff(os.fsencode(path)) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), path)
-
-
 class SwapManager:
     """EnableSwap, DisableSwap and ListSwaps; one at a time, since a pod shares one area."""
 
@@ -167,7 +151,6 @@ class SwapManager:
         self.fs = fs
         self._finder = finder
         self._lock = threading.Lock()
-        self._libc = _Libc()
         self._page_size = os.sysconf("SC_PAGE_SIZE")
 
     @property
@@ -288,7 +271,7 @@ class SwapManager:
             raise FailedPrecondition(f"{device.devnode} still reads rotational=1 after writing 0")
         if reusable is None:
             run_mkswap(device.devnode, SwapHeader(str(uuid.uuid4()), spec.label), spec.force)
-        self._libc.swapon(device.devnode, swapon_flags(spec.priority, spec.discard))
+        syscalls.swapon(device.devnode, swapon_flags(spec.priority, spec.discard))
 
     def _restore(self, device: BlockDevice, head: bytes, rotational: str | None) -> str:
         """Put the device back as it was found; say what state it is in."""
@@ -317,7 +300,7 @@ class SwapManager:
                 raise NotFound(f"{device.devnode} is not an active swap area")
             area = self._area(device, entry)
             try:
-                self._libc.swapoff(entry.filename)
+                syscalls.swapoff(entry.filename)
             except OSError as e:
                 # ENOMEM: the pages in swap do not fit back in memory.
                 raise FailedPrecondition(

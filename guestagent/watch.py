@@ -8,8 +8,6 @@ instance and the PSI trigger (each trigger is kernel state tied to its open file
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import enum
 import os
 import select
@@ -17,14 +15,12 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from guestagent import syscalls
 from guestagent.errors import InvalidArgument
 from guestagent.jsonlog import EventLog
 
 log = EventLog("guestagent.watch")
 
-_IN_MODIFY = 0x00000002
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
 
 # The kernel accepts PSI windows of 500 ms to 10 s.
@@ -80,18 +76,10 @@ def parse_inotify_events(data: bytes) -> list[int]:
 
 class _Inotify:
     def __init__(self) -> None:
-        self._libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-        if fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
-        self.fd: int = fd
+        self.fd = syscalls.inotify_init()
 
     def add_watch(self, path: Path) -> int:
-        wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), _IN_MODIFY)
-        if wd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"inotify_add_watch({path}) failed: {os.strerror(err)}")
-        return int(wd)
+        return syscalls.inotify_add_watch(self.fd, path, syscalls.IN_MODIFY)
 
     def read_descriptors(self) -> list[int]:
         try:
