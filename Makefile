@@ -46,11 +46,11 @@ run: image
 	$(PY) -m guestagent.testing.demo
 
 bench: image
-	$(PY) -m bench.run --out bench/results/latest.json
+	$(PY) -m tests.bench.run --out tests/bench/results/latest.json
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check guestagent tests bench
-	$(VENV)/bin/ruff format --check guestagent tests bench
+	$(VENV)/bin/ruff check guestagent tests
+	$(VENV)/bin/ruff format --check guestagent tests
 	$(VENV)/bin/mypy guestagent
 
 clean:

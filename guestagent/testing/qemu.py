@@ -1,0 +1,426 @@
+"""Boot the guest image under QEMU and give tests a handle on it.
+
+The guest runs the agent (reachable from the host through a forwarded TCP port) and, because
+the kernel command line sets guestagent.testexec=1, a test-only command channel on a
+virtio-serial port (image/testexec.py). Only the standard library is needed, plus qemu.qmp
+for the QMP methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+QEMU = "qemu-system-x86_64"
+GUEST_AGENT_PORT = 1024
+TESTEXEC_PORT_NAME = "guestagent.testexec"
+DEFAULT_IMAGE_DIR = Path(__file__).resolve().parents[2] / "image" / "build"
+# How much longer than the command's own timeout the host waits: TCG guests are slow to answer.
+EXEC_GRACE_SECONDS = 30.0
+# HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its SETTINGS.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+HTTP2_SETTINGS_FRAME_TYPE = 4
+
+
+class GuestVMError(RuntimeError):
+    """The VM failed to boot, died, or stopped answering."""
+
+
+class GuestCommandError(GuestVMError):
+    """A command run in the guest with check=True failed or timed out."""
+
+
+@dataclass(frozen=True)
+class Disk:
+    """An extra virtio-blk disk, backed by a sparse raw file in the VM's directory."""
+
+    name: str
+    size_bytes: int
+    serial: str | None = None
+    discard: bool = True
+
+
+@dataclass(frozen=True)
+class VMConfig:
+    memory_mib: int = 512
+    cpus: int = 1
+    slots: int = 0
+    maxmem_mib: int | None = None
+    disks: tuple[Disk, ...] = ()
+    balloon: bool = True
+    free_page_reporting: bool = True
+    listen: str = "vsock://:1024,tcp://0.0.0.0:1024"
+    agent_args: tuple[str, ...] = ()
+    extra_cmdline: str = ""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    rc: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+
+
+@functools.cache
+def accelerator(kernel: Path) -> tuple[str, str]:
+    """(accel, cpu) for QEMU: KVM only if a probe boot proves it works, else TCG.
+
+    GUESTAGENT_ACCEL=kvm|tcg skips the probe. On nested hosts KVM can be present yet unusable
+    (QEMU aborts, or the guest crawls), so the probe boots the kernel to its no-root panic and
+    requires that to finish well within the time TCG needs.
+    """
+    forced = os.environ.get("GUESTAGENT_ACCEL")
+    if forced:
+        return (forced, "host" if forced == "kvm" else "max")
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return ("tcg", "max")
+    probe = [QEMU, "-accel", "kvm", "-cpu", "host", "-m", "128", "-nodefaults"]
+    probe += ["-display", "none", "-no-reboot", "-serial", "null"]
+    probe += ["-kernel", str(kernel), "-append", "panic=-1"]
+    try:
+        works = subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except subprocess.TimeoutExpired:
+        works = False
+    return ("kvm", "host") if works else ("tcg", "max")
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class _TestexecChannel:
+    """Client side of image/testexec.py: one JSON request line, one JSON answer line."""
+
+    path: Path
+    _socket: socket.socket | None = None
+    _buffer: bytes = b""
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def call(
+        self, request: dict[str, Any], deadline: float, vm_alive: Callable[[], bool]
+    ) -> dict[str, Any]:
+        with self._lock:
+            request_id = next(self._ids)
+            self._connected().sendall(json.dumps({**request, "id": request_id}).encode() + b"\n")
+            # Answers to earlier requests that timed out on the host side may still arrive.
+            while True:
+                answer = json.loads(self._read_line(deadline, vm_alive))
+                if answer.get("id") == request_id:
+                    return dict(answer)
+
+    def send_only(self, request: dict[str, Any]) -> None:
+        with self._lock:
+            self._connected().sendall(json.dumps(request).encode() + b"\n")
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket, self._buffer = None, b""
+
+    def _connected(self) -> socket.socket:
+        if self._socket is None:
+            self._socket = socket.socket(socket.AF_UNIX)
+            self._socket.settimeout(1.0)
+            self._socket.connect(str(self.path))
+        return self._socket
+
+    def _read_line(self, deadline: float, vm_alive: Callable[[], bool]) -> bytes:
+        sock = self._connected()
+        while b"\n" not in self._buffer:
+            if not vm_alive():
+                raise GuestVMError("QEMU exited while waiting for testexec")
+            if time.monotonic() > deadline:
+                raise TimeoutError("no answer from testexec")
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                continue
+            if not chunk:
+                self.close()
+                raise GuestVMError("testexec socket closed by QEMU")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+
+class GuestVM:
+    """One QEMU guest booted from image/build; use as a context manager."""
+
+    def __init__(
+        self,
+        config: VMConfig = VMConfig(),
+        image_dir: Path | None = None,
+        workdir: Path | None = None,
+        boot_timeout: float = 240.0,
+    ) -> None:
+        self.config = config
+        self.image_dir = image_dir or Path(
+            os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR)
+        )
+        self.boot_timeout = boot_timeout
+        # A caller-given workdir is kept (console log for post-mortems); a temporary one is not.
+        self._own_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="guestvm-"))
+        self.host_port = _free_tcp_port()
+        self.boot_seconds: float | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._testexec = _TestexecChannel(self.workdir / "testexec.sock")
+        self._qmp_client: Any = None
+        self._dimm_ids = itertools.count()
+
+    def __enter__(self) -> GuestVM:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def agent_target(self) -> str:
+        return f"tcp://127.0.0.1:{self.host_port}"
+
+    @property
+    def console_path(self) -> Path:
+        return self.workdir / "console.log"
+
+    def disk_path(self, name: str) -> Path:
+        return self.workdir / f"disk-{name}.img"
+
+    def start(self) -> None:
+        for disk in self.config.disks:
+            with open(self.disk_path(disk.name), "wb") as backing:
+                backing.truncate(disk.size_bytes)
+        started = time.monotonic()
+        # Popen keeps its own copy of the log's descriptor.
+        with open(self.workdir / "qemu.log", "wb") as qemu_log:
+            self._process = subprocess.Popen(
+                self._command_line(),
+                stdin=subprocess.DEVNULL,
+                stdout=qemu_log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            self._wait_ready(started + self.boot_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.boot_seconds = time.monotonic() - started
+
+    def _command_line(self) -> list[str]:
+        config = self.config
+        accel, cpu = accelerator(self.image_dir / "vmlinuz")
+        kernel_args = [
+            "console=ttyS0 psi=1 init=/sbin/guestagent-init root=/dev/vda rw quiet panic=-1",
+            f"guestagent.listen={config.listen} guestagent.testexec=1",
+        ]
+        if config.agent_args:
+            kernel_args.append("guestagent.args=" + ",".join(config.agent_args))
+        if config.extra_cmdline:
+            kernel_args.append(config.extra_cmdline)
+        memory = f"{config.memory_mib}M"
+        if config.slots:
+            maxmem = config.maxmem_mib or 2 * config.memory_mib
+            memory += f",slots={config.slots},maxmem={maxmem}M"
+        hostfwd = f"tcp:127.0.0.1:{self.host_port}-:{GUEST_AGENT_PORT}"
+        testexec_socket = self.workdir / "testexec.sock"
+        options = [
+            ("-accel", accel),
+            ("-cpu", cpu),
+            ("-smp", str(config.cpus)),
+            ("-m", memory),
+            ("-display", "none"),
+            ("-serial", f"file:{self.console_path}"),
+            ("-kernel", str(self.image_dir / "vmlinuz")),
+            ("-initrd", str(self.image_dir / "initrd.img")),
+            ("-append", " ".join(kernel_args)),
+            # snapshot=on sends the guest's writes to a throwaway overlay: the image stays pristine.
+            (
+                "-drive",
+                f"file={self.image_dir / 'rootfs.img'},if=none,id=root,format=raw,snapshot=on",
+            ),
+            ("-device", "virtio-blk-pci,drive=root,serial=guestagent-root"),
+            # restrict=on: the guest reaches nothing; only the forwarded agent port is open.
+            ("-netdev", f"user,id=n0,restrict=on,hostfwd={hostfwd}"),
+            # romfile= drops the PXE option ROM: nothing boots from the network here.
+            ("-device", "virtio-net-pci,netdev=n0,romfile="),
+            ("-device", "virtio-serial-pci,id=vser0"),
+            ("-chardev", f"socket,id=testexec,path={testexec_socket},server=on,wait=off"),
+            ("-device", f"virtserialport,bus=vser0.0,chardev=testexec,name={TESTEXEC_PORT_NAME}"),
+            ("-qmp", f"unix:{self.workdir / 'qmp.sock'},server=on,wait=off"),
+        ]
+        for disk in config.disks:
+            discard = "unmap" if disk.discard else "ignore"
+            backing = f"file={self.disk_path(disk.name)},if=none,format=raw,discard={discard}"
+            serial = f",serial={disk.serial}" if disk.serial else ""
+            options.append(("-drive", f"{backing},id=disk-{disk.name}"))
+            options.append(("-device", f"virtio-blk-pci,drive=disk-{disk.name}{serial}"))
+        if config.balloon:
+            reporting = "on" if config.free_page_reporting else "off"
+            balloon = f"virtio-balloon-pci,id=balloon0,free-page-reporting={reporting}"
+            options.append(("-device", balloon))
+        flags = [QEMU, "-nodefaults", "-no-user-config", "-no-reboot"]
+        return flags + [word for option in options for word in option]
+
+    def _alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _wait_ready(self, deadline: float) -> None:
+        """Ready means testexec answers and a gRPC (HTTP/2) server answers on the agent port."""
+        waiting_for = "testexec"
+        try:
+            while not (self.console_path.exists() and (self.workdir / "testexec.sock").exists()):
+                self._check_boot(deadline, waiting_for)
+                time.sleep(0.1)
+            self._testexec.call({"argv": ["true"], "timeout": 10}, deadline, self._alive)
+            waiting_for = f"the agent on guest port {GUEST_AGENT_PORT}"
+            while not self._agent_answers():
+                self._check_boot(deadline, waiting_for)
+                time.sleep(0.5)
+        except (TimeoutError, GuestVMError) as error:
+            raise self._boot_error(f"{waiting_for}: {error}") from error
+
+    def _check_boot(self, deadline: float, waiting_for: str) -> None:
+        if not self._alive():
+            raise GuestVMError(f"QEMU exited with {self._process and self._process.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not ready after {self.boot_timeout:.0f}s")
+
+    def _boot_error(self, reason: str) -> GuestVMError:
+        qemu_log = (self.workdir / "qemu.log").read_text(errors="replace")[-2000:]
+        console_tail = "\n".join(self.console_log().splitlines()[-40:])
+        return GuestVMError(
+            f"guest not ready, waiting for {reason}\n--- qemu ---\n{qemu_log}\n"
+            f"--- console tail ({self.console_path}) ---\n{console_tail}"
+        )
+
+    def _agent_answers(self) -> bool:
+        # The user-mode network accepts every host connection and closes it only once the guest
+        # refuses, so a successful connect alone proves nothing: wait for the server's SETTINGS.
+        try:
+            with socket.create_connection(("127.0.0.1", self.host_port), timeout=2) as conn:
+                conn.sendall(HTTP2_PREFACE)
+                reply = conn.recv(9)
+        except OSError:
+            return False
+        return len(reply) >= 4 and reply[3] == HTTP2_SETTINGS_FRAME_TYPE
+
+    def exec(
+        self,
+        argv_or_sh: Sequence[str] | str,
+        timeout: float = 60,
+        check: bool = True,
+        stdin: str | None = None,
+    ) -> ExecResult:
+        """Run a command in the guest: a list is an argv, a string goes to /bin/sh -c."""
+        request: dict[str, Any] = (
+            {"sh": argv_or_sh} if isinstance(argv_or_sh, str) else {"argv": list(argv_or_sh)}
+        )
+        request["timeout"] = timeout
+        if stdin is not None:
+            request["stdin"] = stdin
+        answer = self._testexec.call(
+            request, time.monotonic() + timeout + EXEC_GRACE_SECONDS, self._alive
+        )
+        result = ExecResult(answer["rc"], answer["stdout"], answer["stderr"], answer["timed_out"])
+        if check and (result.rc != 0 or result.timed_out):
+            what = "timed out" if result.timed_out else f"exited with {result.rc}"
+            raise GuestCommandError(
+                f"guest command {argv_or_sh!r} {what}:\n{result.stderr}{result.stdout}"
+            )
+        return result
+
+    def qmp(self, command: str, **args: Any) -> Any:
+        """Run a QMP command and return its result; hyphenated names: qmp("x", **{"a-b": 1})."""
+        if self._qmp_client is None:
+            from qemu.qmp.legacy import QEMUMonitorProtocol
+
+            self._qmp_client = QEMUMonitorProtocol(str(self.workdir / "qmp.sock"))
+            self._qmp_client.connect()
+        return self._qmp_client.cmd(command, **args)
+
+    def balloon(self, target_bytes: int) -> None:
+        self.qmp("balloon", value=target_bytes)
+
+    def hotplug_dimm(self, size_mib: int) -> str:
+        """Plug a pc-dimm of size_mib (needs slots); the guest sees it offline until onlined."""
+        dimm_id = f"dimm{next(self._dimm_ids)}"
+        self.qmp(
+            "object-add",
+            **{
+                "qom-type": "memory-backend-ram",
+                "id": f"mem-{dimm_id}",
+                "size": size_mib * 1024 * 1024,
+            },
+        )
+        self.qmp("device_add", driver="pc-dimm", id=dimm_id, memdev=f"mem-{dimm_id}")
+        return dimm_id
+
+    def qemu_rss_bytes(self) -> int:
+        assert self._process is not None, "VM not started"
+        for line in Path(f"/proc/{self._process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise GuestVMError(f"no VmRSS in /proc/{self._process.pid}/status")
+
+    def disk_allocated_bytes(self, name: str) -> int:
+        return self.disk_path(name).stat().st_blocks * 512
+
+    def console_log(self) -> str:
+        return self.console_path.read_text(errors="replace") if self.console_path.exists() else ""
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Power off from inside (clean for the guest), else QMP quit, else kill."""
+        if self._process is not None:
+            for shutdown in (self._poweroff_guest, self._quit_qemu):
+                if not self._alive():
+                    break
+                try:
+                    shutdown()
+                    self._process.wait(timeout)
+                except (OSError, subprocess.TimeoutExpired, GuestVMError):
+                    continue
+            if self._alive():
+                self._process.kill()
+            self._process.wait()
+        self._testexec.close()
+        if self._qmp_client is not None:
+            self._qmp_client.close()
+            self._qmp_client = None
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _poweroff_guest(self) -> None:
+        # The guest powers off before it could answer, so do not wait for one.
+        self._testexec.send_only({"id": "poweroff", "argv": ["poweroff", "-f"], "timeout": 10})
+
+    def _quit_qemu(self) -> None:
+        from qemu.qmp import QMPError
+
+        # QEMU may close the monitor before its reply arrives; the caller's wait decides.
+        with contextlib.suppress(QMPError):
+            self.qmp("quit")

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Install the Debian 12 host packages that building the guest image and running the VM tests
+# need. Idempotent, and quick when everything is already there: apt runs only for what is missing.
+set -eu
+packages="make qemu-system-x86 qemu-utils mmdebstrap debian-archive-keyring e2fsprogs cpio gzip
+    kmod busybox-static python3 python3-pip python3-venv apt coreutils"
+missing=""
+for package in $packages; do
+    dpkg-query -W -f='${Status}\n' "$package" 2>/dev/null | grep -q '^install ok installed$' ||
+        missing="$missing $package"
+done
+# The image build resolves the guest kernel from the apt lists, so they must not be empty.
+if [ -n "$missing" ] || ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then
+    apt-get update
+fi
+if [ -n "$missing" ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $missing
+fi

@@ -1,0 +1,70 @@
+"""Things VM tests do inside the guest: make cgroups, fill memory, wait for the kernel."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from guestagent.testing.qemu import GuestVM
+
+T = TypeVar("T")
+
+# Allocates and touches MiB of anonymous memory, says so in a marker file, then sleeps
+# until killed. Each page gets one non-zero byte so the kernel must really store it.
+FILLER = """
+import sys, time
+size = int(sys.argv[1]) << 20
+block = bytearray(size)
+for offset in range(0, size, 4096):
+    block[offset] = 1
+open(sys.argv[2], "w").write("ready")
+time.sleep(3600)
+"""
+
+
+def wait_until(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def make_cgroup(vm: GuestVM, name: str, **files: str) -> None:
+    """mkdir a cgroup under /sys/fs/cgroup and write files, e.g. memory_max="64M"."""
+    path = f"/sys/fs/cgroup/{name}"
+    writes = "".join(f" && echo {v} > {path}/{k.replace('_', '.')}" for k, v in files.items())
+    vm.exec(f"mkdir -p {path}{writes}")
+
+
+def read_guest(vm: GuestVM, path: str) -> str:
+    return vm.exec(["cat", path]).stdout
+
+
+def start_filler(vm: GuestVM, cgroup: str, mib: int, name: str = "filler") -> str:
+    """Start a process in the cgroup that holds `mib` MiB; returns its marker path."""
+    marker = f"/run/{name}.ready"
+    vm.exec(["rm", "-f", marker])
+    vm.exec(["sh", "-c", f"cat > /run/{name}.py"], stdin=FILLER)
+    vm.exec(
+        f"sh -c 'echo $$ > /sys/fs/cgroup/{cgroup}/cgroup.procs; echo $$ > /run/{name}.pid; "
+        f"exec python3 /run/{name}.py {mib} {marker}' </dev/null >/run/{name}.log 2>&1 &"
+    )
+    return marker
+
+
+def filler_ready(vm: GuestVM, marker: str) -> bool:
+    return vm.exec(["test", "-e", marker], check=False).rc == 0
+
+
+def stop_filler(vm: GuestVM, name: str = "filler") -> None:
+    # By pid: a pattern (pkill -f) would also match the shell that runs the command.
+    pid = vm.exec(["cat", f"/run/{name}.pid"]).stdout.strip()
+    vm.exec(["kill", pid])
+    wait_until(
+        lambda: vm.exec(["test", "-d", f"/proc/{pid}"], check=False).rc != 0, 60, f"{name} to exit"
+    )

@@ -1,0 +1,250 @@
+"""Swap in a real guest: a sparse swap file on the host, udev, mkswap, swapon, discard."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from guestagent.client import AgentClient
+from guestagent.testing.qemu import Disk, GuestVM, VMConfig
+from guestagent.v1 import agent_pb2 as pb
+from tests.vm.guest import (
+    filler_ready,
+    make_cgroup,
+    read_guest,
+    start_filler,
+    stop_filler,
+    wait_until,
+)
+
+pytestmark = pytest.mark.vm
+
+MIB = 1 << 20
+DISKS = (
+    Disk("swap", 1 << 30, serial="swap0"),
+    Disk("swapnd", 1 << 30, serial="swap1"),
+    Disk("ext", 64 * MIB, serial="ext0"),
+    Disk("tiny", 32 * 1024, serial="tiny0"),
+)
+FILL_MIB = 300
+RESULTS: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
+    config = VMConfig(memory_mib=512, disks=DISKS)
+    with GuestVM(config, image_dir=image, workdir=tmp_path_factory.mktemp("swapvm")) as guest:
+        yield guest
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "swap.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
+
+
+@pytest.fixture(scope="module")
+def agent(vm: GuestVM) -> Iterator[AgentClient]:
+    with AgentClient(vm.agent_target, timeout=120) as client:
+        client.wait_ready(60)
+        yield client
+
+
+def node_of(vm: GuestVM, serial: str) -> str:
+    return vm.exec(["readlink", "-f", f"/dev/disk/by-id/virtio-{serial}"]).stdout.strip()
+
+
+def rotational(vm: GuestVM, serial: str) -> str:
+    name = node_of(vm, serial).removeprefix("/dev/")
+    return read_guest(vm, f"/sys/block/{name}/queue/rotational").strip()
+
+
+def enable(agent: AgentClient, **kwargs: object) -> pb.SwapArea:
+    return agent.enable_swap(pb.EnableSwapRequest(**kwargs))  # type: ignore[arg-type]
+
+
+def test_virtio_disk_starts_rotational(vm: GuestVM) -> None:
+    assert rotational(vm, "swap0") == "1"
+
+
+def test_enable_by_serial(vm: GuestVM, agent: AgentClient) -> None:
+    started = time.monotonic()
+    area = enable(agent, device=pb.DeviceSelector(serial="swap0"), priority=10)
+    RESULTS["enable_1gib_seconds"] = round(time.monotonic() - started, 3)
+    device = node_of(vm, "swap0")
+    assert area.device == device
+    assert area.formatted and not area.already_active
+    assert area.priority == 10 and area.discard == pb.DISCARD_BOTH
+    assert area.discard_supported
+    assert not area.rotational and rotational(vm, "swap0") == "0"
+    swaps = read_guest(vm, "/proc/swaps")
+    line = next(line for line in swaps.splitlines() if line.startswith(device))
+    assert line.split()[4] == "10"
+    blkid = vm.exec(["blkid", "-o", "export", device]).stdout
+    assert "TYPE=swap" in blkid and f"UUID={area.uuid}" in blkid
+
+
+def test_second_enable_changes_nothing(vm: GuestVM, agent: AgentClient) -> None:
+    before = read_guest(vm, "/proc/swaps")
+    area = enable(agent, device=pb.DeviceSelector(serial="swap0"), priority=99)
+    assert area.already_active and not area.formatted
+    assert area.priority == 10
+    assert read_guest(vm, "/proc/swaps") == before
+
+
+def test_restarted_agent_rediscovers_the_area(vm: GuestVM, agent: AgentClient) -> None:
+    vm.exec("pkill -KILL -x guestagent; true")
+    time.sleep(1)
+    agent.wait_ready(90)  # init respawns it
+    areas = {a.device: a for a in agent.list_swaps()}
+    area = areas[node_of(vm, "swap0")]
+    assert area.priority == 10 and area.discard == pb.DISCARD_BOTH and not area.rotational
+
+
+def fill_and_release(vm: GuestVM, disk: str) -> dict[str, float]:
+    """Push FILL_MIB through a 64 MiB cgroup into swap, end it, and watch the host's file."""
+    make_cgroup(vm, "fill", memory_max="64M")
+    before = vm.disk_allocated_bytes(disk)
+    marker = start_filler(vm, "fill", FILL_MIB)
+    wait_until(lambda: filler_ready(vm, marker), 600, "the filler to allocate")
+    swapped = int(read_guest(vm, "/sys/fs/cgroup/fill/memory.swap.current"))
+    peak = vm.disk_allocated_bytes(disk)
+    stop_filler(vm)
+    time.sleep(8)  # Discards are issued as clusters free, by a kernel worker.
+    after = vm.disk_allocated_bytes(disk)
+    released = (peak - after) / peak if peak else 0.0
+    return {
+        "swapped_mib": round(swapped / MIB, 1),
+        "allocated_before_mib": round(before / MIB, 1),
+        "allocated_peak_mib": round(peak / MIB, 1),
+        "allocated_after_mib": round(after / MIB, 1),
+        "released_fraction": round(released, 3),
+    }
+
+
+def test_swap_blocks_go_back_to_the_host(vm: GuestVM, agent: AgentClient) -> None:
+    figures = fill_and_release(vm, "swap")
+    RESULTS["discard_both"] = figures
+    assert figures["swapped_mib"] > 150, figures  # The process really lived in swap.
+    assert figures["allocated_peak_mib"] > 150, figures
+    assert figures["released_fraction"] > 0.8, figures
+
+
+def test_without_discard_the_host_keeps_the_blocks(vm: GuestVM, agent: AgentClient) -> None:
+    agent.disable_swap(pb.DeviceSelector(serial="swap0"))
+    area = enable(agent, device=pb.DeviceSelector(serial="swap1"), discard=pb.DISCARD_NONE)
+    assert area.discard == pb.DISCARD_NONE
+    figures = fill_and_release(vm, "swapnd")
+    RESULTS["discard_none"] = figures
+    assert figures["allocated_peak_mib"] > 150, figures
+    assert figures["released_fraction"] < 0.2, figures
+    agent.disable_swap(pb.DeviceSelector(serial="swap1"))
+
+
+def expect_error(call: object, code: grpc.StatusCode, *words: str) -> str:
+    with pytest.raises(grpc.RpcError) as raised:
+        call()  # type: ignore[operator]
+    assert raised.value.code() == code, raised.value.details()
+    details: str = raised.value.details()
+    for word in words:
+        assert word in details, details
+    return details
+
+
+def test_a_disk_with_a_filesystem_is_refused_and_keeps_its_data(
+    vm: GuestVM, agent: AgentClient
+) -> None:
+    device = node_of(vm, "ext0")
+    vm.exec(f"mkfs.ext4 -q -F {device} && mkdir -p /mnt/ext && mount {device} /mnt/ext")
+    vm.exec("head -c 4M /dev/urandom > /mnt/ext/data && sync")
+    checksum = vm.exec("sha256sum /mnt/ext/data").stdout.split()[0]
+    expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(serial="ext0")),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        device,
+        "mounted on /mnt/ext",
+    )
+    vm.exec("umount /mnt/ext")
+    expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(serial="ext0")),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        device,
+        "ext2/3/4",
+        "refusing to format",
+    )
+    vm.exec(f"mount {device} /mnt/ext")
+    assert vm.exec("sha256sum /mnt/ext/data").stdout.split()[0] == checksum
+    vm.exec("umount /mnt/ext")
+
+
+def test_a_regular_file_is_refused(vm: GuestVM, agent: AgentClient) -> None:
+    vm.exec("truncate -s 64M /dev/notablock")
+    expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(path="/dev/notablock")),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "/dev/notablock is not a block device",
+    )
+    expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(path="/root/swapfile")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "not under /dev",
+    )
+
+
+def test_a_missing_serial_times_out(agent: AgentClient) -> None:
+    expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(serial="nope9"), wait_ms=700),
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        "serial 'nope9'",
+        "700 ms",
+    )
+
+
+def test_a_failed_mkswap_leaves_the_disk_as_found(vm: GuestVM, agent: AgentClient) -> None:
+    device = node_of(vm, "tiny0")
+    vm.exec(f"printf 'keep me' | dd of={device} bs=512 seek=2 conv=notrunc status=none && sync")
+    checksum = vm.exec(f"sha256sum {device}").stdout.split()[0]
+    details = expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(serial="tiny0")),
+        grpc.StatusCode.ABORTED,
+        device,
+        "mkswap exited",
+    )
+    assert vm.exec(f"sha256sum {device}").stdout.split()[0] == checksum, details
+    assert rotational(vm, "tiny0") == "1", details
+
+
+def test_a_hot_plugged_disk_is_waited_for(vm: GuestVM, agent: AgentClient, tmp_path: Path) -> None:
+    backing = tmp_path / "hot.raw"
+    with open(backing, "wb") as f:
+        f.truncate(256 * MIB)
+    result: dict[str, object] = {}
+
+    def call() -> None:
+        try:
+            result["area"] = enable(agent, device=pb.DeviceSelector(serial="hot0"), wait_ms=60_000)
+        except grpc.RpcError as e:
+            result["error"] = e
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(2)
+    vm.qmp(
+        "blockdev-add",
+        **{
+            "driver": "raw",
+            "node-name": "hot0",
+            "discard": "unmap",
+            "file": {"driver": "file", "filename": str(backing)},
+        },
+    )
+    vm.qmp("device_add", driver="virtio-blk-pci", drive="hot0", serial="hot0", id="hotdisk")
+    caller.join(timeout=120)
+    assert "error" not in result, result
+    area = result["area"]
+    assert isinstance(area, pb.SwapArea)
+    assert area.formatted and area.size_bytes > 200 * MIB and not area.rotational
+    agent.disable_swap(pb.DeviceSelector(serial="hot0"))
