@@ -30,8 +30,10 @@ def image() -> Path:
     return image_dir
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
+    """One guest shared by the modules that only read or make their own cgroups; modules
+    that change devices (test_swap) boot their own."""
     config = VMConfig(slots=4, maxmem_mib=2048, disks=(SWAP_DISK, DATA_DISK))
     with GuestVM(config, image_dir=image, workdir=tmp_path_factory.mktemp("vm")) as guest:
         yield guest

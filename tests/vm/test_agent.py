@@ -1,0 +1,125 @@
+"""The agent in a real guest: the memory report, the watch stream, vsock and its peer check."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from guestagent.client import AgentClient
+from guestagent.meminfo import parse_meminfo
+from guestagent.testing.qemu import GuestVM
+from guestagent.v1 import agent_pb2 as pb
+from tests.vm.guest import make_cgroup, start_filler, stop_filler, wait_until
+
+pytestmark = pytest.mark.vm
+
+GUESTCTL = "/opt/guestagent/bin/guestctl"
+
+
+@pytest.fixture(scope="module")
+def agent(vm: GuestVM) -> Iterator[AgentClient]:
+    with AgentClient(vm.agent_target, timeout=120) as client:
+        client.wait_ready(60)
+        yield client
+
+
+def test_memory_info_matches_proc_meminfo(vm: GuestVM, agent: AgentClient) -> None:
+    info = agent.info()
+    meminfo = parse_meminfo(vm.exec(["cat", "/proc/meminfo"]).stdout)
+    assert info.system.mem_total_bytes == meminfo["MemTotal"]
+    assert info.system.swap_total_bytes == meminfo["SwapTotal"]
+    # Free memory moves between the two reads; it stays within a few MiB.
+    assert abs(info.system.mem_available_bytes - meminfo["MemAvailable"]) < 32 << 20
+    assert info.HasField("pressure")
+
+
+def test_cgroup_report_reads_the_kernel(vm: GuestVM, agent: AgentClient) -> None:
+    make_cgroup(vm, "report", memory_max="100M")
+    (cgroup,) = agent.info(["report"]).cgroups
+    assert not cgroup.max.unlimited and cgroup.max.bytes == 100 << 20
+    assert cgroup.high.unlimited
+    assert cgroup.HasField("swap_max") and cgroup.swap_max.unlimited
+    assert cgroup.HasField("pressure")
+
+
+def collect(stream: Iterator[pb.MemoryInfo], into: queue.Queue[pb.MemoryInfo]) -> None:
+    try:
+        for message in stream:
+            into.put(message)
+    except Exception:  # The stream is cancelled when the test ends.
+        return
+
+
+def test_watch_fires_when_a_process_hits_memory_high(vm: GuestVM, agent: AgentClient) -> None:
+    make_cgroup(vm, "watched", memory_high="24M")
+    stream = agent.watch(
+        ["watched"],
+        interval_ms=60_000,
+        trigger=pb.PressureTrigger(stall_us=50_000, window_us=500_000),
+    )
+    messages: queue.Queue[pb.MemoryInfo] = queue.Queue()
+    threading.Thread(target=collect, args=(stream, messages), daemon=True).start()
+    try:
+        assert messages.get(timeout=60).reason == pb.WATCH_REASON_INITIAL
+        start_filler(vm, "watched", 64, name="highfill")
+        reasons = set()
+        while pb.WATCH_REASON_MEMORY_EVENTS not in reasons:
+            message = messages.get(timeout=120)  # Far below the 60 s interval twice over.
+            reasons.add(message.reason)
+            if message.reason == pb.WATCH_REASON_MEMORY_EVENTS:
+                assert list(message.changed_cgroups) == ["watched"]
+                assert message.cgroups[0].events.high > 0
+        assert pb.WATCH_REASON_INTERVAL not in reasons
+    finally:
+        stream.cancel()
+        stop_filler(vm, "highfill")
+
+
+def guest_log_events(vm: GuestVM) -> list[dict[str, object]]:
+    lines = vm.exec(["cat", "/var/log/guestagent.log"]).stdout.splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def test_vsock_peers_other_than_the_host_are_refused(vm: GuestVM) -> None:
+    # In the guest, over vsock_loopback the caller is CID 1: a container could be that.
+    result = vm.exec(
+        [GUESTCTL, "--target", "vsock://1:1024", "--timeout", "10", "health"], check=False
+    )
+    assert result.rc == 1, result
+    refused = wait_until(
+        lambda: [e for e in guest_log_events(vm) if e["event"] == "vsock_peer_refused"],
+        30,
+        "the refusal to be logged",
+    )
+    assert refused[-1]["cid"] == 1 and refused[-1]["allowed"] == [2]
+
+
+def test_allow_cid_admits_the_loopback_peer(vm: GuestVM) -> None:
+    vm.exec(
+        "/opt/guestagent/bin/guestagent serve --listen vsock://:1025 --allow-cid 1 "
+        "</dev/null >/run/agent2.log 2>&1 & echo $! > /run/agent2.pid"
+    )
+    try:
+        result = wait_until(
+            lambda: (
+                r
+                if (
+                    r := vm.exec(
+                        [GUESTCTL, "--target", "vsock://1:1025", "--json", "info"], check=False
+                    )
+                ).rc
+                == 0
+                else None
+            ),
+            90,
+            "the second agent to serve over vsock",
+        )
+        reported = int(json.loads(result.stdout)["system"]["mem_total_bytes"])
+        meminfo = parse_meminfo(vm.exec(["cat", "/proc/meminfo"]).stdout)
+        assert reported == meminfo["MemTotal"]
+    finally:
+        vm.exec("kill $(cat /run/agent2.pid); true")
