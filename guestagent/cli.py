@@ -12,7 +12,17 @@ import grpc
 
 from guestagent import jsonlog
 from guestagent.client import AgentClient, describe_error
-from guestagent.display import as_json, memory_info_text, swap_area_text
+from guestagent.display import (
+    as_json,
+    compact_text,
+    limits_text,
+    memory_info_text,
+    online_text,
+    overhead_text,
+    parse_size,
+    reclaim_text,
+    swap_area_text,
+)
 from guestagent.errors import AgentError
 from guestagent.kernelfs import KernelFS
 from guestagent.transport import parse_address
@@ -43,6 +53,12 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
         "--cgroup-mount", default="sys/fs/cgroup", help="cgroup2 mount below root"
     )
     serve_cmd.add_argument("--grace-seconds", type=float, default=10.0)
+    serve_cmd.add_argument(
+        "--online-memory",
+        choices=["online", "online_movable", "online_kernel", "off"],
+        default="online",
+        help="how to online hot-plugged memory blocks (online_movable lets the host unplug)",
+    )
     serve_cmd.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
 
@@ -56,6 +72,7 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
             fs=KernelFS(args.root, args.cgroup_mount),
             allowed_cids=frozenset({2, *args.allow_cid}),
             grace_seconds=args.grace_seconds,
+            online_memory=None if args.online_memory == "off" else args.online_memory,
         )
         asyncio.run(serve(config))
     except (AgentError, OSError) as e:
@@ -123,6 +140,36 @@ def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--serial", help="virtio serial (udev ID_SERIAL), e.g. swap0")
 
 
+def _limits(client: AgentClient, args: argparse.Namespace) -> str:
+    memory = pb.LinuxMemory()
+    for field in ("limit", "swap", "reservation"):
+        value = getattr(args, field)
+        if value is not None:
+            setattr(memory, field, value)
+    applied = client.set_limits(args.cgroup, memory, args.create)
+    return as_json(applied) if args.json else limits_text(args.cgroup, applied)
+
+
+def _compact(client: AgentClient, args: argparse.Namespace) -> str:
+    result = client.compact(args.node)
+    return as_json(result) if args.json else compact_text(result)
+
+
+def _reclaim(client: AgentClient, args: argparse.Namespace) -> str:
+    result = client.reclaim(args.cgroup, args.bytes, args.drop_caches)
+    return as_json(result) if args.json else reclaim_text(args.cgroup, result)
+
+
+def _online(client: AgentClient, args: argparse.Namespace) -> str:
+    result = client.online_memory()
+    return as_json(result) if args.json else online_text(result)
+
+
+def _overhead(client: AgentClient, args: argparse.Namespace) -> str:
+    result = client.overhead(args.workload)
+    return as_json(result) if args.json else overhead_text(result)
+
+
 def _health(client: AgentClient, args: argparse.Namespace) -> str:
     return client.health(args.service)
 
@@ -165,6 +212,31 @@ def ctl_main(argv: Sequence[str] | None = None) -> int:
     _add_device_arguments(disable)
     disable.set_defaults(run=_swap_disable)
     swap.add_parser("list", help="active swap areas").set_defaults(run=_swap_list)
+
+    limits = commands.add_parser(
+        "limits", help="set memory.max / memory.swap.max / memory.low from OCI values"
+    )
+    limits.add_argument("--cgroup", required=True)
+    limits.add_argument("--limit", type=parse_size, help="OCI memory.limit: bytes (64M) or -1")
+    limits.add_argument("--swap", type=parse_size, help="OCI memory.swap: memory+swap total")
+    limits.add_argument("--reservation", type=parse_size, help="OCI memory.reservation")
+    limits.add_argument("--create", action="store_true", help="create the cgroup if missing")
+    limits.set_defaults(run=_limits)
+
+    compact = commands.add_parser("compact", help="compact memory, with before/after figures")
+    compact.add_argument("--node", type=int)
+    compact.set_defaults(run=_compact)
+
+    reclaim = commands.add_parser("reclaim", help="proactive reclaim through memory.reclaim")
+    reclaim.add_argument("--cgroup", required=True)
+    reclaim.add_argument("--bytes", type=parse_size, required=True)
+    reclaim.add_argument("--drop-caches", type=int, default=0, choices=[0, 1, 2, 3])
+    reclaim.set_defaults(run=_reclaim)
+
+    commands.add_parser("online-memory", help="online hot-plugged memory").set_defaults(run=_online)
+    overhead = commands.add_parser("overhead", help="what the guest itself uses")
+    overhead.add_argument("--workload", action="append", default=[], help="workload cgroup")
+    overhead.set_defaults(run=_overhead)
 
     check = commands.add_parser("health", help="grpc.health.v1 status")
     check.add_argument("--service", default="")

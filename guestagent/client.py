@@ -100,6 +100,34 @@ class AgentClient:
         response = self.stub.ListSwaps(pb.ListSwapsRequest(), timeout=self.timeout)
         return list(response.areas)
 
+    def set_limits(
+        self, cgroup: str, memory: pb.LinuxMemory, create: bool = False
+    ) -> pb.AppliedLimits:
+        request = pb.SetMemoryLimitsRequest(cgroup=cgroup, memory=memory, create=create)
+        applied: pb.AppliedLimits = self.stub.SetMemoryLimits(request, timeout=self.timeout)
+        return applied
+
+    def compact(self, node: int | None = None) -> pb.CompactResult:
+        request = pb.CompactRequest() if node is None else pb.CompactRequest(node=node)
+        result: pb.CompactResult = self.stub.Compact(request, timeout=self.timeout)
+        return result
+
+    def reclaim(self, cgroup: str, bytes_: int, drop_caches: int = 0) -> pb.ReclaimResult:
+        request = pb.ReclaimRequest(cgroup=cgroup, bytes=bytes_, drop_caches=drop_caches)
+        result: pb.ReclaimResult = self.stub.Reclaim(request, timeout=self.timeout)
+        return result
+
+    def online_memory(self) -> pb.OnlineMemoryResult:
+        result: pb.OnlineMemoryResult = self.stub.OnlineMemory(
+            pb.OnlineMemoryRequest(), timeout=self.timeout
+        )
+        return result
+
+    def overhead(self, workload_cgroups: Iterable[str] = ()) -> pb.GuestOverhead:
+        request = pb.GetGuestOverheadRequest(workload_cgroups=list(workload_cgroups))
+        result: pb.GuestOverhead = self.stub.GetGuestOverhead(request, timeout=self.timeout)
+        return result
+
     def health(self, service: str = "") -> str:
         response = self.health_stub.Check(
             health_pb2.HealthCheckRequest(service=service), timeout=self.timeout

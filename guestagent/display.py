@@ -80,3 +80,66 @@ def swap_area_text(area: pb.SwapArea) -> str:
         f"rotational {int(area.rotational)}  uuid {area.uuid or '-'}  label {area.label or '-'}"
         + (f"  [{state}]" if state else "")
     )
+
+
+_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'64M' -> 67108864, '-1' -> -1, '1073741824' as is (binary suffixes, as the kernel's)."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    suffix = value[-1:] if value[-1:] in _SUFFIXES else ""
+    number = value[: len(value) - len(suffix)]
+    try:
+        return int(number) * _SUFFIXES[suffix]
+    except ValueError:
+        raise ValueError(f"size {text!r} is not a number with an optional K/M/G/T suffix") from None
+
+
+def limits_text(cgroup: str, applied: pb.AppliedLimits) -> str:
+    untouched = f"  (untouched: {', '.join(applied.untouched)})" if applied.untouched else ""
+    return (
+        f"{cgroup}{' (created)' if applied.created else ''}: memory.max {applied.memory_max}  "
+        f"memory.swap.max {applied.swap_max or '(no swap accounting)'}  "
+        f"memory.low {applied.memory_low}{untouched}"
+    )
+
+
+def compact_text(result: pb.CompactResult) -> str:
+    shared = " (joined a run already under way)" if result.shared else ""
+    counters = " ".join(
+        f"{k.removeprefix('compact_')}={v}" for k, v in sorted(result.counters.items()) if v
+    )
+    return (
+        f"compacted in {result.duration_us / 1000:.0f} ms{shared}: free memory in blocks of "
+        f"2 MiB or more {mib(result.free_huge_bytes_before)} -> "
+        f"{mib(result.free_huge_bytes_after)}\n"
+        f"free blocks per order before {list(result.free_blocks_before)}\n"
+        f"free blocks per order after  {list(result.free_blocks_after)}\n"
+        f"counters {counters or '(no change)'}"
+    )
+
+
+def reclaim_text(cgroup: str, result: pb.ReclaimResult) -> str:
+    partial = "" if result.complete else " (partial: the kernel could not reclaim all of it)"
+    return (
+        f"{cgroup}: memory.current {mib(result.current_before_bytes)} -> "
+        f"{mib(result.current_after_bytes)}{partial}"
+    )
+
+
+def online_text(result: pb.OnlineMemoryResult) -> str:
+    failed = f"; failed: {', '.join(result.failed_blocks)}" if result.failed_blocks else ""
+    return (
+        f"onlined {len(result.onlined_blocks)} blocks of {mib(result.block_size_bytes)}; "
+        f"MemTotal now {mib(result.mem_total_bytes)}{failed}"
+    )
+
+
+def overhead_text(result: pb.GuestOverhead) -> str:
+    return (
+        f"present {mib(result.present_bytes)}  MemTotal {mib(result.mem_total_bytes)}  "
+        f"kernel reserved {mib(result.kernel_reserved_bytes)}\n"
+        f"used outside workloads {mib(result.outside_workloads_bytes)} (agent RSS "
+        f"{mib(result.agent_rss_bytes)})  workloads {mib(result.workloads_bytes)}"
+    )

@@ -23,9 +23,14 @@ from grpc_reflection.v1alpha import reflection
 
 from guestagent import errors
 from guestagent.cgroups import cgroup_dir
+from guestagent.compaction import Compactor
+from guestagent.hotplug import HotplugWatcher
 from guestagent.jsonlog import EventLog
 from guestagent.kernelfs import KernelFS
+from guestagent.limits import apply_memory_limits
 from guestagent.meminfo import read_report
+from guestagent.overhead import guest_overhead
+from guestagent.reclaim import reclaim
 from guestagent.swap import SwapManager
 from guestagent.transport import (
     Address,
@@ -42,8 +47,14 @@ from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 from guestagent.watch import KernelSignals, PressureTriggerSpec, Signal, pressure_trigger_spec
 from guestagent.wire import (
+    applied_limits_pb,
+    compact_result_pb,
     enable_swap_spec_from_pb,
     memory_info_pb,
+    memory_spec_from_pb,
+    online_result_pb,
+    overhead_pb,
+    reclaim_result_pb,
     selector_from_pb,
     swap_area_pb,
 )
@@ -56,6 +67,7 @@ MIN_WATCH_INTERVAL_MS = 100
 # Signals that arrive within this long of each other are sent as one message.
 COALESCE_SECONDS = 0.01
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+DEADLINE_MARGIN_SECONDS = 0.05
 
 STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -122,10 +134,56 @@ def watch_interval_seconds(interval_ms: int) -> float:
 
 
 class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
-    def __init__(self, fs: KernelFS, stopping: asyncio.Event, swaps: SwapManager) -> None:
+    def __init__(
+        self,
+        fs: KernelFS,
+        stopping: asyncio.Event,
+        swaps: SwapManager,
+        hotplug: HotplugWatcher,
+    ) -> None:
         self.fs = fs
         self._stopping = stopping
         self.swaps = swaps
+        self.compactor = Compactor(fs)
+        self.hotplug = hotplug
+        self._page_size = os.sysconf("SC_PAGE_SIZE")
+
+    @unary
+    async def SetMemoryLimits(
+        self, request: pb.SetMemoryLimitsRequest, context: Any
+    ) -> pb.AppliedLimits:
+        spec = memory_spec_from_pb(request.memory)
+        applied = await asyncio.to_thread(
+            apply_memory_limits, self.fs, request.cgroup, spec, request.create
+        )
+        return applied_limits_pb(applied)
+
+    @unary
+    async def Compact(self, request: pb.CompactRequest, context: Any) -> pb.CompactResult:
+        node = request.node if request.HasField("node") else None
+        remaining = context.time_remaining()
+        # Answer just before the caller's deadline, so it hears why rather than a bare timeout.
+        timeout = max(0.0, remaining - DEADLINE_MARGIN_SECONDS) if remaining is not None else None
+        return compact_result_pb(await self.compactor.compact(node, timeout), self._page_size)
+
+    @unary
+    async def Reclaim(self, request: pb.ReclaimRequest, context: Any) -> pb.ReclaimResult:
+        result = await asyncio.to_thread(
+            reclaim, self.fs, request.cgroup, request.bytes, request.drop_caches
+        )
+        return reclaim_result_pb(result)
+
+    @unary
+    async def OnlineMemory(
+        self, request: pb.OnlineMemoryRequest, context: Any
+    ) -> pb.OnlineMemoryResult:
+        return online_result_pb(await asyncio.to_thread(self.hotplug.online_now))
+
+    @unary
+    async def GetGuestOverhead(
+        self, request: pb.GetGuestOverheadRequest, context: Any
+    ) -> pb.GuestOverhead:
+        return overhead_pb(guest_overhead(self.fs, tuple(request.workload_cgroups)))
 
     # Swap and limit changes block on the kernel (mkswap, swapon, reclaim on memory.max),
     # so they run in threads and never stall other calls or watch streams.
@@ -211,6 +269,8 @@ class ServerConfig:
     fs: KernelFS = field(default_factory=KernelFS)
     allowed_cids: frozenset[int] = frozenset({2})
     grace_seconds: float = 10.0
+    # How hot-plugged memory is onlined ("online", "online_movable"); None leaves it offline.
+    online_memory: str | None = "online"
 
 
 class Agent:
@@ -229,8 +289,10 @@ class Agent:
         self.relays: list[SocketRelay] = []
         self.bound: list[str] = []
         self._private_dir: Path | None = None
+        self.hotplug = HotplugWatcher(config.fs, config.online_memory or "online")
         pb_grpc.add_MemoryAgentServicer_to_server(
-            MemoryAgentServicer(config.fs, self.stopping, SwapManager(config.fs)), self.server
+            MemoryAgentServicer(config.fs, self.stopping, SwapManager(config.fs), self.hotplug),
+            self.server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -243,6 +305,9 @@ class Agent:
         await self.server.start()
         for relay in self.relays:
             relay.start()
+        if self.config.online_memory is not None and self.config.fs.is_real:
+            # On its own thread: onlining many blocks must not hold up any call.
+            await asyncio.to_thread(self.hotplug.start)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", listen=self.bound, allowed_cids=sorted(self.config.allowed_cids))
@@ -293,6 +358,7 @@ class Agent:
         for relay in self.relays:
             relay.close()
         self.stopping.set()  # Ends watch streams, so only unary calls hold the grace period.
+        self.hotplug.stop()
         await self.server.stop(self.config.grace_seconds)
         if self._private_dir is not None:
             shutil.rmtree(self._private_dir, ignore_errors=True)

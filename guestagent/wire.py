@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from guestagent.blockdev import DeviceSelector
+from guestagent.compaction import CompactResult, free_bytes_at_or_above
 from guestagent.errors import InvalidArgument
+from guestagent.hotplug import OnlineResult
+from guestagent.limits import AppliedLimits, MemorySpec
 from guestagent.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
+from guestagent.overhead import GuestOverhead
+from guestagent.reclaim import ReclaimResult
 from guestagent.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec, SwapArea
 from guestagent.v1 import agent_pb2 as pb
 
@@ -123,3 +128,78 @@ def swap_area_pb(area: SwapArea) -> pb.SwapArea:
     if area.discard is not None:
         message.discard = DISCARD_TO_PB[area.discard]
     return message
+
+
+# cgroup v1 knobs with no cgroup v2 file: refusing them beats silently dropping them.
+V1_ONLY_FIELDS = ("kernel", "kernel_tcp", "swappiness", "disable_oom_killer")
+
+
+def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
+    given = [name for name in V1_ONLY_FIELDS if memory.HasField(name)]
+    if given:
+        values = ", ".join(f"{name}={getattr(memory, name)}" for name in given)
+        raise InvalidArgument(
+            f"{values}: cgroup v1 settings that cgroup v2 has no file for; leave them unset"
+        )
+    return MemorySpec(
+        limit=memory.limit if memory.HasField("limit") else None,
+        swap=memory.swap if memory.HasField("swap") else None,
+        reservation=memory.reservation if memory.HasField("reservation") else None,
+    )
+
+
+def applied_limits_pb(applied: AppliedLimits) -> pb.AppliedLimits:
+    return pb.AppliedLimits(
+        memory_max=applied.memory_max,
+        swap_max=applied.swap_max or "",
+        memory_low=applied.memory_low,
+        untouched=applied.untouched,
+        created=applied.created,
+    )
+
+
+HUGE_ORDER = 9  # 2 MiB blocks with 4 KiB pages: pageblock_order on x86-64.
+
+
+def compact_result_pb(result: CompactResult, page_size: int) -> pb.CompactResult:
+    return pb.CompactResult(
+        duration_us=int(result.duration_s * 1e6),
+        free_blocks_before=result.free_blocks_before,
+        free_blocks_after=result.free_blocks_after,
+        free_huge_bytes_before=free_bytes_at_or_above(
+            result.free_blocks_before, HUGE_ORDER, page_size
+        ),
+        free_huge_bytes_after=free_bytes_at_or_above(
+            result.free_blocks_after, HUGE_ORDER, page_size
+        ),
+        counters=result.counters,
+        shared=result.shared,
+    )
+
+
+def reclaim_result_pb(result: ReclaimResult) -> pb.ReclaimResult:
+    return pb.ReclaimResult(
+        current_before_bytes=result.current_before,
+        current_after_bytes=result.current_after,
+        complete=result.complete,
+    )
+
+
+def online_result_pb(result: OnlineResult) -> pb.OnlineMemoryResult:
+    return pb.OnlineMemoryResult(
+        onlined_blocks=result.onlined,
+        failed_blocks=result.failed,
+        block_size_bytes=result.block_size,
+        mem_total_bytes=result.mem_total,
+    )
+
+
+def overhead_pb(overhead: GuestOverhead) -> pb.GuestOverhead:
+    return pb.GuestOverhead(
+        present_bytes=overhead.present,
+        mem_total_bytes=overhead.mem_total,
+        kernel_reserved_bytes=overhead.kernel_reserved,
+        outside_workloads_bytes=overhead.outside_workloads,
+        agent_rss_bytes=overhead.agent_rss,
+        workloads_bytes=overhead.workloads,
+    )

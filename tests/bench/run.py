@@ -104,7 +104,17 @@ def measure_daemons(workdir: Path) -> dict[str, Any]:
         baseline.wait()
 
     agent, ready = start_and_wait(
-        [sys.executable, "-m", "guestagent", "serve", "--listen", agent_target], agent_target
+        [
+            sys.executable,
+            "-m",
+            "guestagent",
+            "serve",
+            "--online-memory",
+            "off",
+            "--listen",
+            agent_target,
+        ],
+        agent_target,
     )
     try:
         results["agent"] = {

@@ -185,3 +185,47 @@ def test_hybrid_vsock_target_through_the_client_relay(agent: AgentProcess, tmp_p
         server.close()
     assert result.returncode == 0, result.stderr
     assert int(json.loads(result.stdout)["system"]["mem_total_bytes"]) == 498764 * 1024
+
+
+def test_limits_over_the_daemon(agent: AgentProcess, fake_root: FakeRoot) -> None:
+    result = guestctl(
+        "--target",
+        agent.unix_target,
+        "limits",
+        "--cgroup",
+        "pod/ctr",
+        "--limit",
+        "64M",
+        "--swap",
+        "192M",
+    )
+    assert result.returncode == 0, result.stderr
+    directory = fake_root.root / "sys/fs/cgroup/pod/ctr"
+    assert (directory / "memory.max").read_text() == str(64 << 20)
+    assert (directory / "memory.swap.max").read_text() == str(128 << 20)
+    assert "memory.swap.max 134217728" in result.stdout and "untouched: memory.low" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("memory", "words"),
+    [
+        (pb.LinuxMemory(limit=64 << 20, swappiness=60), "swappiness=60"),
+        (pb.LinuxMemory(limit=64 << 20, kernel=1 << 20), "kernel=1048576"),
+        (
+            pb.LinuxMemory(limit=128 << 20, swap=64 << 20),
+            "67108864 is less than memory limit 134217728",
+        ),
+        (pb.LinuxMemory(swap=64 << 20), "needs a memory limit"),
+        (pb.LinuxMemory(limit=-5), "memory limit -5 is neither bytes nor -1"),
+    ],
+)
+def test_limits_refusals_write_nothing(
+    agent: AgentProcess, fake_root: FakeRoot, memory: pb.LinuxMemory, words: str
+) -> None:
+    directory = fake_root.root / "sys/fs/cgroup/pod/ctr"
+    before = {f: (directory / f).read_text() for f in ("memory.max", "memory.swap.max")}
+    with AgentClient(agent.unix_target) as client, pytest.raises(grpc.RpcError) as raised:
+        client.set_limits("pod/ctr", memory)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in raised.value.details()
+    assert {f: (directory / f).read_text() for f in before} == before
