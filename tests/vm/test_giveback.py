@@ -1,0 +1,167 @@
+"""Giving memory back in a real guest: compaction, free page reporting, the balloon,
+proactive reclaim, and hot-plugged memory onlined by the agent."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from guestagent.client import AgentClient
+from guestagent.testing.qemu import Disk, GuestVM, VMConfig
+from guestagent.v1 import agent_pb2 as pb
+from tests.vm.guest import filler_ready, make_cgroup, start_filler, stop_filler, wait_until
+
+pytestmark = pytest.mark.vm
+
+MIB = 1 << 20
+RESULTS: dict[str, object] = {}
+HOG_MIB = 600
+
+# Fills most free memory with one tmpfs file, then punches out every other page: free
+# memory in single-page holes, the state in which free page reporting cannot take it.
+FRAGMENT = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01
+meminfo = dict(line.split(":") for line in open("/proc/meminfo"))
+size = (int(meminfo["MemAvailable"].split()[0]) // 1024 - 160) << 20
+fd = os.open("/mnt/frag/big", os.O_RDWR | os.O_CREAT)
+chunk = b"x" * (1 << 20)
+for _ in range(size >> 20):
+    os.write(fd, chunk)
+for offset in range(0, size, 8192):
+    assert libc.fallocate(fd, PUNCH_HOLE_KEEP_SIZE, offset, 4096) == 0
+"""
+
+
+@pytest.fixture(scope="module")
+def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
+    config = VMConfig(
+        memory_mib=1024,
+        slots=4,
+        maxmem_mib=2048,
+        disks=(Disk("swap", 1 << 30, serial="swap0"), Disk("data", 512 * MIB, serial="data0")),
+    )
+    with GuestVM(config, image_dir=image, workdir=tmp_path_factory.mktemp("givebackvm")) as guest:
+        yield guest
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "giveback.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
+
+
+@pytest.fixture(scope="module")
+def agent(vm: GuestVM) -> Iterator[AgentClient]:
+    with AgentClient(vm.agent_target, timeout=300) as client:
+        client.wait_ready(60)
+        yield client
+
+
+def test_compaction_gathers_free_pages_into_high_orders(vm: GuestVM, agent: AgentClient) -> None:
+    # First in the module: compaction moves pages from the zone's start to free pages near
+    # its end, so the holes must be where a freshly booted guest puts a big file.
+    vm.exec("mkdir -p /mnt/frag && mount -t tmpfs -o size=90% tmpfs /mnt/frag")
+    try:
+        vm.exec(["python3", "-c", FRAGMENT], timeout=600)
+        result = agent.compact()
+    finally:
+        vm.exec("umount /mnt/frag")
+    RESULTS["compact"] = {
+        "duration_ms": result.duration_us / 1000,
+        "free_huge_mib_before": round(result.free_huge_bytes_before / MIB, 1),
+        "free_huge_mib_after": round(result.free_huge_bytes_after / MIB, 1),
+        "counters": dict(result.counters),
+        "free_blocks_before": list(result.free_blocks_before),
+        "free_blocks_after": list(result.free_blocks_after),
+    }
+    assert result.free_huge_bytes_after > result.free_huge_bytes_before, RESULTS["compact"]
+    assert result.counters["compact_migrate_scanned"] > 0, RESULTS["compact"]
+    assert len(result.free_blocks_before) == 11
+
+
+def test_freed_memory_goes_back_to_the_host(vm: GuestVM, agent: AgentClient) -> None:
+    """virtio-balloon free page reporting hands freed 2 MiB blocks back after Compact."""
+    make_cgroup(vm, "hog")
+    time.sleep(5)  # Let boot-time frees be reported first, so the baseline holds still.
+    baseline = vm.qemu_rss_bytes()
+    marker = start_filler(vm, "hog", HOG_MIB, name="hog")
+    wait_until(lambda: filler_ready(vm, marker), 600, "the hog's allocation")
+    peak = vm.qemu_rss_bytes()
+    stop_filler(vm, "hog")
+    agent.compact()
+    time.sleep(8)  # Reporting runs every 2 s on blocks freed since the last pass.
+    after = vm.qemu_rss_bytes()
+    returned = (peak - after) / (HOG_MIB * MIB)
+    RESULTS["free_page_reporting"] = {
+        "qemu_rss_baseline_mib": round(baseline / MIB),
+        "qemu_rss_peak_mib": round(peak / MIB),
+        "qemu_rss_after_mib": round(after / MIB),
+        "hog_mib": HOG_MIB,
+        "returned_fraction_of_hog": round(returned, 3),
+    }
+    assert returned > 0.6, RESULTS["free_page_reporting"]
+
+
+def test_balloon_after_compact_takes_page_cache(vm: GuestVM, agent: AgentClient) -> None:
+    # Page cache is not free, so reporting cannot hand it back: the balloon makes the guest
+    # drop it, and QEMU releases the ballooned pages.
+    device = vm.exec(["readlink", "-f", "/dev/disk/by-id/virtio-data0"]).stdout.strip()
+    vm.exec(f"dd if=/dev/urandom of={device} bs=1M count=400 status=none", timeout=600)
+    vm.exec(f"dd if={device} of=/dev/null bs=1M status=none", timeout=600)
+    cached = vm.qemu_rss_bytes()
+    agent.compact()
+    summary = vm.qmp("query-memory-size-summary")
+    full = summary["base-memory"] + summary.get("plugged-memory", 0)
+    target = full - 512 * MIB
+    vm.balloon(target)
+    try:
+        wait_until(lambda: vm.qmp("query-balloon")["actual"] == target, 180, "the balloon")
+        time.sleep(2)
+        ballooned = vm.qemu_rss_bytes()
+    finally:
+        vm.balloon(full)
+    RESULTS["balloon"] = {
+        "qemu_rss_with_cache_mib": round(cached / MIB),
+        "qemu_rss_ballooned_mib": round(ballooned / MIB),
+        "balloon_mib": 512,
+    }
+    assert cached - ballooned > 200 * MIB, RESULTS["balloon"]
+
+
+def test_reclaim_shrinks_a_cgroup(vm: GuestVM, agent: AgentClient) -> None:
+    agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
+    make_cgroup(vm, "rc")
+    marker = start_filler(vm, "rc", 128, name="rcfill")
+    try:
+        wait_until(lambda: filler_ready(vm, marker), 300, "the 128 MiB allocation")
+        result = agent.reclaim("rc", 64 * MIB)
+    finally:
+        stop_filler(vm, "rcfill")
+    RESULTS["reclaim"] = {
+        "before_mib": round(result.current_before_bytes / MIB, 1),
+        "after_mib": round(result.current_after_bytes / MIB, 1),
+        "complete": result.complete,
+    }
+    assert result.current_before_bytes - result.current_after_bytes > 32 * MIB, RESULTS["reclaim"]
+
+
+def test_hot_plugged_memory_is_onlined_by_the_agent(vm: GuestVM, agent: AgentClient) -> None:
+    before = agent.info().system.mem_total_bytes
+    vm.hotplug_dimm(256)
+    grown = wait_until(
+        lambda: (total := agent.info().system.mem_total_bytes) - before >= 250 * MIB and total,
+        120,
+        "MemTotal to grow by the DIMM",
+    )
+    offline = vm.exec("grep -l offline /sys/devices/system/memory/memory*/state | wc -l").stdout
+    assert int(offline) == 0
+    again = agent.online_memory()
+    assert list(again.onlined_blocks) == [] and again.mem_total_bytes == grown
+    RESULTS["hotplug"] = {
+        "mem_total_before_mib": before // MIB,
+        "mem_total_after_mib": grown // MIB,
+    }
