@@ -201,6 +201,12 @@ class GuestVM:
         self.stop()
 
     @property
+    def pid(self) -> int:
+        """QEMU's process id, for host-side figures (RSS, smaps)."""
+        assert self._process is not None, "VM not started"
+        return self._process.pid
+
+    @property
     def agent_target(self) -> str:
         return f"tcp://127.0.0.1:{self.host_port}"
 
@@ -381,11 +387,10 @@ class GuestVM:
         return dimm_id
 
     def qemu_rss_bytes(self) -> int:
-        assert self._process is not None, "VM not started"
-        for line in Path(f"/proc/{self._process.pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
-        raise GuestVMError(f"no VmRSS in /proc/{self._process.pid}/status")
+        raise GuestVMError(f"no VmRSS in /proc/{self.pid}/status")
 
     def disk_allocated_bytes(self, name: str) -> int:
         return self.disk_path(name).stat().st_blocks * 512

@@ -76,3 +76,16 @@ def test_overhead_figures(fake_root: FakeRoot) -> None:
     used = (498764 - 398100) * 1024
     assert overhead.outside_workloads == used - (50 << 20)
     assert overhead.agent_rss == 40960 * 1024 and overhead.workloads == 50 << 20
+
+
+def test_present_comes_from_zoneinfo_not_rounded_blocks(fake_root: FakeRoot) -> None:
+    # A 306 MiB guest has three 128 MiB blocks online, but only 306 MiB of RAM present.
+    add_blocks(fake_root, {0: "online", 1: "online", 2: "online"})
+    fake_root.write("proc/self/status", "VmRSS:\t1 kB\n")
+    pages = (306 << 20) // os.sysconf("SC_PAGE_SIZE")
+    fake_root.write(
+        "proc/zoneinfo",
+        f"Node 0, zone      DMA\n  pages free 1\n        present  1000\n"
+        f"Node 0, zone    DMA32\n        present  {pages - 1000}\n        managed  9\n",
+    )
+    assert guest_overhead(fake_root.fs).present == 306 << 20
