@@ -10,7 +10,7 @@ from typing import Any
 from guestagent.client import AgentClient
 from guestagent.testing.qemu import Disk, GuestVM, VMConfig
 from guestagent.v1 import agent_pb2 as pb
-from tests.vm.guest import filler_ready, make_cgroup, start_filler, stop_filler, wait_until
+from tests.vm.guest import allocate_free_and_compact
 from tests.vm.test_swap import fill_and_release
 
 MIB = 1 << 20
@@ -60,24 +60,6 @@ def relay_latency(vm: GuestVM) -> dict[str, Any]:
     return figures
 
 
-def free_page_reporting(vm: GuestVM, agent: AgentClient, hog_mib: int = 600) -> dict[str, Any]:
-    make_cgroup(vm, "benchhog")
-    time.sleep(5)
-    baseline = vm.qemu_rss_bytes()
-    marker = start_filler(vm, "benchhog", hog_mib, name="benchhog")
-    wait_until(lambda: filler_ready(vm, marker), 600, "the hog")
-    peak = vm.qemu_rss_bytes()
-    stop_filler(vm, "benchhog")
-    agent.compact()
-    time.sleep(8)
-    after = vm.qemu_rss_bytes()
-    return {
-        "hog_mib": hog_mib,
-        "qemu_rss_mib": {"baseline": baseline // MIB, "peak": peak // MIB, "after": after // MIB},
-        "returned_fraction_of_hog": round((peak - after) / (hog_mib * MIB), 3),
-    }
-
-
 def measure_vm() -> dict[str, Any]:
     config = VMConfig(
         memory_mib=1024,
@@ -97,6 +79,6 @@ def measure_vm() -> dict[str, Any]:
         agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
         results["swap_discard"] = fill_and_release(vm, "swap")
         agent.disable_swap(pb.DeviceSelector(serial="swap0"))
-        results["free_page_reporting"] = free_page_reporting(vm, agent)
+        results["free_page_reporting"] = allocate_free_and_compact(vm, agent.compact, 600)
         results["relay_in_guest"] = relay_latency(vm)
     return results

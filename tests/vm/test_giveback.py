@@ -13,7 +13,14 @@ import pytest
 from guestagent.client import AgentClient
 from guestagent.testing.qemu import Disk, GuestVM, VMConfig
 from guestagent.v1 import agent_pb2 as pb
-from tests.vm.guest import filler_ready, make_cgroup, start_filler, stop_filler, wait_until
+from tests.vm.guest import (
+    allocate_free_and_compact,
+    filler_ready,
+    make_cgroup,
+    start_filler,
+    stop_filler,
+    wait_until,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -85,25 +92,9 @@ def test_compaction_gathers_free_pages_into_high_orders(vm: GuestVM, agent: Agen
 
 def test_freed_memory_goes_back_to_the_host(vm: GuestVM, agent: AgentClient) -> None:
     """virtio-balloon free page reporting hands freed 2 MiB blocks back after Compact."""
-    make_cgroup(vm, "hog")
-    time.sleep(5)  # Let boot-time frees be reported first, so the baseline holds still.
-    baseline = vm.qemu_rss_bytes()
-    marker = start_filler(vm, "hog", HOG_MIB, name="hog")
-    wait_until(lambda: filler_ready(vm, marker), 600, "the hog's allocation")
-    peak = vm.qemu_rss_bytes()
-    stop_filler(vm, "hog")
-    agent.compact()
-    time.sleep(8)  # Reporting runs every 2 s on blocks freed since the last pass.
-    after = vm.qemu_rss_bytes()
-    returned = (peak - after) / (HOG_MIB * MIB)
-    RESULTS["free_page_reporting"] = {
-        "qemu_rss_baseline_mib": round(baseline / MIB),
-        "qemu_rss_peak_mib": round(peak / MIB),
-        "qemu_rss_after_mib": round(after / MIB),
-        "hog_mib": HOG_MIB,
-        "returned_fraction_of_hog": round(returned, 3),
-    }
-    assert returned > 0.6, RESULTS["free_page_reporting"]
+    figures = allocate_free_and_compact(vm, agent.compact, HOG_MIB)
+    RESULTS["free_page_reporting"] = figures
+    assert figures["returned_fraction_of_hog"] > 0.6, figures
 
 
 def test_balloon_after_compact_takes_page_cache(vm: GuestVM, agent: AgentClient) -> None:
