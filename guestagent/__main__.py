@@ -1,5 +1,5 @@
 import sys
 
-from guestagent.cli import agent_main
+from guestagent.cli import main
 
-sys.exit(agent_main())
+sys.exit(main())

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from guestagent.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
+from guestagent.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    KernelFormat,
+    NotFound,
+)
 from guestagent.kernelfs import KernelFS, read_optional, read_text
 
 # Enough of a disk's start to see every signature below (btrfs sits at 64 KiB).
@@ -115,8 +121,11 @@ def parse_mountinfo(text: str) -> list[Mount]:
         fields, tail = before.split(), after.split()
         if not sep or len(fields) < 5 or len(tail) < 2:
             continue
-        major, minor = fields[2].split(":")
-        mounts.append(Mount(int(major), int(minor), fields[4], tail[0], tail[1]))
+        major, _, minor = fields[2].partition(":")
+        try:
+            mounts.append(Mount(int(major), int(minor), fields[4], tail[0], tail[1]))
+        except ValueError:
+            raise KernelFormat(f"mountinfo line {line!r} has no major:minor") from None
     return mounts
 
 

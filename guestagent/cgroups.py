@@ -44,7 +44,7 @@ def cgroup_dir(fs: KernelFS, name: str) -> Path:
 
 
 def ensure_inside_mount(fs: KernelFS, name: str, path: Path) -> None:
-    mount = fs.cgroup_root.resolve()
+    mount = fs.resolved_cgroup_root
     resolved = path.resolve()
     if resolved != mount and mount not in resolved.parents:
         raise InvalidArgument(f"cgroup path {name!r} resolves to {resolved}, outside {mount}")

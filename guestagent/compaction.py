@@ -36,9 +36,9 @@ def parse_buddyinfo(text: str, node: int | None = None) -> tuple[int, ...]:
         fields = line.split()
         if len(fields) < 5 or fields[0] != "Node":
             continue
-        if node is not None and int(fields[1].rstrip(",")) != node:
-            continue
         try:
+            if node is not None and int(fields[1].rstrip(",")) != node:
+                continue
             counts = [int(f) for f in fields[4:]]
         except ValueError:
             raise KernelFormat(f"buddyinfo line {line!r} is malformed") from None
@@ -53,7 +53,10 @@ def parse_vmstat(text: str, prefix: str = "") -> dict[str, int]:
     for line in text.splitlines():
         key, _, value = line.partition(" ")
         if key.startswith(prefix):
-            values[key] = int(value)
+            try:
+                values[key] = int(value)
+            except ValueError:
+                raise KernelFormat(f"vmstat line {line!r} is malformed") from None
     return values
 
 

@@ -6,6 +6,7 @@ module reads and writes kernel files through a KernelFS and none hard-codes /pro
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,11 @@ class KernelFS:
     def cgroup_root(self) -> Path:
         return self.root / self.cgroup_mount
 
+    @functools.cached_property
+    def resolved_cgroup_root(self) -> Path:
+        """The mount with symlinks resolved, once: every cgroup path is checked against it."""
+        return self.cgroup_root.resolve()
+
     @property
     def is_real(self) -> bool:
         """True when this is the live kernel, where syscalls (swapon) match the files."""
@@ -46,8 +52,16 @@ class KernelFS:
 
 
 def read_text(path: Path) -> str:
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read()
+    # os-level calls: kernel files are small, and a text-mode file object costs several
+    # times the read itself on the memory report's hot path.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("ascii", errors="replace")
 
 
 def read_optional(path: Path) -> str | None:

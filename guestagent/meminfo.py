@@ -120,6 +120,8 @@ def parse_pressure(text: str) -> Pressure:
     """A PSI file: 'some avg10=0.00 avg60=0.00 avg300=0.00 total=0' and a 'full' line."""
     lines: dict[str, PressureLine] = {}
     for line in text.splitlines():
+        if not line.strip():
+            continue
         kind, *pairs = line.split()
         fields = dict(pair.partition("=")[::2] for pair in pairs)
         try:
@@ -183,7 +185,10 @@ def read_pressure(path: Path) -> Pressure | None:
 
 
 def read_cgroup_memory(fs: KernelFS, name: str) -> CgroupMemory:
-    directory = cgroup_dir(fs, name)
+    return read_cgroup_dir(cgroup_dir(fs, name), name)
+
+
+def read_cgroup_dir(directory: Path, name: str) -> CgroupMemory:
     current = read_optional(directory / "memory.current")
     if current is None:
         raise FailedPrecondition(
@@ -210,11 +215,12 @@ def read_cgroup_memory(fs: KernelFS, name: str) -> CgroupMemory:
 
 
 def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
-    for name in cgroups:
-        cgroup_dir(fs, name)  # Refuse every bad name before reading anything.
+    directories = [cgroup_dir(fs, name) for name in cgroups]  # Refuse bad names first.
     return MemoryReport(
         collected_at_unix_ns=time.time_ns(),
         system=read_system_memory(fs),
         pressure=read_pressure(fs.proc("pressure", "memory")),
-        cgroups=tuple(read_cgroup_memory(fs, name) for name in cgroups),
+        cgroups=tuple(
+            read_cgroup_dir(d, name) for d, name in zip(directories, cgroups, strict=True)
+        ),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from guestagent.errors import KernelFormat
 from guestagent.hotplug import block_size_bytes, memory_blocks
 from guestagent.kernelfs import KernelFS, read_optional, read_text
 from guestagent.meminfo import read_cgroup_memory, read_system_memory
@@ -28,17 +29,23 @@ class GuestOverhead:
 def parse_zoneinfo_present(text: str) -> int:
     """Pages present in all zones: the RAM the kernel manages, online hot-plugged memory
     included. Counting whole memory blocks instead would round a 306 MiB guest up to 384."""
-    return sum(
-        int(fields[1])
-        for fields in (line.split() for line in text.splitlines())
-        if len(fields) == 2 and fields[0] == "present"
-    )
+    try:
+        return sum(
+            int(fields[1])
+            for fields in (line.split() for line in text.splitlines())
+            if len(fields) == 2 and fields[0] == "present"
+        )
+    except ValueError:
+        raise KernelFormat("zoneinfo has a 'present' line that is not a page count") from None
 
 
 def rss_bytes(status_text: str) -> int:
     for line in status_text.splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
+            try:
+                return int(line.split()[1]) * 1024
+            except (IndexError, ValueError):
+                raise KernelFormat(f"status line {line!r} is malformed") from None
     return 0
 
 

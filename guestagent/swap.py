@@ -33,7 +33,7 @@ from guestagent.blockdev import (
     resolve_device,
     write_queue_value,
 )
-from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, KernelFormat, NotFound
 from guestagent.jsonlog import EventLog
 from guestagent.kernelfs import KernelFS, read_text
 
@@ -123,14 +123,16 @@ def parse_proc_swaps(text: str) -> list[ActiveSwap]:
     areas: list[ActiveSwap] = []
     for line in text.splitlines()[1:]:
         fields = line.split()
-        if len(fields) != 5:
+        if len(fields) < 5:
             continue
-        name, kind, size_kib, used_kib, priority = fields
-        areas.append(
-            ActiveSwap(
-                _unescape(name), kind, int(size_kib) * 1024, int(used_kib) * 1024, int(priority)
-            )
-        )
+        # The name is all but the last four fields: a device node removed while the area is
+        # active reads "/dev/vdc (deleted)", the one unescaped space the kernel writes.
+        name, (kind, size_kib, used_kib, priority) = " ".join(fields[:-4]), fields[-4:]
+        try:
+            sizes = int(size_kib) * 1024, int(used_kib) * 1024, int(priority)
+        except ValueError:
+            raise KernelFormat(f"/proc/swaps line {line!r} is malformed") from None
+        areas.append(ActiveSwap(_unescape(name), kind, *sizes))
     return areas
 
 
@@ -293,7 +295,16 @@ class SwapManager:
         return ", ".join(done) or "the device was not changed"
 
     def disable(self, selector: DeviceSelector) -> SwapArea:
-        device = resolve_device(self.finder, selector, 0)
+        try:
+            device = resolve_device(self.finder, selector, 0)
+        except NotFound as e:
+            orphans = [a.filename for a in self.active() if a.filename.endswith(" (deleted)")]
+            if not orphans:
+                raise
+            # swapoff(2) takes a path, and these areas have none left to give it.
+            raise NotFound(
+                f"{e}; still active with their device nodes gone: {', '.join(orphans)}"
+            ) from e
         with self._lock:
             entry = self._active_entry(device)
             if entry is None:

@@ -10,7 +10,7 @@ import shlex
 import sys
 import time
 
-from guestagent.cli import ctl_main
+from guestagent.ctl import main as ctl_main
 from guestagent.testing.qemu import Disk, GuestVM, VMConfig
 
 MIB = 1 << 20

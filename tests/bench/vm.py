@@ -3,6 +3,7 @@ of swap blocks and of freed RAM handed back to the host, and the vsock relay's c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -60,7 +61,29 @@ def relay_latency(vm: GuestVM) -> dict[str, Any]:
     return figures
 
 
-def measure_vm() -> dict[str, Any]:
+def guest_agent_figures(vm: GuestVM) -> dict[str, float]:
+    pid = vm.exec("pgrep -o -x guestagent").stdout.strip()
+    rss = 0
+    for line in vm.exec(["cat", f"/proc/{pid}/status"]).stdout.splitlines():
+        if line.startswith("RssAnon:"):
+            rss = int(line.split()[1]) * 1024
+    fields = vm.exec(["cat", f"/proc/{pid}/stat"]).stdout.rsplit(")", 1)[1].split()
+    ticks = int(vm.exec(["getconf", "CLK_TCK"]).stdout)
+    return {"rss_anon": rss, "cpu_s": (int(fields[11]) + int(fields[12])) / ticks}
+
+
+def vm_load(vm: GuestVM, agent: AgentClient, seconds: float) -> dict[str, Any]:
+    from tests.bench.load import run_load
+
+    cgroups = [f"load/c{i}" for i in range(50)]
+    for name in cgroups:
+        agent.set_limits(name, pb.LinuxMemory(limit=-1), create=True)
+    return asyncio.run(
+        run_load(vm.agent_target, cgroups, cgroups, seconds, lambda: guest_agent_figures(vm), 120)
+    )
+
+
+def measure_vm(load_seconds: float) -> dict[str, Any]:
     config = VMConfig(
         memory_mib=1024,
         disks=(
@@ -81,4 +104,5 @@ def measure_vm() -> dict[str, Any]:
         agent.disable_swap(pb.DeviceSelector(serial="swap0"))
         results["free_page_reporting"] = allocate_free_and_compact(vm, agent.compact, 600)
         results["relay_in_guest"] = relay_latency(vm)
+        results["load"] = vm_load(vm, agent, load_seconds)
     return results

@@ -26,7 +26,7 @@ def guestctl(*args: str) -> subprocess.CompletedProcess[str]:
         [
             sys.executable,
             "-c",
-            "from guestagent.cli import ctl_main; raise SystemExit(ctl_main())",
+            "from guestagent.ctl import main; raise SystemExit(main())",
             *args,
         ],
         capture_output=True,
@@ -229,3 +229,11 @@ def test_limits_refusals_write_nothing(
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert words in raised.value.details()
     assert {f: (directory / f).read_text() for f in before} == before
+
+
+def test_oversize_requests_are_refused(agent: AgentProcess) -> None:
+    with AgentClient(agent.unix_target) as client, pytest.raises(grpc.RpcError) as raised:
+        client.info(["x" * 1024] * 5000)  # ~5 MiB, over the 4 MiB limit
+    assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with AgentClient(agent.unix_target) as client:
+        assert client.health() == "SERVING"

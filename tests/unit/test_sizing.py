@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guestagent.cli import ctl_main
+from guestagent.ctl import main as ctl_main
 from guestagent.errors import InvalidArgument
 from guestagent.measure import Mapping, guest_ram_resident, parse_smaps
 from guestagent.sizing import (

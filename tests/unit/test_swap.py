@@ -24,11 +24,13 @@ SWAPS = (
     "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
     "/dev/vdb                                partition\t1048572\t\t2048\t\t10\n"
     "/swap\\040file                           file\t\t65532\t\t0\t\t-2\n"
+    "/dev/vdc (deleted)                      partition\t262140\t\t0\t\t-3\n"
 )
 
 
 def test_parse_proc_swaps() -> None:
-    vdb, spaced = parse_proc_swaps(SWAPS)
+    vdb, spaced, deleted = parse_proc_swaps(SWAPS)
+    assert deleted.filename == "/dev/vdc (deleted)" and deleted.size_bytes == 262140 * 1024
     assert (vdb.filename, vdb.kind, vdb.size_bytes, vdb.used_bytes, vdb.priority) == (
         "/dev/vdb",
         "partition",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.cli import ctl_main
+from guestagent.ctl import main as ctl_main
 from guestagent.measure import measure_size, table_text
 from guestagent.sizing import MIB, OverheadSample, fit_model, model_to_dict
 

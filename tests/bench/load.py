@@ -1,0 +1,129 @@
+"""Load: 200 concurrent clients mixing GetMemoryInfo, WatchMemory streams and SetMemoryLimits
+for a fixed time, against one agent. Counts errors by status code, p50/p99 per call, and
+the agent's RssAnon at the start and the end."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from guestagent.v1 import agent_pb2 as pb
+from guestagent.v1 import agent_pb2_grpc as pb_grpc
+
+CLIENTS = 200
+WATCHERS = 40  # Of the clients, how many hold a WatchMemory stream.
+LIMIT_EVERY = 5  # Every fifth unary client sets limits instead of reading.
+
+
+def _grpc_target(target: str) -> str:
+    return target.removeprefix("tcp://") if target.startswith("tcp://") else target
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))], 1) if ordered else 0
+
+
+async def run_load(
+    target: str,
+    read_cgroups: list[str],
+    write_cgroups: list[str],
+    seconds: float,
+    agent_figures: Callable[[], dict[str, float]],
+    call_timeout: float = 30.0,
+) -> dict[str, Any]:
+    """Readers and watchers use read_cgroups, limit writers write_cgroups (all existing).
+    Against a fake root keep them apart: a plain file, unlike cgroupfs, can be read between a
+    writer's truncate and its write."""
+    latencies: dict[str, list[float]] = {"GetMemoryInfo": [], "SetMemoryLimits": []}
+    errors: Counter[str] = Counter()
+    samples_of_errors: dict[str, str] = {}
+    watch_messages = 0
+    deadline = time.monotonic() + seconds
+    start = agent_figures()
+
+    async def unary(index: int, stub: Any) -> None:
+        writer = index % LIMIT_EVERY == 0
+        pool = write_cgroups if writer else read_cgroups
+        cgroup = pool[index % len(pool)]
+        limit = (64 + index % 64) << 20
+        while time.monotonic() < deadline:
+            started = time.perf_counter()
+            try:
+                if writer:
+                    await stub.SetMemoryLimits(
+                        pb.SetMemoryLimitsRequest(
+                            cgroup=cgroup, memory=pb.LinuxMemory(limit=limit, swap=2 * limit)
+                        ),
+                        timeout=call_timeout,
+                    )
+                else:
+                    await stub.GetMemoryInfo(
+                        pb.GetMemoryInfoRequest(cgroups=[cgroup]), timeout=call_timeout
+                    )
+            except grpc.aio.AioRpcError as e:
+                errors[e.code().name] += 1
+                samples_of_errors.setdefault(e.code().name, e.details())
+                continue
+            name = "SetMemoryLimits" if writer else "GetMemoryInfo"
+            latencies[name].append((time.perf_counter() - started) * 1e6)
+
+    async def watcher(index: int, stub: Any) -> None:
+        nonlocal watch_messages
+        stream = stub.WatchMemory(
+            pb.WatchMemoryRequest(
+                interval_ms=200, cgroups=[read_cgroups[index % len(read_cgroups)]]
+            )
+        )
+        try:
+            async for _ in stream:
+                watch_messages += 1
+                if time.monotonic() >= deadline:
+                    break
+        except grpc.aio.AioRpcError as e:
+            errors[f"watch {e.code().name}"] += 1
+            samples_of_errors.setdefault(e.code().name, e.details())
+        finally:
+            stream.cancel()
+
+    channels = [grpc.aio.insecure_channel(_grpc_target(target)) for _ in range(CLIENTS)]
+    try:
+        stubs = [pb_grpc.MemoryAgentStub(channel) for channel in channels]
+        tasks = [watcher(i, stubs[i]) for i in range(WATCHERS)]
+        tasks += [unary(i, stubs[i]) for i in range(WATCHERS, CLIENTS)]
+        started = time.monotonic()
+        await asyncio.gather(*tasks)
+        elapsed = time.monotonic() - started
+    finally:
+        for channel in channels:
+            await channel.close()
+    end = agent_figures()
+    calls = sum(len(samples) for samples in latencies.values()) + watch_messages
+    return {
+        "clients": CLIENTS,
+        "watch_streams": WATCHERS,
+        "seconds": round(elapsed, 1),
+        "calls": {
+            name: {
+                "count": len(samples),
+                "per_second": round(len(samples) / elapsed, 1),
+                "p50_us": percentile(samples, 0.5),
+                "p99_us": percentile(samples, 0.99),
+                "mean_us": round(statistics.fmean(samples), 1) if samples else 0,
+            }
+            for name, samples in latencies.items()
+        },
+        "watch_messages": watch_messages,
+        "errors": dict(errors),
+        "error_examples": samples_of_errors,
+        "agent_rss_anon_start": int(start["rss_anon"]),
+        "agent_rss_anon_end": int(end["rss_anon"]),
+        "agent_cpu_s": round(end["cpu_s"] - start["cpu_s"], 2),
+        "agent_cpu_us_per_message": round((end["cpu_s"] - start["cpu_s"]) * 1e6 / max(calls, 1)),
+    }
