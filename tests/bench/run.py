@@ -134,6 +134,11 @@ def install_wheel(workdir: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(site)}
 
 
+def agent_command(*args: str) -> list[str]:
+    # Hot-plug onlining off: on this host's root it would act on the host's memory.
+    return [sys.executable, "-m", "guestagent", "serve", "--online-memory", "off", *args]
+
+
 def measure_daemons(workdir: Path) -> dict[str, Any]:
     agent_env = install_wheel(workdir)
     baseline_target = f"unix://{workdir}/baseline.sock"
@@ -156,16 +161,7 @@ def measure_daemons(workdir: Path) -> dict[str, Any]:
         baseline.wait()
 
     agent, ready = start_and_wait(
-        [
-            sys.executable,
-            "-m",
-            "guestagent",
-            "serve",
-            "--online-memory",
-            "off",
-            "--listen",
-            agent_target,
-        ],
+        agent_command("--listen", agent_target),
         agent_target,
         env=agent_env,
     )
@@ -223,18 +219,7 @@ def measure_local_load(workdir: Path, seconds: float) -> dict[str, Any]:
         fake.add_cgroup(name)
     target = f"unix://{workdir}/load.sock"
     agent, _ = start_and_wait(
-        [
-            sys.executable,
-            "-m",
-            "guestagent",
-            "serve",
-            "--online-memory",
-            "off",
-            "--root",
-            str(fake.root),
-            "--listen",
-            target,
-        ],
+        agent_command("--root", str(fake.root), "--listen", target),
         target,
         env=install_wheel(workdir / "load-wheel"),
     )

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from guestagent.client import AgentClient
 from guestagent.testing.qemu import DEFAULT_IMAGE_DIR, Disk, GuestVM, VMConfig
+from tests.vm.guest import boot
 
 IMAGE_FILES = ("vmlinuz", "initrd.img", "rootfs.img")
 SWAP_DISK = Disk("swap", 1 << 30, serial="swap0")
@@ -34,6 +36,14 @@ def image() -> Path:
 def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
     """One guest shared by the modules that only read or make their own cgroups; modules
     that change devices (test_swap) boot their own."""
-    config = VMConfig(slots=4, maxmem_mib=2048, disks=(SWAP_DISK, DATA_DISK))
-    with GuestVM(config, image_dir=image, workdir=tmp_path_factory.mktemp("vm")) as guest:
-        yield guest
+    yield from boot(
+        VMConfig(slots=4, maxmem_mib=2048, disks=(SWAP_DISK, DATA_DISK)), image, tmp_path_factory
+    )
+
+
+@pytest.fixture(scope="module")
+def agent(vm: GuestVM) -> Iterator[AgentClient]:
+    """A client of the agent in whichever guest the module boots (its own `vm` or this one's)."""
+    with AgentClient(vm.agent_target, timeout=300) as client:
+        client.wait_ready(60)
+        yield client

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
-from guestagent.testing.qemu import GuestVM
+import pytest
+
+from guestagent.testing.qemu import GuestVM, VMConfig
 
 T = TypeVar("T")
 
@@ -21,6 +24,12 @@ for offset in range(0, size, 4096):
 open(sys.argv[2], "w").write("ready")
 time.sleep(3600)
 """
+
+
+def boot(config: VMConfig, image: Path, factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
+    """Body of a module's `vm` fixture: boot, hand over, and stop the guest at the end."""
+    with GuestVM(config, image_dir=image, workdir=factory.mktemp("vm")) as guest:
+        yield guest
 
 
 def wait_until(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:

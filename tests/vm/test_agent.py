@@ -20,13 +20,6 @@ pytestmark = pytest.mark.vm
 GUESTCTL = "/opt/guestagent/bin/guestctl"
 
 
-@pytest.fixture(scope="module")
-def agent(vm: GuestVM) -> Iterator[AgentClient]:
-    with AgentClient(vm.agent_target, timeout=120) as client:
-        client.wait_ready(60)
-        yield client
-
-
 def test_memory_info_matches_proc_meminfo(vm: GuestVM, agent: AgentClient) -> None:
     info = agent.info()
     meminfo = parse_meminfo(vm.exec(["cat", "/proc/meminfo"]).stdout)

@@ -15,7 +15,7 @@ from guestagent.client import AgentClient
 from guestagent.swap import parse_proc_swaps
 from guestagent.testing.qemu import Disk, GuestVM, VMConfig
 from guestagent.v1 import agent_pb2 as pb
-from tests.vm.guest import read_guest, wait_until
+from tests.vm.guest import boot, read_guest, wait_until
 
 pytestmark = pytest.mark.vm
 
@@ -25,15 +25,7 @@ MIB = 1 << 20
 @pytest.fixture(scope="module")
 def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
     config = VMConfig(memory_mib=512, disks=(Disk("big", 8 << 30, serial="big0"),))
-    with GuestVM(config, image_dir=image, workdir=tmp_path_factory.mktemp("faultvm")) as guest:
-        yield guest
-
-
-@pytest.fixture(scope="module")
-def agent(vm: GuestVM) -> Iterator[AgentClient]:
-    with AgentClient(vm.agent_target, timeout=120) as client:
-        client.wait_ready(60)
-        yield client
+    yield from boot(config, image, tmp_path_factory)
 
 
 def active_devices(vm: GuestVM) -> set[str]:

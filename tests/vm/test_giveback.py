@@ -15,6 +15,7 @@ from guestagent.testing.qemu import Disk, GuestVM, VMConfig
 from guestagent.v1 import agent_pb2 as pb
 from tests.vm.guest import (
     allocate_free_and_compact,
+    boot,
     filler_ready,
     make_cgroup,
     start_filler,
@@ -54,18 +55,10 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
         maxmem_mib=2048,
         disks=(Disk("swap", 1 << 30, serial="swap0"), Disk("data", 512 * MIB, serial="data0")),
     )
-    with GuestVM(config, image_dir=image, workdir=tmp_path_factory.mktemp("givebackvm")) as guest:
-        yield guest
+    yield from boot(config, image, tmp_path_factory)
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / "giveback.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
-
-
-@pytest.fixture(scope="module")
-def agent(vm: GuestVM) -> Iterator[AgentClient]:
-    with AgentClient(vm.agent_target, timeout=300) as client:
-        client.wait_ready(60)
-        yield client
 
 
 def test_compaction_gathers_free_pages_into_high_orders(vm: GuestVM, agent: AgentClient) -> None:

@@ -11,7 +11,7 @@ import pytest
 from guestagent.client import AgentClient
 from guestagent.testing.qemu import Disk, GuestVM, VMConfig
 from guestagent.v1 import agent_pb2 as pb
-from tests.vm.guest import filler_ready, read_guest, start_filler, stop_filler, wait_until
+from tests.vm.guest import boot, filler_ready, read_guest, start_filler, stop_filler, wait_until
 
 pytestmark = pytest.mark.vm
 
@@ -22,16 +22,12 @@ GUESTCTL = "/opt/guestagent/bin/guestctl"
 @pytest.fixture(scope="module")
 def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
     config = VMConfig(memory_mib=512, disks=(Disk("swap", 1 << 30, serial="swap0"),))
-    with GuestVM(config, image_dir=image, workdir=tmp_path_factory.mktemp("limitsvm")) as guest:
-        yield guest
+    yield from boot(config, image, tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def agent(vm: GuestVM) -> Iterator[AgentClient]:
-    with AgentClient(vm.agent_target, timeout=120) as client:
-        client.wait_ready(60)
-        client.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
-        yield client
+@pytest.fixture(scope="module", autouse=True)
+def swap_on(agent: AgentClient) -> None:
+    agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
 
 
 def cgroup_file(vm: GuestVM, cgroup: str, name: str) -> str:

@@ -15,6 +15,7 @@ from guestagent.client import AgentClient
 from guestagent.testing.qemu import Disk, GuestVM, VMConfig
 from guestagent.v1 import agent_pb2 as pb
 from tests.vm.guest import (
+    boot,
     filler_ready,
     make_cgroup,
     read_guest,
@@ -39,18 +40,10 @@ RESULTS: dict[str, object] = {}
 @pytest.fixture(scope="module")
 def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
     config = VMConfig(memory_mib=512, disks=DISKS)
-    with GuestVM(config, image_dir=image, workdir=tmp_path_factory.mktemp("swapvm")) as guest:
-        yield guest
+    yield from boot(config, image, tmp_path_factory)
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / "swap.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
-
-
-@pytest.fixture(scope="module")
-def agent(vm: GuestVM) -> Iterator[AgentClient]:
-    with AgentClient(vm.agent_target, timeout=120) as client:
-        client.wait_ready(60)
-        yield client
 
 
 def node_of(vm: GuestVM, serial: str) -> str:
