@@ -17,6 +17,9 @@ from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotF
 from guestagent.kernelfs import KernelFS, read_text
 
 SUBTREE_CONTROL = "cgroup.subtree_control"
+# The kernel's limits (ENAMETOOLONG past them), checked up front to name the culprit.
+NAME_MAX = 255
+PATH_MAX = 4096
 
 
 def validate_cgroup_name(name: str) -> tuple[str, ...]:
@@ -27,10 +30,17 @@ def validate_cgroup_name(name: str) -> tuple[str, ...]:
         raise InvalidArgument(f"cgroup path {name!r} is absolute; give it relative to the mount")
     if "\x00" in name:
         raise InvalidArgument(f"cgroup path {name!r} contains a NUL byte")
+    if len(name.encode()) > PATH_MAX:
+        raise InvalidArgument(f"cgroup path of {len(name.encode())} bytes is over {PATH_MAX}")
     parts = tuple(name.rstrip("/").split("/"))
     for part in parts:
         if part in ("", ".", ".."):
             raise InvalidArgument(f"cgroup path {name!r} has a {part or 'empty'!r} component")
+        if len(part.encode()) > NAME_MAX:
+            raise InvalidArgument(
+                f"cgroup path component {part[:32]!r}... is {len(part.encode())} bytes, "
+                f"over {NAME_MAX}"
+            )
     return parts
 
 

@@ -35,7 +35,7 @@ from guestagent.blockdev import (
 )
 from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, KernelFormat, NotFound
 from guestagent.jsonlog import EventLog
-from guestagent.kernelfs import KernelFS, read_text
+from guestagent.kernelfs import KernelFS, read_optional
 
 log = EventLog("guestagent.swap")
 
@@ -158,6 +158,11 @@ class SwapManager:
     @property
     def finder(self) -> DeviceFinder:
         if self._finder is None:
+            if not self.fs.is_real:
+                # udev knows the live system's disks, not a test tree's.
+                raise FailedPrecondition(
+                    f"finding block devices needs udev; this agent runs over {self.fs.root}"
+                )
             self._finder = UdevDevices()
         return self._finder
 
@@ -180,7 +185,10 @@ class SwapManager:
         temporary.replace(self._state_path)
 
     def active(self) -> list[ActiveSwap]:
-        return parse_proc_swaps(read_text(self.fs.proc("swaps")))
+        text = read_optional(self.fs.proc("swaps"))
+        if text is None:
+            raise FailedPrecondition("the kernel has no swap support (no /proc/swaps)")
+        return parse_proc_swaps(text)
 
     def _active_entry(self, device: BlockDevice) -> ActiveSwap | None:
         for area in self.active():
