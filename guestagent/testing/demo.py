@@ -45,22 +45,44 @@ def main() -> int:
         guestctl(target, "swap", "enable", "--serial", "swap0")
         print("(the second call changed nothing: one shared area per pod)")
 
-        heading("a container over its memory.max is reclaimed into swap, not killed")
-        vm.exec("mkdir -p /sys/fs/cgroup/demo && echo 64M > /sys/fs/cgroup/demo/memory.max")
+        heading("limits from OCI values: limit 64 MiB, memory+swap total 256 MiB")
+        guestctl(target, "limits", "--cgroup", "demo", "--limit", "-1", "--create")
+        guestctl(
+            target,
+            "limits",
+            "--cgroup",
+            "demo/app",
+            "--limit",
+            "64M",
+            "--swap",
+            "256M",
+            "--reservation",
+            "16M",
+            "--create",
+        )
+        print("(memory.swap.max is the total minus the limit: 192 MiB of swap alone)")
+
+        heading("the container allocates 200 MiB: reclaimed into swap, not killed")
         vm.exec(
-            "sh -c 'echo $$ > /sys/fs/cgroup/demo/cgroup.procs; exec python3 -c "
+            "sh -c 'echo $$ > /sys/fs/cgroup/demo/app/cgroup.procs; echo $$ > /run/demo.pid; "
+            "exec python3 -c "
             f'"{FILLER}"\' </dev/null >/dev/null 2>&1 &'
         )
         time.sleep(20)
-        guestctl(target, "info", "--cgroup", "demo")
+        guestctl(target, "info", "--cgroup", "demo/app")
         print(f"host: the sparse swap file holds {vm.disk_allocated_bytes('swap') / MIB:.0f} MiB")
-        vm.exec("pkill -f bytearray; true")
+
+        heading("giving memory back: reclaim, then compaction before the host's balloon")
+        guestctl(target, "reclaim", "--cgroup", "demo/app", "--bytes", "32M")
+        vm.exec("kill $(cat /run/demo.pid)")  # By pid: a pattern would match this shell too.
         time.sleep(8)
         print(
             f"host: after the process exited, {vm.disk_allocated_bytes('swap') / MIB:.0f} MiB "
             "(discard gave the rest back)"
         )
+        guestctl(target, "compact")
         guestctl(target, "swap", "list")
+        guestctl(target, "overhead", "--workload", "demo")
     return 0
 
 
