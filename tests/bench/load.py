@@ -44,6 +44,7 @@ async def run_load(
     latencies: dict[str, list[float]] = {"GetMemoryInfo": [], "SetMemoryLimits": []}
     errors: Counter[str] = Counter()
     samples_of_errors: dict[str, str] = {}
+    error_seconds: list[float] = []  # How long each failed call took: a timer shows here.
     watch_messages = 0
     deadline = time.monotonic() + seconds
     start = agent_figures()
@@ -70,6 +71,7 @@ async def run_load(
             except grpc.aio.AioRpcError as e:
                 errors[e.code().name] += 1
                 samples_of_errors.setdefault(e.code().name, e.details())
+                error_seconds.append(round(time.perf_counter() - started, 2))
                 continue
             name = "SetMemoryLimits" if writer else "GetMemoryInfo"
             latencies[name].append((time.perf_counter() - started) * 1e6)
@@ -122,6 +124,7 @@ async def run_load(
         "watch_messages": watch_messages,
         "errors": dict(errors),
         "error_examples": samples_of_errors,
+        "error_call_seconds": sorted(error_seconds)[:20],
         "agent_rss_anon_start": int(start["rss_anon"]),
         "agent_rss_anon_end": int(end["rss_anon"]),
         "agent_cpu_s": round(end["cpu_s"] - start["cpu_s"], 2),
