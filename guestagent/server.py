@@ -67,6 +67,10 @@ MIN_WATCH_INTERVAL_MS = 100
 # Signals that arrive within this long of each other are sent as one message.
 COALESCE_SECONDS = 0.01
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# grpc-core cancels a call that waits over 30 s (its default) for the server to take it up.
+# A slow or overcommitted guest can queue that long under load; the caller's own deadline,
+# not a server-side timer it cannot see, should decide when to give up.
+MAX_UNREQUESTED_SECONDS = 600
 DEADLINE_MARGIN_SECONDS = 0.05
 
 STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {
@@ -283,6 +287,7 @@ class Agent:
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.server_max_unrequested_time_in_server", MAX_UNREQUESTED_SECONDS),
             ]
         )
         self.health = health.aio.HealthServicer()
