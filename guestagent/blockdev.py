@@ -20,6 +20,7 @@ from guestagent.errors import (
     InvalidArgument,
     KernelFormat,
     NotFound,
+    errno_text,
 )
 from guestagent.kernelfs import KernelFS, read_optional, read_text
 
@@ -165,9 +166,7 @@ def write_queue_value(fs: KernelFS, device: BlockDevice, name: str, value: str) 
         with open(path, "w") as f:
             f.write(value)
     except OSError as e:
-        raise FailedPrecondition(
-            f"cannot write {value!r} to {path}: {os.strerror(e.errno or 0)}"
-        ) from e
+        raise FailedPrecondition(f"cannot write {value!r} to {path}: {errno_text(e)}") from e
 
 
 def refuse_unsafe_device(fs: KernelFS, device: BlockDevice) -> None:
@@ -203,7 +202,7 @@ def open_exclusive(fs: KernelFS, device: BlockDevice) -> int:
         return os.open(fs.host_path(device.devnode), os.O_RDWR | os.O_EXCL | os.O_CLOEXEC)
     except OSError as e:
         raise FailedPrecondition(
-            f"{device.devnode} cannot be opened exclusively ({os.strerror(e.errno or 0)}): "
+            f"{device.devnode} cannot be opened exclusively ({errno_text(e)}): "
             "something holds it open"
         ) from e
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, errno_text
 from guestagent.kernelfs import KernelFS, read_text
 
 SUBTREE_CONTROL = "cgroup.subtree_control"
@@ -70,13 +70,6 @@ class CreatedCgroup:
     # cgroup.subtree_control files that received "+controller", top down.
     enabled: tuple[Path, ...] = ()
     controller: str = "memory"
-
-
-def errno_text(e: OSError) -> str:
-    """'EBUSY (Device or resource busy)': the name to search for, and the words to read."""
-    number = e.errno or 0
-    name = errno.errorcode.get(number, f"errno {number}")
-    return f"{name} ({e.strerror or os.strerror(number)})"
 
 
 def write_cgroup_file(path: Path, value: str) -> None:

@@ -1,5 +1,8 @@
 """Domain errors. Modules raise these; the servicer maps each class to one gRPC code."""
 
+import errno
+import os
+
 
 class AgentError(Exception):
     """Base class; the message is shown to the caller as the gRPC status details."""
@@ -27,3 +30,10 @@ class KernelFormat(AgentError):
 
 class Aborted(AgentError):
     """A write failed midway; the error says what was restored."""
+
+
+def errno_text(e: OSError) -> str:
+    """'EBUSY (Device or resource busy)': the name to search for, and the words to read."""
+    number = e.errno or 0
+    name = errno.errorcode.get(number, f"errno {number}")
+    return f"{name} ({e.strerror or os.strerror(number)})"

@@ -7,14 +7,13 @@ in ZONE_MOVABLE, which the host can unplug again later; "online" lets the kernel
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guestagent.errors import InvalidArgument
+from guestagent.errors import InvalidArgument, errno_text
 from guestagent.jsonlog import EventLog
 from guestagent.kernelfs import KernelFS, read_optional, read_text
 from guestagent.meminfo import read_system_memory
@@ -72,9 +71,7 @@ def online_memory(fs: KernelFS, state: str = "online") -> OnlineResult:
                 os.close(fd)
             onlined.append(name)
         except OSError as e:
-            failed.append(
-                f"{name}: {errno.errorcode.get(e.errno or 0, '?')} {os.strerror(e.errno or 0)}"
-            )
+            failed.append(f"{name}: {errno_text(e)}")
     result = OnlineResult(
         tuple(onlined), tuple(failed), read_system_memory(fs).mem_total, block_size_bytes(fs)
     )

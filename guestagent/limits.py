@@ -16,11 +16,16 @@ from guestagent.cgroups import (
     CreatedCgroup,
     cgroup_dir,
     create_cgroup,
-    errno_text,
     undo_create,
     write_cgroup_file,
 )
-from guestagent.errors import Aborted, AgentError, FailedPrecondition, InvalidArgument
+from guestagent.errors import (
+    Aborted,
+    AgentError,
+    FailedPrecondition,
+    InvalidArgument,
+    errno_text,
+)
 from guestagent.jsonlog import EventLog
 from guestagent.kernelfs import KernelFS, read_optional, read_text
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from guestagent.cgroups import cgroup_dir
-from guestagent.errors import FailedPrecondition, InvalidArgument
+from guestagent.errors import FailedPrecondition, InvalidArgument, errno_text
 from guestagent.jsonlog import EventLog
 from guestagent.kernelfs import KernelFS, read_text
 
@@ -54,8 +54,7 @@ def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> Rec
     except OSError as e:
         if e.errno != errno.EAGAIN:
             raise FailedPrecondition(
-                f"writing {bytes_} to {control} failed: {errno.errorcode.get(e.errno or 0)} "
-                f"{os.strerror(e.errno or 0)}"
+                f"writing {bytes_} to {control} failed: {errno_text(e)}"
             ) from e
         complete = False  # The kernel tried and got less: a partial result, not an error.
     finally:

@@ -33,7 +33,14 @@ from guestagent.blockdev import (
     resolve_device,
     write_queue_value,
 )
-from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, KernelFormat, NotFound
+from guestagent.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    KernelFormat,
+    NotFound,
+    errno_text,
+)
 from guestagent.jsonlog import EventLog
 from guestagent.kernelfs import KernelFS, read_optional
 
@@ -322,9 +329,7 @@ class SwapManager:
                 syscalls.swapoff(entry.filename)
             except OSError as e:
                 # ENOMEM: the pages in swap do not fit back in memory.
-                raise FailedPrecondition(
-                    f"swapoff {entry.filename} failed: {os.strerror(e.errno or 0)}"
-                ) from e
+                raise FailedPrecondition(f"swapoff {entry.filename} failed: {errno_text(e)}") from e
             state = self._read_state()
             state.pop(device.devnode, None)
             self._write_state(state)

@@ -12,12 +12,11 @@ from guestagent import cgroups
 from guestagent.cgroups import (
     cgroup_dir,
     create_cgroup,
-    errno_text,
     undo_create,
     validate_cgroup_name,
     write_cgroup_file,
 )
-from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, errno_text
 from tests.fakeroot import MEMORY_EVENTS, MEMORY_STAT, FakeRoot
 
 
