@@ -184,23 +184,25 @@ def read_pressure(path: Path) -> Pressure | None:
     return parse_pressure(text) if text is not None else None
 
 
-def read_cgroup_memory(fs: KernelFS, name: str) -> CgroupMemory:
-    return read_cgroup_dir(cgroup_dir(fs, name), name)
-
-
-def read_cgroup_dir(directory: Path, name: str) -> CgroupMemory:
+def read_current(directory: Path, name: str) -> int:
+    """memory.current of a cgroup, or why it has none."""
     current = read_optional(directory / "memory.current")
     if current is None:
         raise FailedPrecondition(
             f"cgroup {name!r} has no memory.current: the memory controller is not enabled "
             "in its parent's cgroup.subtree_control"
         )
+    return int(current)
+
+
+def read_cgroup_dir(directory: Path, name: str) -> CgroupMemory:
+    current = read_current(directory, name)
     swap_current = read_optional(directory / "memory.swap.current")
     swap_max = read_optional(directory / "memory.swap.max")
     stat = parse_flat_keyed(read_text(directory / "memory.stat"))
     return CgroupMemory(
         path=name,
-        current=int(current),
+        current=current,
         max=parse_limit(read_text(directory / "memory.max")),
         high=parse_limit(read_text(directory / "memory.high")),
         low=int(read_text(directory / "memory.low")),

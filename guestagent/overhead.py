@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from guestagent.cgroups import cgroup_dir
 from guestagent.errors import KernelFormat
 from guestagent.hotplug import block_size_bytes, memory_blocks
 from guestagent.kernelfs import KernelFS, read_optional, read_text
-from guestagent.meminfo import read_cgroup_memory, read_system_memory
+from guestagent.meminfo import read_current, read_system_memory
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def rss_bytes(status_text: str) -> int:
 
 
 def guest_overhead(fs: KernelFS, workload_cgroups: tuple[str, ...] = ()) -> GuestOverhead:
-    workloads = sum(read_cgroup_memory(fs, name).current for name in workload_cgroups)
+    workloads = sum(read_current(cgroup_dir(fs, name), name) for name in workload_cgroups)
     zoneinfo = read_optional(fs.proc("zoneinfo"))
     if zoneinfo is not None:
         present = parse_zoneinfo_present(zoneinfo) * os.sysconf("SC_PAGE_SIZE")

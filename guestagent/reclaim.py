@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from guestagent.cgroups import cgroup_dir
 from guestagent.errors import FailedPrecondition, InvalidArgument, errno_text
 from guestagent.jsonlog import EventLog
-from guestagent.kernelfs import KernelFS, read_text
+from guestagent.kernelfs import KernelFS
+from guestagent.meminfo import read_current
 
 log = EventLog("guestagent.reclaim")
 
@@ -43,7 +44,7 @@ def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> Rec
     control = directory / "memory.reclaim"
     if not control.exists():
         raise FailedPrecondition(f"{control} is missing: memory.reclaim needs Linux 5.19 or later")
-    before = int(read_text(directory / "memory.current"))
+    before = read_current(directory, cgroup)
     if drop_caches:
         with open(fs.proc("sys", "vm", "drop_caches"), "w") as f:
             f.write(str(drop_caches))
@@ -59,7 +60,7 @@ def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> Rec
         complete = False  # The kernel tried and got less: a partial result, not an error.
     finally:
         os.close(fd)
-    after = int(read_text(directory / "memory.current"))
+    after = read_current(directory, cgroup)
     log.info(
         "reclaimed", cgroup=cgroup, requested=bytes_, before=before, after=after, complete=complete
     )

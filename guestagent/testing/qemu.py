@@ -99,7 +99,7 @@ def accelerator(kernel: Path) -> tuple[str, str]:
     return ("kvm", "host") if works else ("tcg", "max")
 
 
-def _free_tcp_port() -> int:
+def free_tcp_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
@@ -181,7 +181,7 @@ class GuestVM:
         # A caller-given workdir is kept (console log for post-mortems); a temporary one is not.
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="guestvm-"))
-        self.host_port = _free_tcp_port()
+        self.host_port = free_tcp_port()
         self.boot_seconds: float | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._testexec = _TestexecChannel(self.workdir / "testexec.sock")

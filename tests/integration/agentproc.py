@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guestagent.client import AgentClient
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from guestagent.testing.qemu import free_tcp_port
 
 
 @dataclass
