@@ -43,7 +43,7 @@ vm: image
 
 # The main job: boot the guest image in QEMU and show the agent at work.
 run: image
-	$(PY) -m guestagent.testing.demo
+	$(PY) -m guestagent.vm.demo
 
 bench: image
 	$(PY) -m tests.bench.run --out tests/bench/results/latest.json

@@ -1,5 +1,5 @@
 import sys
 
-from guestagent.cli import main
+from guestagent.agent.cli import main
 
 sys.exit(main())

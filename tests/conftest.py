@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakeroot import FakeRoot, make_fake_root
+from tests.fakes.root import FakeRoot, make_fake_root
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from guestagent.client import AgentClient
+from guestagent.host.client import AgentClient
 from guestagent.transport import SocketRelay, dial_unix
 
 CALLS = 2000
@@ -210,7 +210,7 @@ def agent_figures(pid: int) -> dict[str, float]:
 def measure_local_load(workdir: Path, seconds: float) -> dict[str, Any]:
     """The load mix against an agent over a fake root: the agent's own cost, no kernel's."""
     from tests.bench.load import run_load
-    from tests.fakeroot import make_fake_root
+    from tests.fakes.root import make_fake_root
 
     fake = make_fake_root(workdir / "root")
     readers = [f"load/r{i}" for i in range(50)]

@@ -8,9 +8,9 @@ import json
 import time
 from typing import Any
 
-from guestagent.client import AgentClient
-from guestagent.testing.qemu import Disk, GuestVM, VMConfig
+from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import allocate_free_and_compact
 from tests.vm.test_swap import fill_and_release
 
@@ -21,7 +21,7 @@ RELAY_CALLS = 300
 # agent's unix socket, interleaved; prints p50/p99 of each in microseconds.
 RELAY_SCRIPT = f"""
 import json, time
-from guestagent.client import AgentClient
+from guestagent.host.client import AgentClient
 def pct(xs, f): xs = sorted(xs); return round(xs[min(len(xs) - 1, int(f * len(xs)))], 1)
 with AgentClient("vsock://1:1025") as relayed, AgentClient("unix:///run/bench.sock") as direct:
     for c in (relayed, direct):

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakeroot import FakeRoot
-from tests.integration.agentproc import AgentProcess
+from tests.fakes.agentproc import AgentProcess
+from tests.fakes.root import FakeRoot
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from guestagent.client import AgentClient
+from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
-from tests.fakeroot import FakeRoot
-from tests.integration.agentproc import AgentProcess
+from tests.fakes.agentproc import AgentProcess
+from tests.fakes.root import FakeRoot
 from tests.unit.test_transport import _hybrid_vsock_server
 
 
@@ -26,7 +26,7 @@ def guestctl(*args: str) -> subprocess.CompletedProcess[str]:
         [
             sys.executable,
             "-c",
-            "from guestagent.ctl import main; raise SystemExit(main())",
+            "from guestagent.host.ctl import main; raise SystemExit(main())",
             *args,
         ],
         capture_output=True,

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from guestagent.client import AgentClient
+from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
-from tests.fakeroot import FakeRoot, make_fake_root
-from tests.integration.agentproc import AgentProcess
+from tests.fakes.agentproc import AgentProcess
+from tests.fakes.root import FakeRoot, make_fake_root
 
 HANDLER_EXAMPLES = 150
 REFUSALS = {

@@ -12,15 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from guestagent.blockdev import DeviceSelector, parse_mountinfo, probe_signatures
-from guestagent.cgroups import validate_cgroup_name
-from guestagent.compaction import parse_buddyinfo, parse_vmstat
 from guestagent.errors import AgentError
-from guestagent.meminfo import parse_flat_keyed, parse_limit, parse_meminfo, parse_pressure
-from guestagent.overhead import parse_zoneinfo_present, rss_bytes
-from guestagent.swap import parse_proc_swaps, parse_swap_header
+from guestagent.linux.blockdev import DeviceSelector, parse_mountinfo, probe_signatures
+from guestagent.linux.cgroups import validate_cgroup_name
+from guestagent.linux.meminfo import parse_flat_keyed, parse_limit, parse_meminfo, parse_pressure
+from guestagent.linux.watch import parse_inotify_events
+from guestagent.ops.compaction import parse_buddyinfo, parse_vmstat
+from guestagent.ops.overhead import parse_zoneinfo_present, rss_bytes
+from guestagent.ops.swap import parse_proc_swaps, parse_swap_header
 from guestagent.transport import parse_address
-from guestagent.watch import parse_inotify_events
 
 FUZZ_EXAMPLES = 200
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.client import AgentClient
-from guestagent.testing.qemu import DEFAULT_IMAGE_DIR, Disk, GuestVM, VMConfig
+from guestagent.host.client import AgentClient
+from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, Disk, GuestVM, VMConfig
 from tests.vm.guest import boot
 
 IMAGE_FILES = ("vmlinuz", "initrd.img", "rootfs.img")

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import pytest
 
-from guestagent.testing.qemu import GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM, VMConfig
 
 T = TypeVar("T")
 

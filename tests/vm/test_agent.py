@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from guestagent.client import AgentClient
-from guestagent.meminfo import parse_meminfo
-from guestagent.testing.qemu import GuestVM
+from guestagent.host.client import AgentClient
+from guestagent.linux.meminfo import parse_meminfo
 from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import make_cgroup, start_filler, stop_filler, wait_until
 
 pytestmark = pytest.mark.vm

@@ -7,7 +7,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from guestagent.testing.qemu import GuestVM
+from guestagent.vm.qemu import GuestVM
 
 pytestmark = pytest.mark.vm
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from guestagent.client import AgentClient
-from guestagent.swap import parse_proc_swaps
-from guestagent.testing.qemu import Disk, GuestVM, VMConfig
+from guestagent.host.client import AgentClient
+from guestagent.ops.swap import parse_proc_swaps
 from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot, read_guest, wait_until
 
 pytestmark = pytest.mark.vm

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.client import AgentClient
-from guestagent.testing.qemu import Disk, GuestVM, VMConfig
+from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import (
     allocate_free_and_compact,
     boot,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.client import AgentClient
-from guestagent.testing.qemu import Disk, GuestVM, VMConfig
+from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot, filler_ready, read_guest, start_filler, stop_filler, wait_until
 
 pytestmark = pytest.mark.vm

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.ctl import main as ctl_main
-from guestagent.measure import measure_size, table_text
-from guestagent.sizing import MIB, OverheadSample, fit_model, model_to_dict
+from guestagent.host.ctl import main as ctl_main
+from guestagent.host.measure import measure_size, table_text
+from guestagent.host.sizing import MIB, OverheadSample, fit_model, model_to_dict
 
 pytestmark = pytest.mark.vm
 

@@ -1,0 +1,135 @@
+"""Measure what the guest costs at several VM sizes: the samples `guestctl plan --model` fits.
+
+Each size is one boot of the guest image under QEMU (guestagent.vm.qemu). The agent
+says what the guest sees (GetGuestOverhead, MemFree); the host side is QEMU's
+/proc/PID/smaps. Guest RAM is QEMU's anonymous mapping of exactly a memory backend's size
+(query-memdev), so its resident pages are the guest pages the host really holds, and the
+rest of QEMU's RSS is the VMM's own. If that mapping cannot be told apart, guest pages
+touched are estimated from the guest as MemTotal - MemFree + the kernel's reserve; that
+misses pages the guest touched and freed (boot, initrd), so it overstates the VMM.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from guestagent.host.client import AgentClient
+from guestagent.host.sizing import MIB, OverheadModel, OverheadSample
+from guestagent.linux.fs import KernelFS, read_text
+from guestagent.vm.qemu import GuestVM, VMConfig, accelerator
+
+
+@dataclass(frozen=True)
+class Mapping:
+    size: int
+    perms: str
+    path: str  # "" for anonymous memory
+    rss: int
+
+
+def parse_smaps(text: str) -> list[Mapping]:
+    """/proc/PID/smaps: a header line per mapping ("start-end perms offset dev inode path"),
+    then "Key: N kB" lines."""
+    mappings: list[Mapping] = []
+    header: list[str] | None = None
+    rss = 0
+
+    def close() -> None:
+        if header is not None:
+            start, end = (int(part, 16) for part in header[0].split("-"))
+            path = header[5] if len(header) > 5 else ""
+            mappings.append(Mapping(end - start, header[1], path, rss))
+
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if not fields[0].endswith(":") and "-" in fields[0]:
+            close()
+            header, rss = fields, 0
+        elif fields[0] == "Rss:":
+            rss = int(fields[1]) * 1024
+    close()
+    return mappings
+
+
+def guest_ram_resident(mappings: Sequence[Mapping], ram_sizes: Sequence[int]) -> int | None:
+    """Resident bytes of the guest RAM mappings: one private, non-executable anonymous
+    mapping per backend, of exactly its size. None if the sizes do not match one to one
+    (the TCG code buffer is executable, so it is never taken for RAM)."""
+    candidates: dict[int, list[Mapping]] = {}
+    for m in mappings:
+        if m.path == "" and m.perms.startswith("rw") and "x" not in m.perms:
+            candidates.setdefault(m.size, []).append(m)
+    resident = 0
+    for size, count in Counter(ram_sizes).items():
+        found = candidates.get(size, [])
+        if len(found) != count:
+            return None
+        resident += sum(m.rss for m in found)
+    return resident
+
+
+def measure_size(
+    vm_mib: int,
+    image_dir: Path | None = None,
+    boot_timeout: float = 300.0,
+    settle_seconds: float = 2.0,
+) -> OverheadSample:
+    """Boot one guest of vm_mib MiB with no workload and measure it."""
+    host = KernelFS(Path("/"))
+    with GuestVM(VMConfig(memory_mib=vm_mib), image_dir, boot_timeout=boot_timeout) as vm:
+        with AgentClient(vm.agent_target, timeout=120) as client:
+            client.wait_ready(120)
+            time.sleep(settle_seconds)  # Let boot-time daemons finish starting.
+            overhead = client.overhead()
+            mem_free = client.info().system.mem_free_bytes
+        ram_sizes = [int(backend["size"]) for backend in vm.qmp("query-memdev")]
+        mappings = parse_smaps(read_text(host.proc(str(vm.pid), "smaps")))
+        accel = accelerator(vm.image_dir / "vmlinuz")[0]
+    qemu_rss = sum(m.rss for m in mappings)
+    counted = guest_ram_resident(mappings, ram_sizes)
+    sample = OverheadSample(
+        vm_size=vm_mib * MIB,
+        present=overhead.present_bytes,
+        mem_total=overhead.mem_total_bytes,
+        mem_free=mem_free,
+        used=overhead.outside_workloads_bytes,
+        agent_rss=overhead.agent_rss_bytes,
+        qemu_rss=qemu_rss,
+        guest_resident=counted or 0,
+        guest_resident_method="smaps",
+        accel=accel,
+    )
+    if counted is None:
+        estimate = sample.mem_total - sample.mem_free + sample.kernel
+        sample = replace(sample, guest_resident=estimate, guest_resident_method="estimate")
+    return sample
+
+
+def _mib(value: float) -> str:
+    return f"{value / MIB:.1f}"
+
+
+def table_text(model: OverheadModel) -> str:
+    header = (
+        f"{'VM MiB':>7} {'MemTotal':>9} {'used':>7} {'kernel':>7} {'agent':>6} "
+        f"{'QEMU RSS':>9} {'guest res':>9} {'VMM':>7}  accel"
+    )
+    rows = [
+        f"{s.vm_size // MIB:>7} {_mib(s.mem_total):>9} {_mib(s.used):>7} {_mib(s.kernel):>7} "
+        f"{_mib(s.agent_rss):>6} {_mib(s.qemu_rss):>9} {_mib(s.guest_resident):>9} "
+        f"{_mib(s.vmm):>7}  {s.accel}"
+        + ("" if s.guest_resident_method == "smaps" else " (guest res estimated)")
+        for s in model.samples
+    ]
+
+    fits = [
+        f"{name + ' overhead':<16} = {_mib(fit.intercept)} MiB + {fit.slope:.4f} x VM size"
+        for name, fit in (("kernel", model.kernel), ("daemons", model.daemons), ("VMM", model.vmm))
+    ]
+    return "\n".join([header, *rows, "", f"fitted model ({model.source}):", *fits])

@@ -1,0 +1,278 @@
+"""Block devices: finding them through udev, and reading what sysfs and the disk say.
+
+Pure probes (on-disk signatures, /proc/self/mountinfo) are plain functions over bytes and
+text; the udev lookup is the only part that needs a live system.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from guestagent.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    KernelFormat,
+    NotFound,
+    errno_text,
+)
+from guestagent.linux.fs import KernelFS, read_optional, read_text
+
+# Enough of a disk's start to see every signature below (btrfs sits at 64 KiB).
+HEAD_BYTES = 128 * 1024
+SWAP_SIGNATURE = "swap"
+
+
+@dataclass(frozen=True)
+class DeviceSelector:
+    """A device named by path (/dev/vdb) or by virtio serial (udev ID_SERIAL, e.g. swap0)."""
+
+    path: str | None = None
+    serial: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.serial is None):
+            raise InvalidArgument("name the device by exactly one of path or serial")
+        if self.path is not None:
+            if not self.path.startswith("/dev/") or "/../" in self.path + "/":
+                raise InvalidArgument(f"device path {self.path!r} is not under /dev")
+            if len(self.path.encode()) > 255 or "\x00" in self.path:
+                raise InvalidArgument(f"device path {self.path[:64]!r} is too long or has NUL")
+        elif not self.serial or "/" in self.serial or "\x00" in self.serial:
+            raise InvalidArgument(f"device serial {self.serial!r} is empty or has '/' or NUL")
+        elif len(self.serial) > 64:
+            raise InvalidArgument(f"device serial {self.serial[:64]!r}... is over 64 characters")
+
+    def __str__(self) -> str:
+        return self.path if self.path is not None else f"serial {self.serial!r}"
+
+
+@dataclass(frozen=True)
+class BlockDevice:
+    devnode: str  # /dev/vdb
+    sysname: str  # vdb
+    devtype: str  # disk | partition
+    major: int
+    minor: int
+    serial: str | None = None
+
+
+class DeviceFinder(Protocol):
+    def find(self, selector: DeviceSelector) -> BlockDevice | None: ...
+
+    def wait(self, selector: DeviceSelector, timeout_s: float) -> BlockDevice | None: ...
+
+
+def _signature_at(head: bytes, offset: int, magic: bytes) -> bool:
+    return head[offset : offset + len(magic)] == magic
+
+
+def _has_mbr_partitions(head: bytes) -> bool:
+    if head[510:512] != b"\x55\xaa":
+        return False
+    # A partition entry's type byte is at +4 of each 16-byte entry from offset 446.
+    return any(head[446 + 16 * i + 4] != 0 for i in range(4))
+
+
+def probe_signatures(head: bytes, page_size: int) -> list[str]:
+    """Names of the on-disk formats whose magic numbers appear in a disk's first bytes."""
+    found: list[str] = []
+    if _signature_at(head, page_size - 10, b"SWAPSPACE2") or _signature_at(
+        head, page_size - 10, b"SWAP-SPACE"
+    ):
+        found.append(SWAP_SIGNATURE)
+    if _signature_at(head, 1080, struct.pack("<H", 0xEF53)):
+        found.append("ext2/3/4")
+    if _signature_at(head, 0, b"XFSB"):
+        found.append("xfs")
+    if _signature_at(head, 65536 + 64, b"_BHRfS_M"):
+        found.append("btrfs")
+    if _signature_at(head, 0, b"LUKS\xba\xbe"):
+        found.append("LUKS")
+    if _signature_at(head, 512, b"EFI PART"):
+        found.append("GPT partition table")
+    elif _has_mbr_partitions(head):
+        found.append("MBR partition table")
+    if _signature_at(head, 512, b"LABELONE") or _signature_at(head, 0, b"LABELONE"):
+        found.append("LVM2 physical volume")
+    if _signature_at(head, 4096, struct.pack("<I", 0xA92B4EFC)):
+        found.append("Linux RAID member")
+    if _signature_at(head, 0, b"hsqs"):
+        found.append("squashfs")
+    if _signature_at(head, 32769, b"CD001"):
+        found.append("iso9660")
+    return found
+
+
+@dataclass(frozen=True)
+class Mount:
+    major: int
+    minor: int
+    mount_point: str
+    fstype: str
+    source: str
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    mounts: list[Mount] = []
+    for line in text.splitlines():
+        before, sep, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if not sep or len(fields) < 5 or len(tail) < 2:
+            continue
+        major, _, minor = fields[2].partition(":")
+        try:
+            mounts.append(Mount(int(major), int(minor), fields[4], tail[0], tail[1]))
+        except ValueError:
+            raise KernelFormat(f"mountinfo line {line!r} has no major:minor") from None
+    return mounts
+
+
+def block_dir(fs: KernelFS, device: BlockDevice) -> Path:
+    return fs.sys("class", "block", device.sysname)
+
+
+def partitions_of(fs: KernelFS, device: BlockDevice) -> list[str]:
+    directory = fs.sys("block", device.sysname)
+    if not directory.is_dir():
+        return []
+    return sorted(p.name for p in directory.iterdir() if (p / "partition").exists())
+
+
+def holders_of(fs: KernelFS, device: BlockDevice) -> list[str]:
+    directory = block_dir(fs, device) / "holders"
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+def size_bytes(fs: KernelFS, device: BlockDevice) -> int:
+    # sysfs counts 512-byte sectors whatever the device's block size.
+    return int(read_text(block_dir(fs, device) / "size")) * 512
+
+
+def queue_value(fs: KernelFS, device: BlockDevice, name: str) -> str | None:
+    text = read_optional(block_dir(fs, device) / "queue" / name)
+    return text.strip() if text is not None else None
+
+
+def write_queue_value(fs: KernelFS, device: BlockDevice, name: str, value: str) -> None:
+    path = block_dir(fs, device) / "queue" / name
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError as e:
+        raise FailedPrecondition(f"cannot write {value!r} to {path}: {errno_text(e)}") from e
+
+
+def refuse_unsafe_device(fs: KernelFS, device: BlockDevice) -> None:
+    """Refuse a device that is not a whole, unused disk: these checks never format data."""
+    node = fs.host_path(device.devnode)
+    try:
+        mode = os.stat(node).st_mode
+    except FileNotFoundError:
+        raise NotFound(f"{device.devnode} does not exist") from None
+    if not stat.S_ISBLK(mode):
+        raise FailedPrecondition(f"{device.devnode} is not a block device")
+    if device.devtype != "disk":
+        raise FailedPrecondition(f"{device.devnode} is a {device.devtype}, not a whole disk")
+    partitions = partitions_of(fs, device)
+    if partitions:
+        raise FailedPrecondition(f"{device.devnode} has partitions: {', '.join(partitions)}")
+    mounts = [
+        m
+        for m in parse_mountinfo(read_text(fs.proc("self", "mountinfo")))
+        if (m.major, m.minor) == (device.major, device.minor)
+    ]
+    if mounts:
+        points = ", ".join(f"{m.mount_point} ({m.fstype})" for m in mounts)
+        raise FailedPrecondition(f"{device.devnode} is mounted on {points}")
+    holders = holders_of(fs, device)
+    if holders:
+        raise FailedPrecondition(f"{device.devnode} is held by {', '.join(holders)}")
+
+
+def open_exclusive(fs: KernelFS, device: BlockDevice) -> int:
+    """O_EXCL on a block device is the kernel's own claim check: EBUSY if anyone holds it."""
+    try:
+        return os.open(fs.host_path(device.devnode), os.O_RDWR | os.O_EXCL | os.O_CLOEXEC)
+    except OSError as e:
+        raise FailedPrecondition(
+            f"{device.devnode} cannot be opened exclusively ({errno_text(e)}): "
+            "something holds it open"
+        ) from e
+
+
+class UdevDevices:
+    """Block devices as udev sees them; waits for add events so hot-plugged disks work."""
+
+    def __init__(self) -> None:
+        import pyudev
+
+        self._pyudev = pyudev
+        self._context = pyudev.Context()
+
+    def _convert(self, device: Any) -> BlockDevice:
+        properties = device.properties
+        return BlockDevice(
+            devnode=str(device.device_node),
+            sysname=str(device.sys_name),
+            devtype=str(device.device_type),
+            major=int(properties["MAJOR"]),
+            minor=int(properties["MINOR"]),
+            serial=properties.get("ID_SERIAL"),
+        )
+
+    def _matches(self, device: Any, selector: DeviceSelector) -> bool:
+        if selector.serial is not None:
+            properties = device.properties
+            return bool(
+                device.device_type == "disk" and properties.get("ID_SERIAL") == selector.serial
+            )
+        assert selector.path is not None
+        return bool(device.device_node == os.path.realpath(selector.path))
+
+    def find(self, selector: DeviceSelector) -> BlockDevice | None:
+        if selector.path is not None:
+            if not os.path.exists(selector.path):
+                return None
+            if not stat.S_ISBLK(os.stat(selector.path).st_mode):
+                raise FailedPrecondition(f"{selector.path} is not a block device")
+        for device in self._context.list_devices(subsystem="block"):
+            if self._matches(device, selector):
+                return self._convert(device)
+        return None
+
+    def wait(self, selector: DeviceSelector, timeout_s: float) -> BlockDevice | None:
+        monitor = self._pyudev.Monitor.from_netlink(self._context)
+        monitor.filter_by("block")
+        monitor.start()
+        found = self.find(selector)  # After start(), so an add event cannot slip between.
+        deadline = time.monotonic() + timeout_s
+        while found is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            event = monitor.poll(timeout=remaining)
+            if (
+                event is not None
+                and event.action in ("add", "change")
+                and self._matches(event, selector)
+            ):
+                found = self._convert(event)
+        return found
+
+
+def resolve_device(finder: DeviceFinder, selector: DeviceSelector, wait_ms: int) -> BlockDevice:
+    device = finder.find(selector)
+    if device is None and wait_ms > 0:
+        device = finder.wait(selector, wait_ms / 1000)
+        if device is None:
+            raise DeadlineExceeded(f"no block device with {selector} appeared within {wait_ms} ms")
+    if device is None:
+        raise NotFound(f"no block device with {selector}")
+    return device

@@ -1,0 +1,228 @@
+"""The memory report: /proc/meminfo, PSI, and per-cgroup memory files.
+
+Parsing is pure (text in, frozen values out) and kept apart from the reads. A kernel
+feature that is off (PSI, swap accounting) is reported as None, never as zero.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from guestagent.errors import FailedPrecondition, KernelFormat
+from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.fs import KernelFS, read_optional, read_text
+
+UNLIMITED = None  # How a "max" limit is represented: no number at all.
+
+
+@dataclass(frozen=True)
+class SystemMemory:
+    mem_total: int
+    mem_free: int
+    mem_available: int
+    buffers: int
+    cached: int
+    swap_total: int
+    swap_free: int
+    shmem: int
+
+
+@dataclass(frozen=True)
+class PressureLine:
+    avg10: float
+    avg60: float
+    avg300: float
+    total_us: int
+
+
+@dataclass(frozen=True)
+class Pressure:
+    some: PressureLine
+    full: PressureLine
+
+
+@dataclass(frozen=True)
+class MemoryEvents:
+    low: int = 0
+    high: int = 0
+    max: int = 0
+    oom: int = 0
+    oom_kill: int = 0
+
+
+@dataclass(frozen=True)
+class CgroupSwap:
+    current: int
+    max: int | None
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    path: str
+    current: int
+    max: int | None
+    high: int | None
+    low: int
+    # None when the kernel does no swap accounting (no memory.swap.* files).
+    swap: CgroupSwap | None
+    events: MemoryEvents
+    pressure: Pressure | None
+    anon: int
+    file: int
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    collected_at_unix_ns: int
+    system: SystemMemory
+    pressure: Pressure | None
+    cgroups: tuple[CgroupMemory, ...]
+
+
+_MEMINFO_FIELDS = {
+    "MemTotal": "mem_total",
+    "MemFree": "mem_free",
+    "MemAvailable": "mem_available",
+    "Buffers": "buffers",
+    "Cached": "cached",
+    "SwapTotal": "swap_total",
+    "SwapFree": "swap_free",
+    "Shmem": "shmem",
+}
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """All /proc/meminfo lines as bytes ("kB" lines) or plain counts (HugePages_*)."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        fields = rest.split()
+        if not sep or not fields:
+            continue
+        try:
+            number = int(fields[0])
+        except ValueError:
+            raise KernelFormat(f"meminfo line {line!r} has no number") from None
+        values[key.strip()] = number * 1024 if fields[1:] == ["kB"] else number
+    return values
+
+
+def system_memory_from(values: dict[str, int]) -> SystemMemory:
+    missing = [key for key in _MEMINFO_FIELDS if key not in values]
+    if missing:
+        raise FailedPrecondition(f"/proc/meminfo lacks {', '.join(missing)}")
+    return SystemMemory(**{attr: values[key] for key, attr in _MEMINFO_FIELDS.items()})
+
+
+def parse_pressure(text: str) -> Pressure:
+    """A PSI file: 'some avg10=0.00 avg60=0.00 avg300=0.00 total=0' and a 'full' line."""
+    lines: dict[str, PressureLine] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        kind, *pairs = line.split()
+        fields = dict(pair.partition("=")[::2] for pair in pairs)
+        try:
+            lines[kind] = PressureLine(
+                avg10=float(fields["avg10"]),
+                avg60=float(fields["avg60"]),
+                avg300=float(fields["avg300"]),
+                total_us=int(fields["total"]),
+            )
+        except (KeyError, ValueError):
+            raise KernelFormat(f"pressure line {line!r} is malformed") from None
+    if "some" not in lines:
+        raise KernelFormat(f"pressure text {text!r} has no 'some' line")
+    # Kernels before 5.13 print no 'full' line for the system-wide cpu file only;
+    # memory always has it, but a zero line keeps the type total.
+    return Pressure(some=lines["some"], full=lines.get("full", PressureLine(0.0, 0.0, 0.0, 0)))
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """Files of 'key value' lines: memory.events, memory.stat."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 2:
+            raise KernelFormat(f"line {line!r} is not 'key value'")
+        try:
+            values[fields[0]] = int(fields[1])
+        except ValueError:
+            raise KernelFormat(f"line {line!r} has a non-integer value") from None
+    return values
+
+
+def parse_limit(text: str) -> int | None:
+    """A cgroup limit file: 'max' is unlimited (None), otherwise bytes."""
+    value = text.strip()
+    if value == "max":
+        return UNLIMITED
+    try:
+        return int(value)
+    except ValueError:
+        raise KernelFormat(f"limit {value!r} is neither 'max' nor bytes") from None
+
+
+def memory_events_from(values: dict[str, int]) -> MemoryEvents:
+    return MemoryEvents(
+        low=values.get("low", 0),
+        high=values.get("high", 0),
+        max=values.get("max", 0),
+        oom=values.get("oom", 0),
+        oom_kill=values.get("oom_kill", 0),
+    )
+
+
+def read_system_memory(fs: KernelFS) -> SystemMemory:
+    return system_memory_from(parse_meminfo(read_text(fs.proc("meminfo"))))
+
+
+def read_pressure(path: Path) -> Pressure | None:
+    text = read_optional(path)
+    return parse_pressure(text) if text is not None else None
+
+
+def read_current(directory: Path, name: str) -> int:
+    """memory.current of a cgroup, or why it has none."""
+    current = read_optional(directory / "memory.current")
+    if current is None:
+        raise FailedPrecondition(
+            f"cgroup {name!r} has no memory.current: the memory controller is not enabled "
+            "in its parent's cgroup.subtree_control"
+        )
+    return int(current)
+
+
+def read_cgroup_dir(directory: Path, name: str) -> CgroupMemory:
+    current = read_current(directory, name)
+    swap_current = read_optional(directory / "memory.swap.current")
+    swap_max = read_optional(directory / "memory.swap.max")
+    stat = parse_flat_keyed(read_text(directory / "memory.stat"))
+    return CgroupMemory(
+        path=name,
+        current=current,
+        max=parse_limit(read_text(directory / "memory.max")),
+        high=parse_limit(read_text(directory / "memory.high")),
+        low=int(read_text(directory / "memory.low")),
+        swap=CgroupSwap(int(swap_current), parse_limit(swap_max))
+        if swap_current is not None and swap_max is not None
+        else None,
+        events=memory_events_from(parse_flat_keyed(read_text(directory / "memory.events"))),
+        pressure=read_pressure(directory / "memory.pressure"),
+        anon=stat.get("anon", 0),
+        file=stat.get("file", 0),
+    )
+
+
+def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
+    directories = [cgroup_dir(fs, name) for name in cgroups]  # Refuse bad names first.
+    return MemoryReport(
+        collected_at_unix_ns=time.time_ns(),
+        system=read_system_memory(fs),
+        pressure=read_pressure(fs.proc("pressure", "memory")),
+        cgroups=tuple(
+            read_cgroup_dir(d, name) for d, name in zip(directories, cgroups, strict=True)
+        ),
+    )

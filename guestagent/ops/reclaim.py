@@ -1,0 +1,67 @@
+"""Proactive reclaim: ask the kernel to reclaim a cgroup's memory now (memory.reclaim).
+
+Reclaimed pages go to swap or, if file-backed, are dropped, so a balloon that inflates
+afterwards takes memory the workload was not using. drop_caches is offered for callers that
+want the whole page cache gone first; it is off unless asked for, since the guest loses
+its cache and pays for it in I/O afterwards.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+
+from guestagent.errors import FailedPrecondition, InvalidArgument, errno_text
+from guestagent.jsonlog import EventLog
+from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.meminfo import read_current
+
+log = EventLog("guestagent.ops.reclaim")
+
+
+@dataclass(frozen=True)
+class ReclaimResult:
+    cgroup: str
+    requested_bytes: int
+    current_before: int
+    current_after: int
+    complete: bool  # False: the kernel reclaimed less than asked (EAGAIN).
+    dropped_caches: int  # The drop_caches level written first, 0 for none.
+
+
+def validate_reclaim(bytes_: int, drop_caches: int) -> None:
+    if bytes_ <= 0:
+        raise InvalidArgument(f"reclaim size {bytes_} must be a positive number of bytes")
+    if drop_caches not in (0, 1, 2, 3):
+        raise InvalidArgument(f"drop_caches level {drop_caches} is not 0, 1, 2 or 3")
+
+
+def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> ReclaimResult:
+    validate_reclaim(bytes_, drop_caches)
+    directory = cgroup_dir(fs, cgroup)
+    control = directory / "memory.reclaim"
+    if not control.exists():
+        raise FailedPrecondition(f"{control} is missing: memory.reclaim needs Linux 5.19 or later")
+    before = read_current(directory, cgroup)
+    if drop_caches:
+        with open(fs.proc("sys", "vm", "drop_caches"), "w") as f:
+            f.write(str(drop_caches))
+    complete = True
+    fd = os.open(control, os.O_WRONLY)
+    try:
+        os.write(fd, str(bytes_).encode())
+    except OSError as e:
+        if e.errno != errno.EAGAIN:
+            raise FailedPrecondition(
+                f"writing {bytes_} to {control} failed: {errno_text(e)}"
+            ) from e
+        complete = False  # The kernel tried and got less: a partial result, not an error.
+    finally:
+        os.close(fd)
+    after = read_current(directory, cgroup)
+    log.info(
+        "reclaimed", cgroup=cgroup, requested=bytes_, before=before, after=after, complete=complete
+    )
+    return ReclaimResult(cgroup, bytes_, before, after, complete, drop_caches)

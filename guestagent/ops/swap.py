@@ -1,0 +1,405 @@
+"""Swap: one shared area per pod on a virtio disk, non-rotational, enabled with discard.
+
+The kernel decides at swapon time whether an area is an SSD (cluster allocation, and the
+per-cluster discards that give freed blocks back to a sparse file on the host) from
+queue/rotational, and virtio-blk says "rotational" by default; so rotational is set to 0
+before swapon. A device that holds anything but swap is never formatted without `force`,
+and a failure after the disk was touched puts back what was there.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import subprocess
+import threading
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from guestagent.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    KernelFormat,
+    NotFound,
+    errno_text,
+)
+from guestagent.jsonlog import EventLog
+from guestagent.linux import syscalls
+from guestagent.linux.blockdev import (
+    HEAD_BYTES,
+    SWAP_SIGNATURE,
+    BlockDevice,
+    DeviceFinder,
+    DeviceSelector,
+    UdevDevices,
+    open_exclusive,
+    probe_signatures,
+    queue_value,
+    refuse_unsafe_device,
+    resolve_device,
+    write_queue_value,
+)
+from guestagent.linux.fs import KernelFS, read_optional
+
+log = EventLog("guestagent.ops.swap")
+
+# <linux/swap.h>
+SWAP_FLAG_PREFER = 0x8000
+SWAP_FLAG_PRIO_MASK = 0x7FFF
+SWAP_FLAG_DISCARD = 0x10000
+SWAP_FLAG_DISCARD_ONCE = 0x20000
+SWAP_FLAG_DISCARD_PAGES = 0x40000
+DEFAULT_LABEL = "guestagent-swap"
+
+
+class DiscardPolicy(enum.Enum):
+    BOTH = "both"  # Discard the whole area at swapon, and each cluster as it frees.
+    PAGES = "pages"  # Only clusters as they free: what gives memory back to the host.
+    ONCE = "once"  # Only the whole area at swapon.
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class EnableSwapSpec:
+    selector: DeviceSelector
+    priority: int | None = None
+    discard: DiscardPolicy = DiscardPolicy.BOTH
+    wait_ms: int = 0
+    force: bool = False
+    label: str = DEFAULT_LABEL
+
+    def __post_init__(self) -> None:
+        if self.priority is not None and not 0 <= self.priority <= SWAP_FLAG_PRIO_MASK:
+            raise InvalidArgument(f"swap priority {self.priority} is outside 0..32767")
+        if len(self.label.encode()) > 16:
+            raise InvalidArgument(f"swap label {self.label!r} is longer than 16 bytes")
+
+
+@dataclass(frozen=True)
+class SwapArea:
+    device: str
+    size_bytes: int
+    used_bytes: int
+    priority: int
+    discard: DiscardPolicy | None  # None: enabled by someone else, policy unknown.
+    discard_supported: bool
+    rotational: bool | None
+    uuid: str
+    label: str
+    already_active: bool = False
+    formatted: bool = False
+
+
+@dataclass(frozen=True)
+class ActiveSwap:
+    filename: str
+    kind: str
+    size_bytes: int
+    used_bytes: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class SwapHeader:
+    uuid: str
+    label: str
+
+
+def swapon_flags(priority: int | None, discard: DiscardPolicy) -> int:
+    flags = 0
+    if priority is not None:
+        flags |= SWAP_FLAG_PREFER | (priority & SWAP_FLAG_PRIO_MASK)
+    if discard is DiscardPolicy.BOTH:
+        flags |= SWAP_FLAG_DISCARD
+    elif discard is DiscardPolicy.PAGES:
+        flags |= SWAP_FLAG_DISCARD | SWAP_FLAG_DISCARD_PAGES
+    elif discard is DiscardPolicy.ONCE:
+        flags |= SWAP_FLAG_DISCARD | SWAP_FLAG_DISCARD_ONCE
+    return flags
+
+
+def _unescape(name: str) -> str:
+    # The kernel writes ' ', '\t', '\n' and '\\' in /proc/swaps names as octal escapes.
+    return name.encode().decode("unicode_escape") if "\\" in name else name
+
+
+def parse_proc_swaps(text: str) -> list[ActiveSwap]:
+    areas: list[ActiveSwap] = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        # The name is all but the last four fields: a device node removed while the area is
+        # active reads "/dev/vdc (deleted)", the one unescaped space the kernel writes.
+        name, (kind, size_kib, used_kib, priority) = " ".join(fields[:-4]), fields[-4:]
+        try:
+            sizes = int(size_kib) * 1024, int(used_kib) * 1024, int(priority)
+        except ValueError:
+            raise KernelFormat(f"/proc/swaps line {line!r} is malformed") from None
+        areas.append(ActiveSwap(_unescape(name), kind, *sizes))
+    return areas
+
+
+def parse_swap_header(head: bytes, page_size: int) -> SwapHeader | None:
+    """UUID and label of a version 1 swap header (struct swap_header_v1_2)."""
+    if head[page_size - 10 : page_size] != b"SWAPSPACE2":
+        return None
+    raw_uuid, raw_label = head[1036:1052], head[1052:1068]
+    return SwapHeader(
+        str(uuid.UUID(bytes=raw_uuid)), raw_label.split(b"\0")[0].decode(errors="replace")
+    )
+
+
+class SwapManager:
+    """EnableSwap, DisableSwap and ListSwaps; one at a time, since a pod shares one area."""
+
+    def __init__(self, fs: KernelFS, finder: DeviceFinder | None = None) -> None:
+        self.fs = fs
+        self._finder = finder
+        self._lock = threading.Lock()
+        self._page_size = os.sysconf("SC_PAGE_SIZE")
+
+    @property
+    def finder(self) -> DeviceFinder:
+        if self._finder is None:
+            if not self.fs.is_real:
+                # udev knows the live system's disks, not a test tree's.
+                raise FailedPrecondition(
+                    f"finding block devices needs udev; this agent runs over {self.fs.root}"
+                )
+            self._finder = UdevDevices()
+        return self._finder
+
+    @property
+    def _state_path(self) -> Path:
+        # What /proc/swaps cannot say (the discard policy, the label) survives an agent restart.
+        return self.fs.run("guestagent", "swaps.json")
+
+    def _read_state(self) -> dict[str, dict[str, str]]:
+        try:
+            state: dict[str, dict[str, str]] = json.loads(self._state_path.read_text())
+            return state
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def _write_state(self, state: dict[str, dict[str, str]]) -> None:
+        self._state_path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self._state_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(state, indent=1))
+        temporary.replace(self._state_path)
+
+    def active(self) -> list[ActiveSwap]:
+        text = read_optional(self.fs.proc("swaps"))
+        if text is None:
+            raise FailedPrecondition("the kernel has no swap support (no /proc/swaps)")
+        return parse_proc_swaps(text)
+
+    def _active_entry(self, device: BlockDevice) -> ActiveSwap | None:
+        for area in self.active():
+            if area.filename == device.devnode or self._same_device(area.filename, device):
+                return area
+        return None
+
+    def _same_device(self, filename: str, device: BlockDevice) -> bool:
+        try:
+            rdev = os.stat(self.fs.host_path(filename)).st_rdev
+        except OSError:
+            return False
+        return rdev != 0 and (os.major(rdev), os.minor(rdev)) == (device.major, device.minor)
+
+    def _area(self, device: BlockDevice, entry: ActiveSwap, **extra: bool) -> SwapArea:
+        recorded = self._read_state().get(device.devnode, {})
+        rotational = queue_value(self.fs, device, "rotational")
+        discard_max = queue_value(self.fs, device, "discard_max_bytes")
+        header = self._read_header(device)
+        return SwapArea(
+            device=device.devnode,
+            size_bytes=entry.size_bytes,
+            used_bytes=entry.used_bytes,
+            priority=entry.priority,
+            discard=DiscardPolicy(recorded["discard"]) if "discard" in recorded else None,
+            discard_supported=discard_max not in (None, "0"),
+            rotational=rotational == "1" if rotational is not None else None,
+            uuid=header.uuid if header is not None else "",
+            label=header.label if header is not None else "",
+            **extra,
+        )
+
+    def _read_header(self, device: BlockDevice) -> SwapHeader | None:
+        """The active area's header, read without a claim (swapon holds the exclusive one)."""
+        try:
+            with open(self.fs.host_path(device.devnode), "rb", buffering=0) as f:
+                return parse_swap_header(f.read(self._page_size), self._page_size)
+        except OSError:
+            return None
+
+    def enable(self, spec: EnableSwapSpec) -> SwapArea:
+        device = resolve_device(self.finder, spec.selector, spec.wait_ms)
+        with self._lock:
+            entry = self._active_entry(device)
+            if entry is not None:
+                return self._area(device, entry, already_active=True)
+            refuse_unsafe_device(self.fs, device)
+            head = self._read_head(device)
+            reusable = self._check_signatures(device, head, spec.force)
+            rotational_before = queue_value(self.fs, device, "rotational")
+            try:
+                self._prepare_and_swapon(device, spec, reusable)
+            except Exception as e:
+                restored = self._restore(device, head, rotational_before)
+                raise Aborted(f"enabling swap on {device.devnode} failed: {e}; {restored}") from e
+            state = self._read_state()
+            state[device.devnode] = {"discard": spec.discard.value}
+            self._write_state(state)
+            entry = self._active_entry(device)
+            if entry is None:
+                raise FailedPrecondition(f"{device.devnode} was enabled but is not in /proc/swaps")
+            area = self._area(device, entry, formatted=reusable is None)
+            log.info("swap_enabled", **{k: str(v) for k, v in asdict(area).items()})
+            return area
+
+    def _read_head(self, device: BlockDevice) -> bytes:
+        fd = open_exclusive(self.fs, device)
+        try:
+            return os.pread(fd, HEAD_BYTES, 0)
+        finally:
+            os.close(fd)
+
+    def _check_signatures(self, device: BlockDevice, head: bytes, force: bool) -> SwapHeader | None:
+        """The existing swap header to reuse, or None when the device must be formatted."""
+        found = probe_signatures(head, self._page_size)
+        found += [s for s in blkid_signatures(device.devnode) if s not in found]
+        data = [s for s in found if s != SWAP_SIGNATURE]
+        if data and not force:
+            raise FailedPrecondition(
+                f"{device.devnode} holds {', '.join(data)}; refusing to format it as swap "
+                "(pass force to overwrite)"
+            )
+        return parse_swap_header(head, self._page_size) if not data else None
+
+    def _prepare_and_swapon(
+        self, device: BlockDevice, spec: EnableSwapSpec, reusable: SwapHeader | None
+    ) -> None:
+        write_queue_value(self.fs, device, "rotational", "0")
+        if queue_value(self.fs, device, "rotational") != "0":
+            raise FailedPrecondition(f"{device.devnode} still reads rotational=1 after writing 0")
+        if reusable is None:
+            run_mkswap(device.devnode, SwapHeader(str(uuid.uuid4()), spec.label), spec.force)
+        syscalls.swapon(device.devnode, swapon_flags(spec.priority, spec.discard))
+
+    def _restore(self, device: BlockDevice, head: bytes, rotational: str | None) -> str:
+        """Put the device back as it was found; say what state it is in."""
+        done: list[str] = []
+        try:
+            fd = open_exclusive(self.fs, device)
+            try:
+                if os.pread(fd, len(head), 0) != head:
+                    os.pwrite(fd, head, 0)
+                    os.fsync(fd)
+                    done.append(f"restored its first {len(head)} bytes")
+            finally:
+                os.close(fd)
+            if rotational is not None:
+                write_queue_value(self.fs, device, "rotational", rotational)
+                done.append(f"restored rotational={rotational}")
+        except Exception as e:
+            return f"{', '.join(done) or 'nothing restored'}; restoring failed: {e}"
+        return ", ".join(done) or "the device was not changed"
+
+    def disable(self, selector: DeviceSelector) -> SwapArea:
+        try:
+            device = resolve_device(self.finder, selector, 0)
+        except NotFound as e:
+            orphans = [a.filename for a in self.active() if a.filename.endswith(" (deleted)")]
+            if not orphans:
+                raise
+            # swapoff(2) takes a path, and these areas have none left to give it.
+            raise NotFound(
+                f"{e}; still active with their device nodes gone: {', '.join(orphans)}"
+            ) from e
+        with self._lock:
+            entry = self._active_entry(device)
+            if entry is None:
+                raise NotFound(f"{device.devnode} is not an active swap area")
+            area = self._area(device, entry)
+            try:
+                syscalls.swapoff(entry.filename)
+            except OSError as e:
+                # ENOMEM: the pages in swap do not fit back in memory.
+                raise FailedPrecondition(f"swapoff {entry.filename} failed: {errno_text(e)}") from e
+            state = self._read_state()
+            state.pop(device.devnode, None)
+            self._write_state(state)
+            log.info("swap_disabled", device=device.devnode)
+            return area
+
+    def list(self) -> list[SwapArea]:
+        areas = []
+        for entry in self.active():
+            device = device_for_node(self.fs, entry.filename)
+            if device is None:
+                areas.append(
+                    SwapArea(
+                        entry.filename,
+                        entry.size_bytes,
+                        entry.used_bytes,
+                        entry.priority,
+                        None,
+                        False,
+                        None,
+                        "",
+                        "",
+                    )
+                )
+            else:
+                areas.append(self._area(device, entry))
+        return areas
+
+
+def device_for_node(fs: KernelFS, devnode: str) -> BlockDevice | None:
+    """The block device behind a /dev node, from sysfs (no udev needed)."""
+    try:
+        rdev = os.stat(fs.host_path(devnode)).st_rdev
+    except OSError:
+        return None
+    if rdev == 0:
+        return None
+    major, minor = os.major(rdev), os.minor(rdev)
+    link = fs.sys("dev", "block", f"{major}:{minor}")
+    try:
+        sysname = os.path.basename(os.readlink(link))
+    except OSError:
+        return None
+    devtype = "partition" if (link / "partition").exists() else "disk"
+    return BlockDevice(devnode, sysname, devtype, major, minor)
+
+
+def blkid_signatures(devnode: str) -> list[str]:
+    """A second opinion from libblkid's low-level probe, where blkid is installed."""
+    try:
+        result = subprocess.run(
+            ["blkid", "-p", "-o", "export", devnode], capture_output=True, text=True, timeout=30
+        )
+    except FileNotFoundError:
+        return []
+    if result.returncode == 2:  # Nothing found.
+        return []
+    values = dict(line.partition("=")[::2] for line in result.stdout.splitlines())
+    found = []
+    if "TYPE" in values:
+        found.append(SWAP_SIGNATURE if values["TYPE"] == "swap" else values["TYPE"])
+    if "PTTYPE" in values:
+        found.append(f"{values['PTTYPE']} partition table")
+    return found
+
+
+def run_mkswap(devnode: str, header: SwapHeader, force: bool) -> None:
+    command = ["mkswap", "-L", header.label, "-U", header.uuid, *(["-f"] if force else []), devnode]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"mkswap exited {result.returncode}: {(result.stderr or result.stdout).strip()}"
+        )

@@ -1,0 +1,302 @@
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, errno_text
+from guestagent.linux import cgroups
+from guestagent.linux.cgroups import (
+    cgroup_dir,
+    create_cgroup,
+    undo_create,
+    validate_cgroup_name,
+    write_cgroup_file,
+)
+from tests.fakes.root import MEMORY_EVENTS, MEMORY_STAT, FakeRoot
+
+
+@dataclass
+class FakeCgroupKernel:
+    """What cgroupfs does on mkdir and rmdir, played on the regular files of the fake tree.
+
+    A new cgroup gets cgroup.subtree_control, and the memory.* files when its parent's
+    subtree_control lists memory; rmdir takes the interface files away with the directory.
+    """
+
+    fake: FakeRoot
+    memory: bool = True  # False: the memory files never appear, as with no memory controller.
+    swap: bool = True
+    fail_mkdir: str | None = None  # A directory name whose mkdir fails with ENOSPC.
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupKernel:
+        original_mkdir, original_rmdir = Path.mkdir, Path.rmdir
+
+        def mkdir(
+            path: Path, mode: int = 0o777, parents: bool = False, exist_ok: bool = False
+        ) -> None:
+            existed = path.is_dir()
+            if self._inside(path) and path.name == self.fail_mkdir:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            original_mkdir(path, mode, parents, exist_ok)
+            if self._inside(path) and not existed:
+                self._populate(path)
+
+        def rmdir(path: Path) -> None:
+            if self._inside(path):
+                for entry in path.iterdir():
+                    if entry.is_file():
+                        entry.unlink()
+            original_rmdir(path)
+
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+        monkeypatch.setattr(Path, "rmdir", rmdir)
+        return self
+
+    def _inside(self, path: Path) -> bool:
+        mount = (self.fake.root / "sys/fs/cgroup").resolve()
+        return mount in path.resolve().parents
+
+    def _populate(self, directory: Path) -> None:
+        (directory / "cgroup.subtree_control").write_text("")
+        parent_enabled = [
+            token.removeprefix("+")
+            for token in (directory.parent / "cgroup.subtree_control").read_text().split()
+            if not token.startswith("-")
+        ]
+        if not self.memory or "memory" not in parent_enabled:
+            return
+        files = {
+            "memory.current": "0\n",
+            "memory.max": "max\n",
+            "memory.high": "max\n",
+            "memory.low": "0\n",
+            "memory.min": "0\n",
+            "memory.stat": MEMORY_STAT,
+            "memory.events": MEMORY_EVENTS,
+        }
+        if self.swap:
+            files |= {"memory.swap.current": "0\n", "memory.swap.max": "max\n"}
+        for name, text in files.items():
+            (directory / name).write_text(text)
+
+
+@pytest.fixture
+def kernel(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupKernel:
+    return FakeCgroupKernel(fake_root).install(monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("name", "parts"),
+    [("pod", ("pod",)), ("pod/ctr", ("pod", "ctr")), ("pod/ctr/", ("pod", "ctr"))],
+)
+def test_valid_names(name: str, parts: tuple[str, ...]) -> None:
+    assert validate_cgroup_name(name) == parts
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("", "empty"),
+        ("/pod", "absolute"),
+        ("..", "'..'"),
+        ("pod/../../etc", "'..'"),
+        ("pod//ctr", "'empty'"),
+        ("./pod", "'.'"),
+        ("pod\x00x", "NUL"),
+    ],
+)
+def test_refused_names(name: str, reason: str) -> None:
+    with pytest.raises(InvalidArgument, match=reason):
+        validate_cgroup_name(name)
+
+
+def test_symlink_out_of_mount_is_refused(fake_root: FakeRoot) -> None:
+    outside = fake_root.root / "outside"
+    outside.mkdir()
+    os.symlink(outside, fake_root.root / "sys/fs/cgroup/escape")
+    with pytest.raises(InvalidArgument, match="outside"):
+        cgroup_dir(fake_root.fs, "escape")
+
+
+def test_missing_cgroup(fake_root: FakeRoot) -> None:
+    with pytest.raises(NotFound, match="'nope'"):
+        cgroup_dir(fake_root.fs, "nope")
+
+
+def cgroup_path(fake_root: FakeRoot, name: str) -> Path:
+    return fake_root.root / "sys/fs/cgroup" / name
+
+
+def test_errno_text_names_the_errno_and_its_words() -> None:
+    assert errno_text(OSError(errno.EBUSY, "Device or resource busy")) == (
+        "EBUSY (Device or resource busy)"
+    )
+    assert errno_text(OSError(errno.EINVAL, None)) == f"EINVAL ({os.strerror(errno.EINVAL)})"
+
+
+def test_write_replaces_the_value_in_one_write(
+    fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = fake_root.write("sys/fs/cgroup/memory.max", "536870912\n")
+    calls: list[bytes] = []
+    real_write = os.write
+
+    def counting_write(fd: int, data: Any) -> int:
+        calls.append(bytes(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", counting_write)
+    write_cgroup_file(path, "max")
+    assert path.read_text() == "max"
+    assert calls == [b"max"]
+
+
+def test_write_never_creates_a_missing_file(fake_root: FakeRoot) -> None:
+    path = cgroup_path(fake_root, "memory.swap.max")
+    with pytest.raises(FileNotFoundError):
+        write_cgroup_file(path, "max")
+    assert not path.exists()
+
+
+def test_short_write_is_an_error(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = fake_root.write("sys/fs/cgroup/memory.max", "max\n")
+    monkeypatch.setattr(os, "write", lambda fd, data: 1)
+    with pytest.raises(OSError, match="short write, 1 of 9 bytes") as raised:
+        write_cgroup_file(path, "536870912")
+    assert raised.value.errno == errno.EIO
+
+
+def test_create_makes_each_level_and_enables_memory_top_down(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
+) -> None:
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu io\n")
+    created = create_cgroup(fake_root.fs, "pod/ctr")
+    pod, ctr = cgroup_path(fake_root, "pod"), cgroup_path(fake_root, "pod/ctr")
+    assert created.made == (pod.resolve(), ctr.resolve())
+    root_control = fake_root.root / "sys/fs/cgroup/cgroup.subtree_control"
+    assert created.enabled == (
+        root_control.resolve(),
+        (pod / "cgroup.subtree_control").resolve(),
+    )
+    # On the fake tree the control files just receive the text the kernel would parse.
+    assert root_control.read_text() == "+memory"
+    assert (pod / "cgroup.subtree_control").read_text() == "+memory"
+    assert (ctr / "memory.max").read_text() == "max\n"
+
+
+def test_create_skips_parents_that_already_list_memory(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
+) -> None:
+    created = create_cgroup(fake_root.fs, "pod")
+    assert created.enabled == ()
+    assert (fake_root.root / "sys/fs/cgroup/cgroup.subtree_control").read_text() == "memory\n"
+    assert (cgroup_path(fake_root, "pod") / "memory.max").is_file()
+
+
+def test_create_leaves_an_existing_cgroup_alone(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
+) -> None:
+    fake_root.add_cgroup("pod")
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "")
+    created = create_cgroup(fake_root.fs, "pod")
+    assert (created.made, created.enabled) == ((), ())
+    assert (fake_root.root / "sys/fs/cgroup/cgroup.subtree_control").read_text() == ""
+
+
+def test_create_under_an_existing_parent(fake_root: FakeRoot, kernel: FakeCgroupKernel) -> None:
+    pod = cgroup_path(fake_root, "pod")
+    pod.mkdir()
+    created = create_cgroup(fake_root.fs, "pod/ctr")
+    assert created.made == ((pod / "ctr").resolve(),)
+    assert (pod / "cgroup.subtree_control").read_text() == "+memory"
+
+
+def test_create_failing_midway_removes_what_it_made(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
+) -> None:
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "")
+    kernel.fail_mkdir = "ctr"
+    with pytest.raises(Aborted, match=r"making .*ctr: ENOSPC") as raised:
+        create_cgroup(fake_root.fs, "pod/ctr")
+    assert not cgroup_path(fake_root, "pod").exists()
+    assert "removed" in str(raised.value)
+    # The root's "+memory" was taken back; pod's went with pod.
+    assert (fake_root.root / "sys/fs/cgroup/cgroup.subtree_control").read_text() == "-memory"
+
+
+def test_create_failing_to_enable_names_the_control_file(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = cgroups.write_cgroup_file
+
+    def busy_pod(path: Path, value: str) -> None:
+        if path.parent.name == "pod":
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        real_write(path, value)
+
+    monkeypatch.setattr(cgroups, "write_cgroup_file", busy_pod)
+    with pytest.raises(Aborted, match=r"writing '\+memory' to .*pod/cgroup.subtree_control") as e:
+        create_cgroup(fake_root.fs, "pod/ctr")
+    assert "EBUSY" in str(e.value)
+    assert "removed" in str(e.value)
+    assert not cgroup_path(fake_root, "pod").exists()
+
+
+def test_create_refuses_a_file_in_the_path(fake_root: FakeRoot, kernel: FakeCgroupKernel) -> None:
+    fake_root.write("sys/fs/cgroup/memory.stat", "anon 0\n")
+    with pytest.raises(FailedPrecondition, match=r"memory\.stat is a file"):
+        create_cgroup(fake_root.fs, "memory.stat/ctr")
+
+
+def test_create_refuses_a_parent_that_is_not_cgroup_v2(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
+) -> None:
+    os.mkdir(cgroup_path(fake_root, "plain"))  # Not through the fake kernel: no control file.
+    with pytest.raises(FailedPrecondition, match=r"no cgroup\.subtree_control"):
+        create_cgroup(fake_root.fs, "plain/ctr")
+    assert not cgroup_path(fake_root, "plain/ctr").exists()
+
+
+@pytest.mark.parametrize("name", ["..", "/pod", "pod/../../x", ""])
+def test_create_refuses_bad_names(fake_root: FakeRoot, kernel: FakeCgroupKernel, name: str) -> None:
+    with pytest.raises(InvalidArgument):
+        create_cgroup(fake_root.fs, name)
+
+
+def test_create_refuses_a_symlink_out_of_the_mount(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
+) -> None:
+    outside = fake_root.root / "outside"
+    outside.mkdir()
+    os.symlink(outside, cgroup_path(fake_root, "escape"))
+    with pytest.raises(InvalidArgument, match="outside"):
+        create_cgroup(fake_root.fs, "escape/new")
+    assert not (outside / "new").exists()
+
+
+def test_create_follows_a_symlink_inside_the_mount(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
+) -> None:
+    real = cgroup_path(fake_root, "real")
+    real.mkdir()
+    os.symlink(real, cgroup_path(fake_root, "alias"))
+    created = create_cgroup(fake_root.fs, "alias/ctr")
+    assert created.made == ((real / "ctr").resolve(),)
+    assert (real / "cgroup.subtree_control").read_text() == "+memory"
+
+
+def test_undo_of_nothing(fake_root: FakeRoot) -> None:
+    created = cgroups.CreatedCgroup(cgroup_path(fake_root, "pod"))
+    assert undo_create(created) == "nothing had been created"
+
+
+def test_undo_says_what_it_could_not_remove(fake_root: FakeRoot) -> None:
+    pod = fake_root.add_cgroup("pod")  # Holds files, so a plain rmdir fails.
+    created = cgroups.CreatedCgroup(pod, made=(pod,))
+    assert "could not remove" in undo_create(created)
+    assert "ENOTEMPTY" in undo_create(created)

@@ -1,0 +1,56 @@
+import asyncio
+import struct
+from pathlib import Path
+
+import pytest
+
+from guestagent.errors import InvalidArgument
+from guestagent.linux.watch import (
+    KernelSignals,
+    PressureTriggerSpec,
+    Signal,
+    parse_inotify_events,
+    pressure_trigger_spec,
+)
+
+
+def test_default_trigger_line() -> None:
+    assert PressureTriggerSpec().line() == b"some 150000 1000000\0"
+    assert pressure_trigger_spec(0, 0, True).line() == b"full 150000 1000000\0"
+
+
+@pytest.mark.parametrize(
+    ("stall", "window", "reason"),
+    [
+        (100, 100_000, "outside"),
+        (100, 20_000_000, "outside"),
+        (0, 1_000_000, "above 0"),
+        (1_000_000, 1_000_000, "below window"),
+    ],
+)
+def test_trigger_refusals(stall: int, window: int, reason: str) -> None:
+    with pytest.raises(InvalidArgument, match=reason):
+        pressure_trigger_spec(stall, window, False)
+
+
+def test_parse_inotify_events_walks_names() -> None:
+    header = struct.Struct("iIII")
+    data = header.pack(3, 2, 0, 16) + b"name".ljust(16, b"\0") + header.pack(5, 2, 0, 0)
+    assert parse_inotify_events(data) == [3, 5]
+
+
+async def test_memory_events_change_is_signalled(tmp_path: Path) -> None:
+    events = tmp_path / "memory.events"
+    events.write_text("oom 0\n")
+    with KernelSignals({"pod": events}, None, None) as signals:
+        events.write_text("oom 1\n")
+        signal = await asyncio.wait_for(signals.queue.get(), timeout=5)
+    assert signal == (Signal.MEMORY_EVENTS, "pod")
+
+
+async def test_pressure_trigger_on_a_plain_file_falls_back_quietly(tmp_path: Path) -> None:
+    # A regular file cannot be polled for POLLPRI: the watch must run on its interval.
+    psi = tmp_path / "memory"
+    psi.write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    with KernelSignals({}, psi, PressureTriggerSpec()) as signals:
+        assert signals.queue.empty()
