@@ -28,6 +28,9 @@ from guestagent.jsonlog import EventLog
 log = EventLog("guestagent.transport")
 
 HOST_CID = 2  # VMADDR_CID_HOST: the hypervisor side, the only trusted caller.
+# 1024 is kata-agent's and vminitd's (1025/1026 are kata's log and debug console, vminitd's
+# relays start at 0x10000000); both bind VMADDR_CID_ANY, so the agent takes a port of its own.
+DEFAULT_VSOCK_PORT = 6464
 _CHUNK = 256 * 1024
 _F_SETPIPE_SZ = 1031
 

@@ -12,7 +12,7 @@ from guestagent import jsonlog
 from guestagent.agent.daemon import ServerConfig, serve
 from guestagent.errors import AgentError
 from guestagent.linux.fs import KernelFS
-from guestagent.transport import parse_address
+from guestagent.transport import DEFAULT_VSOCK_PORT, parse_address
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--listen",
         action="append",
         metavar="ADDR",
-        help="vsock://:PORT, unix:///PATH or tcp://HOST:PORT; repeatable (default vsock://:1024)",
+        help="vsock://:PORT, unix:///PATH or tcp://HOST:PORT; repeatable (default vsock://:6464)",
     )
     serve_cmd.add_argument(
         "--allow-cid",
@@ -50,7 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     jsonlog.configure(args.log_level)
     try:
         config = ServerConfig(
-            listen=tuple(parse_address(a) for a in args.listen or ["vsock://:1024"]),
+            listen=tuple(
+                parse_address(a) for a in args.listen or [f"vsock://:{DEFAULT_VSOCK_PORT}"]
+            ),
             fs=KernelFS(args.root, args.cgroup_mount),
             allowed_cids=frozenset({2, *args.allow_cid}),
             grace_seconds=args.grace_seconds,

@@ -25,8 +25,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from guestagent.transport import DEFAULT_VSOCK_PORT
+
 QEMU = "qemu-system-x86_64"
-GUEST_AGENT_PORT = 1024
+GUEST_AGENT_PORT = DEFAULT_VSOCK_PORT
 TESTEXEC_PORT_NAME = "guestagent.testexec"
 DEFAULT_IMAGE_DIR = Path(__file__).resolve().parents[2] / "image" / "build"
 # How much longer than the command's own timeout the host waits: TCG guests are slow to answer.
@@ -63,7 +65,7 @@ class VMConfig:
     disks: tuple[Disk, ...] = ()
     balloon: bool = True
     free_page_reporting: bool = True
-    listen: str = "vsock://:1024,tcp://0.0.0.0:1024"
+    listen: str = f"vsock://:{GUEST_AGENT_PORT},tcp://0.0.0.0:{GUEST_AGENT_PORT}"
     agent_args: tuple[str, ...] = ()
     extra_cmdline: str = ""
 

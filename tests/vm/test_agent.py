@@ -11,6 +11,7 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.linux.meminfo import parse_meminfo
+from guestagent.transport import DEFAULT_VSOCK_PORT
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import make_cgroup, start_filler, stop_filler, wait_until
@@ -80,7 +81,8 @@ def guest_log_events(vm: GuestVM) -> list[dict[str, object]]:
 def test_vsock_peers_other_than_the_host_are_refused(vm: GuestVM) -> None:
     # In the guest, over vsock_loopback the caller is CID 1: a container could be that.
     result = vm.exec(
-        [GUESTCTL, "--target", "vsock://1:1024", "--timeout", "10", "health"], check=False
+        [GUESTCTL, "--target", f"vsock://1:{DEFAULT_VSOCK_PORT}", "--timeout", "10", "health"],
+        check=False,
     )
     assert result.rc == 1, result
     refused = wait_until(
