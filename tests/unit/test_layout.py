@@ -1,0 +1,124 @@
+"""The package's import contracts: the tree is the architecture, and these keep it so.
+
+Every import in guestagent/ is read from the source (function-level ones too, since a lazy
+import is still a dependency), so a violation fails here whether or not the code runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
+
+# Modules at the top of the package that both sides of the vsock use.
+SHARED = {"errors", "jsonlog", "transport"}
+GRPC_OR_CONTRACT = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "guestagent.v1")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            # `from guestagent.linux import syscalls` depends on guestagent.linux.syscalls.
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] in SHARED:
+        return "shared"
+    if parts[1] == "__main__":  # `python -m guestagent` is the daemon's command line.
+        return "agent"
+    return parts[1]
+
+
+def within(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+SOURCES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "_pb2" not in p.name}
+
+# host.measure boots guests to measure them: it is the one production user of the harness,
+# and imports it only when the command runs (the vm extra may be absent).
+VM_USERS_OUTSIDE_VM = {"guestagent.host.measure"}
+
+
+def violations() -> list[str]:
+    found = []
+    for module, path in SOURCES.items():
+        own = layer(module)
+        for target in sorted(imports_of(path)):
+            theirs = layer(target) if target.startswith("guestagent") else None
+            if own in ("linux", "ops") and within(target, *GRPC_OR_CONTRACT):
+                found.append(f"{module} imports {target}: linux/ops never touch gRPC or v1")
+            if own == "linux" and theirs in ("ops", "agent", "host", "vm"):
+                found.append(f"{module} imports {target}: linux/ is the bottom layer")
+            if own == "ops" and theirs in ("agent", "host", "vm"):
+                found.append(f"{module} imports {target}: ops/ knows no daemon or host")
+            if own == "shared" and theirs not in (None, "shared", "v1"):
+                found.append(f"{module} imports {target}: shared modules stay leaf-ward")
+            if {own, theirs} == {"agent", "host"}:
+                found.append(f"{module} imports {target}: agent and host never import each other")
+            if theirs == "vm" and own != "vm" and module not in VM_USERS_OUTSIDE_VM:
+                found.append(f"{module} imports {target}: only vm/ and tests use the harness")
+    return found
+
+
+def test_every_module_is_in_a_layer() -> None:
+    layers = {layer(m) for m in SOURCES}
+    assert layers <= {"shared", "linux", "ops", "agent", "host", "vm", "v1"}, layers
+
+
+def test_import_contracts_hold() -> None:
+    assert violations() == []
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A contract test that cannot fail proves nothing: plant one breach of each kind."""
+    planted = {
+        "guestagent.ops.planted": "import grpc\nfrom guestagent.agent import rpc\n",
+        "guestagent.linux.planted": "from guestagent.ops import swap\n",
+        "guestagent.host.planted": "def f():\n    from guestagent.agent.wire import x\n",
+        "guestagent.agent.planted": "from guestagent.vm import qemu\n",
+    }
+    fake = dict(SOURCES)
+    for name, text in planted.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        fake[name] = path
+    monkeypatch.setattr(sys.modules[__name__], "SOURCES", fake)
+    found = "\n".join(violations())
+    for expected in (
+        "guestagent.ops.planted imports grpc",
+        "guestagent.ops.planted imports guestagent.agent.rpc",
+        "guestagent.linux.planted imports guestagent.ops.swap",
+        "guestagent.host.planted imports guestagent.agent.wire",
+        "guestagent.agent.planted imports guestagent.vm.qemu",
+    ):
+        assert expected in found
+
+
+def test_the_daemon_loads_no_host_or_harness_code() -> None:
+    """What `guestagent serve` imports at start is what every guest pays for in memory."""
+    probe = (
+        "import sys, guestagent.agent.cli\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('guestagent')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert [m for m in loaded if within(m, "guestagent.host", "guestagent.vm")] == []
