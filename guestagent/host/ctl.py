@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -203,16 +204,22 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _measure_overhead(args: argparse.Namespace) -> int:
+    # The harness drives QEMU over QMP; a host install without the vm extra lacks it.
+    if importlib.util.find_spec("qemu") is None or importlib.util.find_spec("qemu.qmp") is None:
+        print(
+            "guestctl: measure-overhead needs qemu.qmp: pip install 'guestagent[vm]'",
+            file=sys.stderr,
+        )
+        return 2
     # Imported here: it brings in the QEMU harness, which nothing else in guestctl needs.
-    from guestagent.host.measure import measure_size, table_text
-    from guestagent.vm.qemu import GuestVMError
+    from guestagent.host.measure import MeasureError, measure_size, table_text
 
     samples = []
     try:
         for size in args.sizes:
             print(f"guestctl: booting a {size} MiB guest", file=sys.stderr, flush=True)
             samples.append(measure_size(size, args.image_dir, args.boot_timeout))
-    except (GuestVMError, TimeoutError, OSError, grpc.RpcError) as e:
+    except (MeasureError, TimeoutError, OSError, grpc.RpcError) as e:
         detail = describe_error(e) if isinstance(e, grpc.RpcError) else str(e)
         print(f"guestctl: measure-overhead: {detail}", file=sys.stderr)
         return 1

@@ -20,7 +20,11 @@ from pathlib import Path
 from guestagent.host.client import AgentClient
 from guestagent.host.sizing import MIB, OverheadModel, OverheadSample
 from guestagent.linux.fs import KernelFS, read_text
-from guestagent.vm.qemu import GuestVM, VMConfig, accelerator
+from guestagent.vm.qemu import GuestVM, GuestVMError, VMConfig, accelerator
+
+
+class MeasureError(Exception):
+    """A guest could not be booted or measured; guestctl reports it without a traceback."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,16 @@ def measure_size(
     settle_seconds: float = 2.0,
 ) -> OverheadSample:
     """Boot one guest of vm_mib MiB with no workload and measure it."""
+    try:
+        return _measure_size(vm_mib, image_dir, boot_timeout, settle_seconds)
+    except GuestVMError as e:
+        # The harness is an implementation detail: callers see one error type.
+        raise MeasureError(str(e)) from e
+
+
+def _measure_size(
+    vm_mib: int, image_dir: Path | None, boot_timeout: float, settle_seconds: float
+) -> OverheadSample:
     host = KernelFS(Path("/"))
     with GuestVM(VMConfig(memory_mib=vm_mib), image_dir, boot_timeout=boot_timeout) as vm:
         with AgentClient(vm.agent_target, timeout=120) as client:
