@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -40,6 +40,16 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+class WatchStream(Protocol):
+    """What WatchMemory returns: the reports as they come, and a way to end the stream."""
+
+    def __iter__(self) -> Iterator[pb.MemoryInfo]: ...
+
+    def __next__(self) -> pb.MemoryInfo: ...
+
+    def cancel(self) -> bool: ...
 
 
 class AgentClient:
@@ -79,11 +89,11 @@ class AgentClient:
         cgroups: Iterable[str] = (),
         interval_ms: int = 0,
         trigger: pb.PressureTrigger | None = None,
-    ) -> Iterator[pb.MemoryInfo]:
+    ) -> WatchStream:
         request = pb.WatchMemoryRequest(interval_ms=interval_ms, cgroups=list(cgroups))
         if trigger is not None:
             request.pressure_trigger.CopyFrom(trigger)
-        stream: Iterator[pb.MemoryInfo] = self.stub.WatchMemory(request)
+        stream: WatchStream = self.stub.WatchMemory(request)
         return stream
 
     def enable_swap(self, request: pb.EnableSwapRequest) -> pb.SwapArea:

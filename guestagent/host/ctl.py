@@ -46,6 +46,7 @@ from guestagent.host.units import SIZE_HELP, parse_limit, parse_size
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.watch import PSI_MIN_WINDOW_US
+from guestagent.transport import TcpAddress, parse_address
 from guestagent.v1 import agent_pb2 as pb
 
 Run = Callable[[argparse.Namespace], int]
@@ -376,6 +377,49 @@ def _measure_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listen(text: str) -> TcpAddress:
+    try:
+        address = parse_address(f"tcp://{text}")
+    except AgentError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT: {e}") from None
+    assert isinstance(address, TcpAddress)  # the scheme was tcp://
+    return address
+
+
+def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen",
+        required=True,
+        type=_listen,
+        metavar="HOST:PORT",
+        help="where to serve /metrics, e.g. 127.0.0.1:9464 or [::]:9464 (port 0: any free one)",
+    )
+    parser.add_argument(
+        "--cgroup", action="append", default=[], help="cgroup to report; repeatable"
+    )
+    parser.add_argument(
+        "--interval-ms",
+        type=int,
+        default=5000,
+        help="how often the agent sends a report besides the memory events and PSI it pushes",
+    )
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    """Runs until SIGTERM or SIGINT; exit 2 without prometheus_client, 1 if --listen fails."""
+    if _missing_extra("metrics", "prometheus_client", "host"):
+        return 2
+    _need_target(args)
+    # Imported here: prometheus_client is an optional host extra.
+    from guestagent.host.exporter import serve_metrics
+
+    try:
+        return serve_metrics(args.target, args.listen, args.cgroup, args.interval_ms)
+    except (AgentError, OSError) as e:
+        print(f"guestctl: metrics: {e}", file=sys.stderr)
+        return 1
+
+
 def _health_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service", default="")
 
@@ -418,6 +462,11 @@ COMMANDS: dict[str, Command] = {
         _measure_overhead,
     ),
     "health": Command("grpc.health.v1 status", _health_arguments, remote(_health)),
+    "metrics": Command(
+        "serve the memory report to Prometheus, fed by WatchMemory",
+        _metrics_arguments,
+        _metrics,
+    ),
 }
 
 

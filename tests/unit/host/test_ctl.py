@@ -72,19 +72,64 @@ def test_every_command_has_its_own_help(name: str, capsys: pytest.CaptureFixture
     assert f"usage: guestctl {name}" in capsys.readouterr().out
 
 
-def test_measure_overhead_without_the_vm_extra_says_what_to_install(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("argv", "missing", "extra"),
+    [
+        (["measure-overhead", "--sizes", "256"], "qemu", "vm"),
+        (
+            ["--target", "unix:///x", "metrics", "--listen", "127.0.0.1:0"],
+            "prometheus_client",
+            "host",
+        ),
+    ],
+)
+def test_a_missing_extra_exits_2_saying_what_to_install(
+    argv: list[str],
+    missing: str,
+    extra: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     real_find_spec = importlib.util.find_spec
 
-    def no_qemu(name: str, package: str | None = None):  # type: ignore[no-untyped-def]
-        return None if name.split(".")[0] == "qemu" else real_find_spec(name, package)
+    def without(name: str, package: str | None = None):  # type: ignore[no-untyped-def]
+        return None if name.split(".")[0] == missing else real_find_spec(name, package)
 
-    monkeypatch.setattr(importlib.util, "find_spec", no_qemu)
-    assert ctl.main(["measure-overhead", "--sizes", "256"]) == 2
+    monkeypatch.setattr(importlib.util, "find_spec", without)
+    assert ctl.main(argv) == 2
     err = capsys.readouterr().err
-    assert "pip install 'guestagent[vm]'" in err
+    assert f"pip install 'guestagent[{extra}]'" in err
     assert err.count("\n") == 1  # one line, no traceback
+
+
+@pytest.mark.parametrize(
+    ("listen", "host", "port"),
+    [("127.0.0.1:9464", "127.0.0.1", 9464), ("[::]:0", "::", 0), ("localhost:80", "localhost", 80)],
+)
+def test_metrics_listen(listen: str, host: str, port: int) -> None:
+    args = ctl.build_parser().parse_args(["metrics", "--listen", listen])
+    assert (args.listen.host, args.listen.port) == (host, port)
+    assert (args.interval_ms, args.cgroup) == (5000, [])
+
+
+@pytest.mark.parametrize(
+    ("listen", "message"),
+    [("9464", "has no port"), (":9464", "has no host"), ("h:70000", "out of range")],
+)
+def test_metrics_listen_refused(
+    listen: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        ctl.build_parser().parse_args(["metrics", "--listen", listen])
+    err = capsys.readouterr().err
+    assert f"argument --listen: {listen!r} is not HOST:PORT" in err and message in err
+
+
+def test_metrics_needs_a_target(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ctl_main(["metrics", "--listen", "127.0.0.1:0"])
+    assert exit_info.value.code == 2
+    assert "metrics needs --target" in capsys.readouterr().err
 
 
 def run_plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
