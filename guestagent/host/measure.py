@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from guestagent.host.client import AgentClient
-from guestagent.host.sizing.model import MIB, OverheadModel, OverheadSample
+from guestagent.host.sizing import MIB, OverheadModel, OverheadSample
 from guestagent.linux.fs import KernelFS, read_text
 from guestagent.vm.qemu import GuestVM, GuestVMError, VMConfig, accelerator
 
