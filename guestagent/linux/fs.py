@@ -73,8 +73,10 @@ class KernelFS:
         path = Path(kernel_path)
         return self.root.joinpath(*path.parts[1:]) if path.is_absolute() else self.root / path
 
-    def _mount_of(self, path: Path) -> tuple[Path, str, int]:
-        """The mount a path lies in, the path relative to it, and the openat2 resolve flags."""
+    @functools.cached_property
+    def _mounts(self) -> tuple[tuple[str, str, int], ...]:
+        """(mount, mount + '/', openat2 resolve flags), as strings: a Path's own methods
+        would cost more than the open itself on the memory report's hot path."""
         mounts = (
             # First: it lies inside /sys, and is stricter.
             (self.cgroup_root, _BENEATH | syscalls.RESOLVE_NO_SYMLINKS),
@@ -83,9 +85,16 @@ class KernelFS:
             (self.dev(), _BENEATH),
             (self.run(), _BENEATH),
         )
-        for base, resolve in mounts:
-            if path.is_relative_to(base):
-                return base, str(path.relative_to(base)), resolve
+        return tuple((str(base), os.path.join(base, ""), resolve) for base, resolve in mounts)
+
+    def _mount_of(self, path: Path) -> tuple[str, str, int]:
+        """The mount a path lies in, the path relative to it, and the openat2 resolve flags."""
+        text = os.fspath(path)
+        for base, prefix, resolve in self._mounts:
+            if text.startswith(prefix):
+                return base, text[len(prefix) :], resolve
+            if text == base:
+                return base, ".", resolve
         raise InvalidArgument(f"{path} is in none of the kernel's mounts under {self.root}")
 
     def open(self, path: Path, flags: int, op: str = "open", value: str | None = None) -> int:
@@ -202,7 +211,7 @@ class KernelFS:
             os.close(parent)
 
 
-def _open_checked(path: Path, base: Path, relative: str, resolve: int, flags: int) -> int:
+def _open_checked(path: Path, base: str, relative: str, resolve: int, flags: int) -> int:
     """The pre-openat2 fallback: resolve, check, then open (racy against a rename meanwhile)."""
     real_base = os.path.realpath(base)
     real = os.path.realpath(path)

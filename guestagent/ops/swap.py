@@ -356,7 +356,7 @@ def device_for_node(fs: KernelFS, devnode: str) -> BlockDevice | None:
         sysname = os.path.basename(os.readlink(link))
     except OSError:
         return None
-    devtype = "partition" if (link / "partition").exists() else "disk"
+    devtype = "partition" if fs.exists(link / "partition") else "disk"
     return BlockDevice(devnode, sysname, devtype, major, minor)
 
 
