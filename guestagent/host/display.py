@@ -72,12 +72,13 @@ def swap_area_text(area: pb.SwapArea) -> str:
         if area.HasField("discard")
         else "unknown"
     )
+    rotational = str(int(area.rotational)) if area.HasField("rotational") else "unknown"
     state = "already active" if area.already_active else ("formatted" if area.formatted else "")
     return (
         f"{area.device}  {mib(area.size_bytes)} (used {mib(area.used_bytes)})  "
         f"priority {area.priority}  discard {discard}"
         f"{'' if area.discard_supported else ' (device cannot discard)'}  "
-        f"rotational {int(area.rotational)}  uuid {area.uuid or '-'}  label {area.label or '-'}"
+        f"rotational {rotational}  uuid {area.uuid or '-'}  label {area.label or '-'}"
         + (f"  [{state}]" if state else "")
     )
 
