@@ -35,8 +35,9 @@ image: $(WHEEL_STAMP)
 test: image
 	GUESTAGENT_VM_TESTS=required $(PY) -m pytest -q
 
+# The quick loop: the slow fuzz tests run in `make test`.
 unit: $(STAMP)
-	$(PY) -m pytest -q tests/unit tests/integration
+	$(PY) -m pytest -q -m 'not slow' tests/unit tests/integration
 
 vm: image
 	GUESTAGENT_VM_TESTS=required $(PY) -m pytest -q tests/vm
