@@ -32,14 +32,22 @@ from guestagent.transport import (
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-    # The agent is local (a VM on this host): retry a refused connect within 100 ms, not
-    # grpc's default 1 s, so a client that starts with the VM sees it ready at once.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
+
+def channel_options(timeout: float) -> list[tuple[str, int]]:
+    """grpc channel arguments for a client whose calls may take `timeout` seconds."""
+    return [
+        ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+        # The agent is local (a VM on this host): retry a refused connect within 100 ms, not
+        # grpc's default 1 s, so a client that starts with the VM sees it ready at once.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        # grpc-core takes this as the shortest time one connection attempt may last (TCP or
+        # unix connect up to the server's HTTP/2 SETTINGS frame), not only as a backoff. At
+        # 100 ms an attempt was abandoned after the current backoff (100 ms, growing to at
+        # most 1.2 s with jitter), so a guest too busy to send SETTINGS within that was never
+        # reached. An attempt may now last as long as a call may.
+        ("grpc.min_reconnect_backoff_ms", max(1, round(timeout * 1000))),
+    ]
 
 
 class WatchStream(Protocol):
@@ -61,7 +69,7 @@ class AgentClient:
         address = parse_address(target)
         if isinstance(address, VsockAddress | HybridVsockAddress):
             address = self._start_relay(address)
-        self.channel = grpc.insecure_channel(grpc_target(address), options=CHANNEL_OPTIONS)
+        self.channel = grpc.insecure_channel(grpc_target(address), options=channel_options(timeout))
         self.stub = pb_grpc.MemoryAgentStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
 

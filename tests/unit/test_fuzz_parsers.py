@@ -22,6 +22,9 @@ from guestagent.ops.compaction import parse_buddyinfo, parse_vmstat
 from guestagent.ops.overhead import parse_zoneinfo_present, rss_bytes
 from guestagent.transport import parse_address
 
+# Thousands of examples: `make test` runs them, `make unit` does not.
+pytestmark = pytest.mark.slow
+
 FUZZ_EXAMPLES = 200
 
 # Text shaped like kernel files: words, numbers, '=' and ':' and newlines, plus anything.

@@ -14,14 +14,17 @@ import pytest
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from tests.vm import pace
 from tests.vm.guest import (
     boot,
     filler_ready,
+    kill_agent,
     make_cgroup,
     read_guest,
     start_filler,
     stop_filler,
     wait_until,
+    wait_until_steady,
 )
 
 pytestmark = pytest.mark.vm
@@ -58,6 +61,12 @@ def rotational(vm: GuestVM, serial: str) -> str:
     return read_guest(vm, f"/sys/block/{name}/queue/rotational").strip()
 
 
+def uevent_listeners(vm: GuestVM) -> int:
+    """Netlink sockets bound to uevent groups (protocol 15, NETLINK_KOBJECT_UEVENT)."""
+    rows = (line.split() for line in read_guest(vm, "/proc/net/netlink").splitlines()[1:])
+    return sum(row[1] == "15" and int(row[3], 16) != 0 for row in rows)
+
+
 def enable(agent: AgentClient, **kwargs: object) -> pb.SwapArea:
     return agent.enable_swap(pb.EnableSwapRequest(**kwargs))  # type: ignore[arg-type]
 
@@ -92,9 +101,8 @@ def test_second_enable_changes_nothing(vm: GuestVM, agent: AgentClient) -> None:
 
 
 def test_restarted_agent_rediscovers_the_area(vm: GuestVM, agent: AgentClient) -> None:
-    vm.exec("pkill -KILL -x guestagent; true")
-    time.sleep(1)
-    agent.wait_ready(90)  # init respawns it
+    kill_agent(vm)  # init respawns it
+    agent.wait_ready(pace.of(vm).scale(90))
     areas = {a.device: a for a in agent.list_swaps()}
     area = areas[node_of(vm, "swap0")]
     assert area.priority == 10 and area.discard == pb.DISCARD_BOTH and not area.rotational
@@ -102,15 +110,28 @@ def test_restarted_agent_rediscovers_the_area(vm: GuestVM, agent: AgentClient) -
 
 def fill_and_release(vm: GuestVM, disk: str) -> dict[str, float]:
     """Push FILL_MIB through a 64 MiB cgroup into swap, end it, and watch the host's file."""
+    speed = pace.of(vm)
     make_cgroup(vm, "fill", memory_max="64M")
     before = vm.disk_allocated_bytes(disk)
     marker = start_filler(vm, "fill", FILL_MIB)
-    wait_until(lambda: filler_ready(vm, marker), 600, "the filler to allocate")
+    wait_until(lambda: filler_ready(vm, marker), speed.scale(600), "the filler to allocate")
     swapped = int(read_guest(vm, "/sys/fs/cgroup/fill/memory.swap.current"))
     peak = vm.disk_allocated_bytes(disk)
     stop_filler(vm)
-    time.sleep(8)  # Discards are issued as clusters free, by a kernel worker.
-    after = vm.disk_allocated_bytes(disk)
+    # Discards are issued as clusters free, by a kernel worker: once the guest has freed
+    # the swap, wait for the host's file to stop shrinking.
+    wait_until(
+        lambda: int(read_guest(vm, "/sys/fs/cgroup/fill/memory.swap.current")) <= swapped / 10,
+        speed.scale(60),
+        f"the guest to free most of the filler's {swapped // MIB} MiB of swap",
+    )
+    after = wait_until_steady(
+        lambda: vm.disk_allocated_bytes(disk),
+        speed.scale(120),
+        f"the host's {disk} file to stop shrinking",
+        tolerance=MIB,
+        window=speed.scale(2.5),
+    )
     released = (peak - after) / peak if peak else 0.0
     return {
         "swapped_mib": round(swapped / MIB, 1),
@@ -226,9 +247,15 @@ def test_a_hot_plugged_disk_is_waited_for(vm: GuestVM, agent: AgentClient, tmp_p
         except grpc.RpcError as e:
             result["error"] = e
 
+    listening = uevent_listeners(vm)
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(2)
+    # Plug the disk only once the agent listens for its udev event, so the wait is tested.
+    wait_until(
+        lambda: uevent_listeners(vm) > listening or "error" in result,
+        pace.of(vm).scale(60),
+        "the agent to listen for udev events",
+    )
     vm.qmp(
         "blockdev-add",
         **{
@@ -239,7 +266,7 @@ def test_a_hot_plugged_disk_is_waited_for(vm: GuestVM, agent: AgentClient, tmp_p
         },
     )
     vm.qmp("device_add", driver="virtio-blk-pci", drive="hot0", serial="hot0", id="hotdisk")
-    caller.join(timeout=120)
+    caller.join(timeout=pace.of(vm).scale(120))
     assert "error" not in result, result
     area = result["area"]
     assert isinstance(area, pb.SwapArea)
