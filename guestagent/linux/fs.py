@@ -13,6 +13,7 @@ path is checked before the open instead.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -108,17 +109,7 @@ class KernelFS:
         try:
             if not have_openat2():
                 return _open_checked(path, base, relative, resolve, flags)
-            directory = os.open(base, _DIRECTORY)
-            try:
-                for attempt in range(_OPENAT2_TRIES):
-                    try:
-                        return syscalls.openat2(directory, relative, flags, resolve)
-                    except BlockingIOError:
-                        if attempt == _OPENAT2_TRIES - 1:
-                            raise
-                raise AssertionError("unreachable")
-            finally:
-                os.close(directory)
+            return _open_beneath(base, relative, flags, resolve)
         except OSError as e:
             raise kernel_error(op, path, value, e) from e
 
@@ -209,6 +200,17 @@ class KernelFS:
             raise kernel_error("remove directory", path, None, e) from e
         finally:
             os.close(parent)
+
+
+def _open_beneath(base: str, relative: str, flags: int, resolve: int) -> int:
+    directory = os.open(base, _DIRECTORY)
+    try:
+        for _ in range(_OPENAT2_TRIES - 1):
+            with contextlib.suppress(BlockingIOError):
+                return syscalls.openat2(directory, relative, flags, resolve)
+        return syscalls.openat2(directory, relative, flags, resolve)
+    finally:
+        os.close(directory)
 
 
 def _open_checked(path: Path, base: str, relative: str, resolve: int, flags: int) -> int:

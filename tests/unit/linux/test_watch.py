@@ -1,5 +1,7 @@
 import asyncio
+import os
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +13,7 @@ from guestagent.linux.watch import (
     parse_inotify_events,
     pressure_trigger_spec,
 )
-from tests.fakes.root import FakeRoot
+from tests.fakes.root import FakeRoot, make_fake_root
 
 
 def test_default_trigger_line() -> None:
@@ -52,3 +54,17 @@ async def test_pressure_trigger_on_a_plain_file_falls_back_quietly(fake_root: Fa
     fake_root.write("proc/pressure/memory", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     with KernelSignals(fake_root.fs, {}, PressureTriggerSpec()) as signals:
         assert signals.queue.empty()
+
+
+async def test_no_psi_in_the_kernel_means_no_trigger(tmp_path: Path) -> None:
+    fake = make_fake_root(tmp_path / "root", psi=False)
+    with KernelSignals(fake.fs, {}, PressureTriggerSpec()) as signals:
+        assert signals.queue.empty()
+
+
+async def test_a_pressure_file_outside_proc_is_refused(tmp_path: Path) -> None:
+    fake = make_fake_root(tmp_path / "root", psi=False)
+    elsewhere = fake.write("elsewhere/memory", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    os.symlink(elsewhere.parent, fake.root / "proc" / "pressure")
+    with pytest.raises(InvalidArgument, match="outside its mount"):
+        KernelSignals(fake.fs, {}, PressureTriggerSpec())
