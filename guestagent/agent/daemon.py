@@ -117,11 +117,13 @@ class Agent:
             # the audit log. Mode 0600: only root in the guest may call, since a container
             # must not set its own limits.
             listener = open_unix_listener(address.path, 0o600)
-            self._unix_paths.append((address.path, os.fstat(listener.fileno()).st_ino))
+            self._unix_paths.append((address.path, os.lstat(address.path).st_ino))
             self._relay(listener, f"unix-{Path(address.path).name}")
             self.bound.append(f"unix://{address.path}")
         elif isinstance(address, TcpAddress):
-            port = self._add_port(grpc_target(address), f"tcp://{grpc_target(address)}")
+            if tcp_port_in_use(address.host, address.port):
+                raise AddressInUse(f"tcp://{grpc_target(address)}")
+            port = self._add_port(grpc_target(address))
             if not address.is_loopback:
                 log.warning("tcp_listen_not_loopback", host=address.host, port=port)
             self.bound.append(f"tcp://{grpc_target(TcpAddress(address.host, port))}")
@@ -141,15 +143,13 @@ class Agent:
         upstream = self._private_socket()
         self.relays.append(NamedRelay(listener, upstream, self.peers, admit=admit, name=name))
 
-    def _add_port(self, target: str, shown: str) -> int:
+    def _add_port(self, target: str) -> int:
         try:
             port: int = self.server.add_insecure_port(target)
         except RuntimeError:
             port = 0  # grpcio raises where older versions returned 0; neither gives the errno.
         if port == 0:
-            if tcp_port_in_use(target):
-                raise AddressInUse(shown)
-            raise errors.FailedPrecondition(f"cannot bind {shown}")
+            raise errors.FailedPrecondition(f"cannot bind {target} (grpc's log line says why)")
         return port
 
     def _private_socket(self) -> str:
@@ -157,7 +157,7 @@ class Agent:
         if self._private_dir is None:
             self._private_dir = Path(tempfile.mkdtemp(prefix="guestagent-"))
             path = self._private_dir / "grpc.sock"
-            self._add_port(f"unix://{path}", f"unix://{path}")
+            self._add_port(f"unix://{path}")
         return str(self._private_dir / "grpc.sock")
 
     def _release(self) -> None:
@@ -183,18 +183,24 @@ class Agent:
         log.info("stopped")
 
 
-def tcp_port_in_use(target: str) -> bool:
-    """Whether a failed grpc bind of HOST:PORT was EADDRINUSE: grpc does not say, so ask bind."""
-    host, _, port = target.rpartition(":")
-    if not port.isdigit():
+def tcp_port_in_use(host: str, port: int) -> bool:
+    """Whether a listener holds host:port. Asked before grpc binds, because grpc neither
+    says why a bind failed nor keeps its own log line about it off stderr."""
+    if port == 0:
         return False
-    host = host.strip("[]")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((host, int(port)))
-        except OSError as e:
-            return e.errno == errno.EADDRINUSE
+    try:
+        resolved = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return False  # grpc's own bind reports the bad name.
+    for family, kind, proto, _, sockaddr in resolved:
+        with socket.socket(family, kind, proto) as probe:
+            # As grpc binds: SO_REUSEADDR, so only a listener (not TIME_WAIT) is in the way.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return True
     return False
 
 
