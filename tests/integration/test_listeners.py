@@ -131,3 +131,11 @@ def test_the_unix_socket_is_never_wider_than_0600(fake_root: FakeRoot, tmp_path:
     # It appears once, complete: no attribute change at the final path (no chmod after bind).
     assert events and all(not mask & IN_ATTRIB for mask, _ in events), events
     assert stat.S_ISSOCK(os.lstat(process.unix_path).st_mode)
+
+
+def test_sigterm_removes_the_socket_it_made(fake_root: FakeRoot, tmp_path: Path) -> None:
+    process = AgentProcess(fake_root.root, tmp_path)
+    process.start()
+    assert process.terminate() == 0
+    assert not process.unix_path.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".guestagent-")] == []
