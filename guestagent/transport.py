@@ -17,12 +17,15 @@ import ipaddress
 import os
 import select
 import socket
+import stat
+import struct
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from guestagent.errors import InvalidArgument
+from guestagent.errors import AgentError, InvalidArgument
 from guestagent.jsonlog import EventLog
 
 log = EventLog("guestagent.transport")
@@ -33,6 +36,18 @@ HOST_CID = 2  # VMADDR_CID_HOST: the hypervisor side, the only trusted caller.
 DEFAULT_VSOCK_PORT = 6464
 _CHUNK = 256 * 1024
 _F_SETPIPE_SZ = 1031
+# What holds a port the agent wanted: said in the bind failure, so an operator knows where to look.
+OTHER_AGENTS = (
+    "another agent (kata-agent or vminitd on vsock 1024, or a second guestagent) holds it"
+)
+
+
+class AddressInUse(AgentError):
+    """A listen address is taken: a second agent must fail loudly, never share the port."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"{address} is in use: {OTHER_AGENTS}")
+        self.address = address
 
 
 @dataclass(frozen=True)
@@ -125,9 +140,66 @@ def grpc_target(address: UnixAddress | TcpAddress) -> str:
 
 def open_vsock_listener(address: VsockAddress) -> socket.socket:
     listener = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
-    listener.bind((address.cid, address.port))
-    listener.listen(64)
+    try:
+        listener.bind((address.cid, address.port))
+        listener.listen(64)
+    except OSError as e:
+        listener.close()
+        if e.errno == errno.EADDRINUSE:
+            raise AddressInUse(f"vsock://:{address.port}") from None
+        raise
     return listener
+
+
+def unix_socket_answers(path: str) -> bool:
+    """True when a server accepts on path; False for no file or a stale one left by a crash."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def open_unix_listener(path: str, mode: int = 0o600) -> socket.socket:
+    """Listen on path, which is never reachable with wider permissions than mode.
+
+    The socket is bound and given its mode inside a fresh 0700 directory beside path, and
+    only then linked into place: a chmod after a bind at the final path would leave a
+    moment in which anyone could connect. link(2), unlike rename(2), never replaces a
+    socket that another agent has just put there; a stale one (its server gone) is removed.
+    """
+    parent = os.path.dirname(path) or "."
+    private = tempfile.mkdtemp(prefix=".guestagent-", dir=parent)
+    staged = os.path.join(private, "sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(staged)
+        os.chmod(staged, mode)
+        listener.listen(64)
+        try:
+            os.link(staged, path)
+        except FileExistsError:
+            _remove_stale_socket(path)
+            os.link(staged, path)
+    except BaseException:
+        listener.close()
+        raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)
+        os.rmdir(private)
+    return listener
+
+
+def _remove_stale_socket(path: str) -> None:
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise InvalidArgument(f"unix://{path}: a file that is not a socket is in the way")
+    if unix_socket_answers(path):
+        raise AddressInUse(f"unix://{path}")
+    os.unlink(path)
 
 
 def dial_vsock(address: VsockAddress) -> socket.socket:
@@ -241,6 +313,45 @@ def join(a: socket.socket, b: socket.socket) -> None:
         b.close()
 
 
+class PeerTable:
+    """Who is on the far side of each relayed connection, for the server behind the relay.
+
+    The relay binds its upstream unix socket to an autobound abstract name before it
+    connects, so the gRPC server sees that name as its peer ("unix-abstract:0a1b2");
+    this table maps the name to the relay's own caller ("vsock:2:49152", "unix:uid=0,...").
+    Autobinding lets the kernel pick a name no other process holds.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callers: dict[str, str] = {}
+
+    def dial(self, path: str, caller: str) -> tuple[socket.socket, str]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind("")  # Autobind: a fresh abstract name chosen by the kernel.
+            name = bytes(sock.getsockname())[1:].decode()
+            with self._lock:
+                self._callers[name] = caller
+            sock.connect(path)
+        except OSError:
+            sock.close()
+            raise
+        return sock, name
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._callers.pop(name, None)
+
+    def caller(self, grpc_peer: str) -> str:
+        """The relayed caller behind grpc's peer string, or that string itself."""
+        scheme, _, name = grpc_peer.partition(":")
+        if scheme == "unix-abstract":
+            with self._lock:
+                return self._callers.get(name, grpc_peer)
+        return grpc_peer
+
+
 class SocketRelay:
     """Accepts on a listener and joins each admitted connection to a freshly dialled one."""
 
@@ -256,6 +367,7 @@ class SocketRelay:
         self._admit = admit
         self._name = name
         self._wake_read, self._wake_write = os.pipe()
+        self._closed = False
         self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
 
     def start(self) -> SocketRelay:
@@ -263,9 +375,14 @@ class SocketRelay:
         return self
 
     def close(self) -> None:
-        """Stop accepting. Connections already relayed run on until their peers close them."""
+        """Stop accepting. Connections already relayed run on until their peers close them.
+        A second call, or one on a relay never started, is harmless."""
+        if self._closed:
+            return
+        self._closed = True
         os.write(self._wake_write, b"x")
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=5)
         self.listener.close()
         os.close(self._wake_read)
         os.close(self._wake_write)
@@ -295,6 +412,52 @@ class SocketRelay:
             conn.close()
             return
         join(conn, upstream)
+
+
+class NamedRelay(SocketRelay):
+    """A relay to a local unix socket that tells the server who each connection's caller is
+    (through a PeerTable): the vsock CID and port, or the unix caller's credentials."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        upstream: str,
+        peers: PeerTable,
+        admit: Callable[[Any], bool] = lambda peer: True,
+        name: str = "relay",
+    ) -> None:
+        super().__init__(listener, dial=lambda: dial_unix(upstream), admit=admit, name=name)
+        self._upstream = upstream
+        self._peers = peers
+
+    def _relay_one(self, conn: socket.socket, peer: Any) -> None:
+        caller = describe_peer(conn, peer)
+        try:
+            upstream, name = self._peers.dial(self._upstream, caller)
+        except OSError as e:
+            log.warning("relay_dial_failed", relay=self._name, peer=caller, error=str(e))
+            conn.close()
+            return
+        try:
+            join(conn, upstream)
+        finally:
+            self._peers.forget(name)
+
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid.
+
+
+def describe_peer(conn: socket.socket, peer: Any) -> str:
+    """'vsock:CID:PORT' for a vsock caller, 'unix:uid=U,gid=G,pid=P' (SO_PEERCRED) for unix."""
+    if conn.family == socket.AF_VSOCK:
+        cid, port = peer
+        return f"vsock:{cid}:{port}"
+    if conn.family == socket.AF_UNIX:
+        pid, uid, gid = _UCRED.unpack(
+            conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        )
+        return f"unix:uid={uid},gid={gid},pid={pid}"
+    return str(peer)
 
 
 def vsock_admitter(allowed_cids: frozenset[int]) -> Callable[[Any], bool]:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
 import shutil
 import signal
+import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -22,12 +27,14 @@ from guestagent.ops.hotplug import HotplugWatcher
 from guestagent.ops.swap import SwapManager
 from guestagent.transport import (
     Address,
-    SocketRelay,
+    AddressInUse,
+    NamedRelay,
+    PeerTable,
     TcpAddress,
     UnixAddress,
     VsockAddress,
-    dial_unix,
     grpc_target,
+    open_unix_listener,
     open_vsock_listener,
     vsock_admitter,
 )
@@ -63,15 +70,22 @@ class Agent:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.server_max_unrequested_time_in_server", MAX_UNREQUESTED_SECONDS),
+                # grpc sets SO_REUSEPORT by default: a second agent would then share the
+                # port and get half the calls. A taken port must fail the second start.
+                ("grpc.so_reuseport", 0),
             ]
         )
         self.health = health.aio.HealthServicer()
-        self.relays: list[SocketRelay] = []
+        self.relays: list[NamedRelay] = []
+        self.peers = PeerTable()
         self.bound: list[str] = []
+        self._unix_paths: list[tuple[str, int]] = []
         self._private_dir: Path | None = None
         self.hotplug = HotplugWatcher(config.fs, config.online_memory or "online")
         pb_grpc.add_MemoryAgentServicer_to_server(
-            MemoryAgentServicer(config.fs, self.stopping, SwapManager(config.fs), self.hotplug),
+            MemoryAgentServicer(
+                config.fs, self.stopping, SwapManager(config.fs), self.hotplug, self.peers
+            ),
             self.server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -80,8 +94,13 @@ class Agent:
         )
 
     async def start(self) -> None:
-        for address in self.config.listen:
-            self._bind(address)
+        # Every address is bound before anything starts, so a taken one leaves nothing behind.
+        try:
+            for address in self.config.listen:
+                self._bind(address)
+        except BaseException:
+            self._release()
+            raise
         await self.server.start()
         for relay in self.relays:
             relay.start()
@@ -94,43 +113,63 @@ class Agent:
 
     def _bind(self, address: Address) -> None:
         if isinstance(address, UnixAddress):
-            Path(address.path).unlink(missing_ok=True)
-            self._add_port(grpc_target(address))
-            # Only root in the guest may call: a container must not set its own limits.
-            os.chmod(address.path, 0o600)
+            # Through a relay, as vsock is: it reads the caller's uid with SO_PEERCRED for
+            # the audit log. Mode 0600: only root in the guest may call, since a container
+            # must not set its own limits.
+            listener = open_unix_listener(address.path, 0o600)
+            self._unix_paths.append((address.path, os.lstat(address.path).st_ino))
+            self._relay(listener, f"unix-{Path(address.path).name}")
             self.bound.append(f"unix://{address.path}")
         elif isinstance(address, TcpAddress):
+            if tcp_port_in_use(address.host, address.port):
+                raise AddressInUse(f"tcp://{grpc_target(address)}")
             port = self._add_port(grpc_target(address))
             if not address.is_loopback:
                 log.warning("tcp_listen_not_loopback", host=address.host, port=port)
             self.bound.append(f"tcp://{grpc_target(TcpAddress(address.host, port))}")
         elif isinstance(address, VsockAddress):
-            upstream = self._private_socket()
             listener = open_vsock_listener(address)
-            self.relays.append(
-                SocketRelay(
-                    listener,
-                    dial=lambda: dial_unix(upstream),
-                    admit=vsock_admitter(self.config.allowed_cids),
-                    name=f"vsock-{address.port}",
-                )
-            )
+            self._relay(listener, f"vsock-{address.port}", vsock_admitter(self.config.allowed_cids))
             self.bound.append(f"vsock://{listener.getsockname()[0]}:{address.port}")
         else:
             raise errors.InvalidArgument(f"cannot listen on {address}")
 
+    def _relay(
+        self,
+        listener: socket.socket,
+        name: str,
+        admit: Callable[[Any], bool] = lambda peer: True,
+    ) -> None:
+        upstream = self._private_socket()
+        self.relays.append(NamedRelay(listener, upstream, self.peers, admit=admit, name=name))
+
     def _add_port(self, target: str) -> int:
-        port: int = self.server.add_insecure_port(target)
+        try:
+            port: int = self.server.add_insecure_port(target)
+        except RuntimeError:
+            port = 0  # grpcio raises where older versions returned 0; neither gives the errno.
         if port == 0:
-            raise errors.FailedPrecondition(f"cannot bind {target}")
+            raise errors.FailedPrecondition(f"cannot bind {target} (grpc's log line says why)")
         return port
 
     def _private_socket(self) -> str:
-        """The unix socket vsock relays dial: in a 0700 directory only this process can enter."""
+        """The unix socket relays dial: in a 0700 directory only this process can enter."""
         if self._private_dir is None:
             self._private_dir = Path(tempfile.mkdtemp(prefix="guestagent-"))
-            self._add_port(f"unix://{self._private_dir / 'grpc.sock'}")
+            path = self._private_dir / "grpc.sock"
+            self._add_port(f"unix://{path}")
         return str(self._private_dir / "grpc.sock")
+
+    def _release(self) -> None:
+        """Close relays and remove the sockets this agent created (not one that replaced ours)."""
+        for relay in self.relays:
+            relay.close()
+        for path, inode in self._unix_paths:
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_ino == inode:
+                    os.unlink(path)
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
 
     async def stop(self) -> None:
         log.info("stopping", grace_seconds=self.config.grace_seconds)
@@ -140,9 +179,29 @@ class Agent:
         self.stopping.set()  # Ends watch streams, so only unary calls hold the grace period.
         self.hotplug.stop()
         await self.server.stop(self.config.grace_seconds)
-        if self._private_dir is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
+        self._release()
         log.info("stopped")
+
+
+def tcp_port_in_use(host: str, port: int) -> bool:
+    """Whether a listener holds host:port. Asked before grpc binds, because grpc neither
+    says why a bind failed nor keeps its own log line about it off stderr."""
+    if port == 0:
+        return False
+    try:
+        resolved = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return False  # grpc's own bind reports the bad name.
+    for family, kind, proto, _, sockaddr in resolved:
+        with socket.socket(family, kind, proto) as probe:
+            # As grpc binds: SO_REUSEADDR, so only a listener (not TIME_WAIT) is in the way.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return True
+    return False
 
 
 async def serve(config: ServerConfig) -> None:

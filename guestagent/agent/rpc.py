@@ -1,53 +1,42 @@
-"""The MemoryAgent servicer: each RPC validates, calls an operation, and encodes the answer.
+"""The MemoryAgent servicer: each RPC decodes (wire), calls an operation, and encodes (wire).
 
-Domain errors become status codes in one table (STATUS_BY_ERROR); everything else is a bug
-and is logged with its traceback before the caller sees INTERNAL.
+The decorators hold what every call shares: domain errors become status codes through one
+table (STATUS_BY_ERROR), anything else is a bug, logged with its traceback before the
+caller sees INTERNAL, and each state-changing call leaves one audit line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from guestagent import errors
-from guestagent.agent.wire import (
-    applied_limits_pb,
-    compact_result_pb,
-    enable_swap_spec_from_pb,
-    memory_info_pb,
-    memory_spec_from_pb,
-    online_result_pb,
-    overhead_pb,
-    reclaim_result_pb,
-    selector_from_pb,
-    swap_area_pb,
-)
+from guestagent.agent import wire
+from guestagent.agent.audit import audit
+from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
-from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.meminfo import read_report
-from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, pressure_trigger_spec
-from guestagent.ops.compaction import Compactor
-from guestagent.ops.hotplug import HotplugWatcher
-from guestagent.ops.limits import apply_memory_limits
-from guestagent.ops.overhead import guest_overhead
-from guestagent.ops.reclaim import reclaim
-from guestagent.ops.swap import SwapManager
+from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.ops.compaction import Compactor, CompactResult
+from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
+from guestagent.ops.limits import AppliedLimits, apply_memory_limits
+from guestagent.ops.overhead import GuestOverhead, guest_overhead
+from guestagent.ops.reclaim import ReclaimResult, reclaim
+from guestagent.ops.swap import EnableSwapSpec, SwapArea, SwapManager
+from guestagent.transport import PeerTable
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
 log = EventLog("guestagent.rpc")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MemoryAgent"].full_name
-DEFAULT_WATCH_INTERVAL_MS = 1000
-MIN_WATCH_INTERVAL_MS = 100
-# Signals that arrive within this long of each other are sent as one message.
-COALESCE_SECONDS = 0.01
 DEADLINE_MARGIN_SECONDS = 0.05
 
 STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {
@@ -57,188 +46,181 @@ STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.KernelFormat: grpc.StatusCode.INTERNAL,
+    errors.Internal: grpc.StatusCode.INTERNAL,
 }
 
 
-def status_for(error: errors.AgentError) -> grpc.StatusCode:
-    for cls in type(error).__mro__:
-        if cls in STATUS_BY_ERROR:
-            return STATUS_BY_ERROR[cls]
-    return grpc.StatusCode.INTERNAL
+def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status code and details a caller sees for an exception out of an operation."""
+    if isinstance(error, errors.AgentError):
+        for cls in type(error).__mro__:
+            if cls in STATUS_BY_ERROR:
+                return STATUS_BY_ERROR[cls], str(error)
+        return grpc.StatusCode.INTERNAL, str(error)
+    return grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}"
 
 
-Response = TypeVar("Response")
-Handler = Callable[[Any, Any, Any], Awaitable[Response]]
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
+Spec = TypeVar("Spec")
+Result = TypeVar("Result")
+if TYPE_CHECKING:  # grpc.aio.ServicerContext is generic only in its type stubs.
+    Context: TypeAlias = grpc.aio.ServicerContext[Req, Resp]
 
 
-def unary(method: Handler[Response]) -> Handler[Response]:
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: Any) -> Response:
-        try:
-            return await method(self, request, context)
-        except errors.AgentError as e:
-            await context.abort(status_for(e), str(e))
-            raise  # abort() raises; this line only satisfies the type checker.
-        except Exception as e:
-            log.error("rpc_failed", exc=True, method=method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-            raise
+def unary(
+    decode: Callable[[Req], Spec],
+    encode: Callable[[Result], Resp],
+    *,
+    audited: bool = False,
+) -> Callable[
+    [Callable[[MemoryAgentServicer, Spec, Context[Req, Resp]], Awaitable[Result]]],
+    Callable[[MemoryAgentServicer, Req, Context[Req, Resp]], Awaitable[Resp]],
+]:
+    """An RPC method from its operation: decode, call, encode, map errors, audit."""
 
-    return wrapper
+    def decorate(
+        call: Callable[[MemoryAgentServicer, Spec, Context[Req, Resp]], Awaitable[Result]],
+    ) -> Callable[[MemoryAgentServicer, Req, Context[Req, Resp]], Awaitable[Resp]]:
+        method = call.__name__
+
+        @functools.wraps(call)
+        async def rpc(self: MemoryAgentServicer, request: Req, context: Context[Req, Resp]) -> Resp:
+            started = time.monotonic()
+            # Looked up first: a relayed caller's connection may be gone when the call ends.
+            peer = self.peers.caller(context.peer()) if audited else ""
+            code, details = grpc.StatusCode.OK, ""
+            try:
+                return encode(await call(self, decode(request), context))
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as e:
+                code, details = status_for(e)
+                if not isinstance(e, errors.AgentError):
+                    log.error("rpc_failed", exc=True, method=method)
+            finally:
+                if audited:
+                    audit(method, peer, request, code, time.monotonic() - started, details)
+            await context.abort(code, details)
+
+        return rpc
+
+    return decorate
 
 
 def streaming(
-    method: Callable[[Any, Any, Any], AsyncIterator[Response]],
-) -> Callable[[Any, Any, Any], AsyncIterator[Response]]:
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Response]:
-        try:
-            async for item in method(self, request, context):
-                yield item
-        except errors.AgentError as e:
-            await context.abort(status_for(e), str(e))
-        except Exception as e:
-            log.error("rpc_failed", exc=True, method=method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+    decode: Callable[[Req], Spec],
+    encode: Callable[[Result], Resp],
+) -> Callable[
+    [Callable[[MemoryAgentServicer, Spec], AsyncIterator[Result]]],
+    Callable[[MemoryAgentServicer, Req, Context[Req, Resp]], AsyncIterator[Resp]],
+]:
+    """A server-streaming RPC method from an async generator of domain values."""
 
-    return wrapper
+    def decorate(
+        call: Callable[[MemoryAgentServicer, Spec], AsyncIterator[Result]],
+    ) -> Callable[[MemoryAgentServicer, Req, Context[Req, Resp]], AsyncIterator[Resp]]:
+        @functools.wraps(call)
+        async def rpc(
+            self: MemoryAgentServicer, request: Req, context: Context[Req, Resp]
+        ) -> AsyncIterator[Resp]:
+            try:
+                async for item in call(self, decode(request)):
+                    yield encode(item)
+            except Exception as e:
+                code, details = status_for(e)
+                if not isinstance(e, errors.AgentError):
+                    log.error("rpc_failed", exc=True, method=call.__name__)
+                await context.abort(code, details)
+
+        return rpc
+
+    return decorate
 
 
-def watch_interval_seconds(interval_ms: int) -> float:
-    if interval_ms == 0:
-        return DEFAULT_WATCH_INTERVAL_MS / 1000
-    if interval_ms < MIN_WATCH_INTERVAL_MS:
-        raise errors.InvalidArgument(
-            f"watch interval {interval_ms} ms is below the minimum {MIN_WATCH_INTERVAL_MS} ms"
-        )
-    return interval_ms / 1000
+class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
+    # Swap, limit and reclaim calls block on the kernel (mkswap, swapon, reclaim on
+    # memory.max), so they run in threads and never stall other calls or watch streams.
 
-
-class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
     def __init__(
         self,
         fs: KernelFS,
         stopping: asyncio.Event,
         swaps: SwapManager,
         hotplug: HotplugWatcher,
+        peers: PeerTable | None = None,
     ) -> None:
         self.fs = fs
         self._stopping = stopping
         self.swaps = swaps
         self.compactor = Compactor(fs)
         self.hotplug = hotplug
-        self._page_size = os.sysconf("SC_PAGE_SIZE")
+        self.peers = peers or PeerTable()
 
-    @unary
+    @unary(wire.cgroups_from_pb, wire.memory_info_pb)
+    async def GetMemoryInfo(
+        self, cgroups: tuple[str, ...], context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
+    ) -> MemoryReport:
+        return read_report(self.fs, cgroups)
+
+    @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
+    def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:
+        return watch_memory(self.fs, spec, self._stopping)
+
+    @unary(wire.enable_swap_spec_from_pb, wire.swap_area_pb, audited=True)
+    async def EnableSwap(
+        self, spec: EnableSwapSpec, context: Context[pb.EnableSwapRequest, pb.SwapArea]
+    ) -> SwapArea:
+        return await asyncio.to_thread(self.swaps.enable, spec)
+
+    @unary(wire.disable_swap_from_pb, wire.swap_area_pb, audited=True)
+    async def DisableSwap(
+        self, selector: DeviceSelector, context: Context[pb.DisableSwapRequest, pb.SwapArea]
+    ) -> SwapArea:
+        return await asyncio.to_thread(self.swaps.disable, selector)
+
+    @unary(wire.list_swaps_from_pb, wire.swap_list_pb)
+    async def ListSwaps(
+        self, _: None, context: Context[pb.ListSwapsRequest, pb.ListSwapsResponse]
+    ) -> list[SwapArea]:
+        return await asyncio.to_thread(self.swaps.list)
+
+    @unary(wire.set_limits_spec_from_pb, wire.applied_limits_pb, audited=True)
     async def SetMemoryLimits(
-        self, request: pb.SetMemoryLimitsRequest, context: Any
-    ) -> pb.AppliedLimits:
-        spec = memory_spec_from_pb(request.memory)
-        applied = await asyncio.to_thread(
-            apply_memory_limits, self.fs, request.cgroup, spec, request.create
+        self,
+        spec: wire.SetLimitsSpec,
+        context: Context[pb.SetMemoryLimitsRequest, pb.AppliedLimits],
+    ) -> AppliedLimits:
+        return await asyncio.to_thread(
+            apply_memory_limits, self.fs, spec.cgroup, spec.memory, spec.create
         )
-        return applied_limits_pb(applied)
 
-    @unary
-    async def Compact(self, request: pb.CompactRequest, context: Any) -> pb.CompactResult:
-        node = request.node if request.HasField("node") else None
+    @unary(wire.compact_node_from_pb, wire.compact_result_pb, audited=True)
+    async def Compact(
+        self, node: int | None, context: Context[pb.CompactRequest, pb.CompactResult]
+    ) -> CompactResult:
         remaining = context.time_remaining()
         # Answer just before the caller's deadline, so it hears why rather than a bare timeout.
         timeout = max(0.0, remaining - DEADLINE_MARGIN_SECONDS) if remaining is not None else None
-        return compact_result_pb(await self.compactor.compact(node, timeout), self._page_size)
+        return await self.compactor.compact(node, timeout)
 
-    @unary
-    async def Reclaim(self, request: pb.ReclaimRequest, context: Any) -> pb.ReclaimResult:
-        result = await asyncio.to_thread(
-            reclaim, self.fs, request.cgroup, request.bytes, request.drop_caches
-        )
-        return reclaim_result_pb(result)
+    @unary(wire.reclaim_spec_from_pb, wire.reclaim_result_pb, audited=True)
+    async def Reclaim(
+        self, spec: wire.ReclaimSpec, context: Context[pb.ReclaimRequest, pb.ReclaimResult]
+    ) -> ReclaimResult:
+        return await asyncio.to_thread(reclaim, self.fs, spec.cgroup, spec.bytes, spec.drop_caches)
 
-    @unary
+    @unary(wire.online_memory_from_pb, wire.online_result_pb, audited=True)
     async def OnlineMemory(
-        self, request: pb.OnlineMemoryRequest, context: Any
-    ) -> pb.OnlineMemoryResult:
-        return online_result_pb(await asyncio.to_thread(self.hotplug.online_now))
+        self, _: None, context: Context[pb.OnlineMemoryRequest, pb.OnlineMemoryResult]
+    ) -> OnlineResult:
+        return await asyncio.to_thread(self.hotplug.online_now)
 
-    @unary
+    @unary(wire.workloads_from_pb, wire.overhead_pb)
     async def GetGuestOverhead(
-        self, request: pb.GetGuestOverheadRequest, context: Any
-    ) -> pb.GuestOverhead:
-        return overhead_pb(guest_overhead(self.fs, tuple(request.workload_cgroups)))
-
-    # Swap and limit changes block on the kernel (mkswap, swapon, reclaim on memory.max),
-    # so they run in threads and never stall other calls or watch streams.
-
-    @unary
-    async def EnableSwap(self, request: pb.EnableSwapRequest, context: Any) -> pb.SwapArea:
-        spec = enable_swap_spec_from_pb(request)
-        return swap_area_pb(await asyncio.to_thread(self.swaps.enable, spec))
-
-    @unary
-    async def DisableSwap(self, request: pb.DisableSwapRequest, context: Any) -> pb.SwapArea:
-        selector = selector_from_pb(request.device)
-        return swap_area_pb(await asyncio.to_thread(self.swaps.disable, selector))
-
-    @unary
-    async def ListSwaps(self, request: pb.ListSwapsRequest, context: Any) -> pb.ListSwapsResponse:
-        areas = await asyncio.to_thread(self.swaps.list)
-        return pb.ListSwapsResponse(areas=[swap_area_pb(a) for a in areas])
-
-    @unary
-    async def GetMemoryInfo(self, request: pb.GetMemoryInfoRequest, context: Any) -> pb.MemoryInfo:
-        return memory_info_pb(read_report(self.fs, tuple(request.cgroups)))
-
-    @streaming
-    async def WatchMemory(
-        self, request: pb.WatchMemoryRequest, context: Any
-    ) -> AsyncIterator[pb.MemoryInfo]:
-        interval = watch_interval_seconds(request.interval_ms)
-        names = tuple(request.cgroups)
-        trigger = (
-            pressure_trigger_spec(
-                request.pressure_trigger.stall_us,
-                request.pressure_trigger.window_us,
-                request.pressure_trigger.full,
-            )
-            if request.HasField("pressure_trigger")
-            else PressureTriggerSpec()
-        )
-        first = read_report(self.fs, names)
-        events = {name: cgroup_dir(self.fs, name) / "memory.events" for name in names}
-        with KernelSignals(self.fs, events, trigger) as signals:
-            yield memory_info_pb(first, pb.WATCH_REASON_INITIAL)
-            while True:
-                woke = await self._next_signals(signals, interval)
-                if woke is None:
-                    return
-                changed = tuple(sorted({name for kind, name in woke if name is not None}))
-                if changed:
-                    reason = pb.WATCH_REASON_MEMORY_EVENTS
-                elif woke:
-                    reason = pb.WATCH_REASON_PRESSURE
-                else:
-                    reason = pb.WATCH_REASON_INTERVAL
-                yield memory_info_pb(read_report(self.fs, names), reason, changed)
-
-    async def _next_signals(
-        self, signals: KernelSignals, interval: float
-    ) -> list[tuple[Signal, str | None]] | None:
-        """Wait for kernel signals (coalesced) or the interval; None when the server stops."""
-        getter = asyncio.ensure_future(signals.queue.get())
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {getter, stopper}, timeout=interval, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            getter.cancel()
-            stopper.cancel()
-        if stopper in done:
-            return None
-        if getter not in done:
-            return []
-        woke = [getter.result()]
-        await asyncio.sleep(COALESCE_SECONDS)
-        while not signals.queue.empty():
-            woke.append(signals.queue.get_nowait())
-        return woke
+        self,
+        workloads: tuple[str, ...],
+        context: Context[pb.GetGuestOverheadRequest, pb.GuestOverhead],
+    ) -> GuestOverhead:
+        return guest_overhead(self.fs, workloads)

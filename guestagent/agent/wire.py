@@ -1,11 +1,24 @@
-"""Protobuf messages to domain values and back, so the modules stay free of gRPC."""
+"""Protobuf messages to domain values and back, so the modules stay free of gRPC.
+
+Every request has a decoder (`*_from_pb`) that checks what protobuf cannot and returns plain
+values or frozen dataclasses; every response has an encoder (`*_pb`). Nothing here computes.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from guestagent.agent.watch_stream import (
+    WatchReason,
+    WatchSpec,
+    WatchUpdate,
+    watch_interval_seconds,
+)
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
-from guestagent.ops.compaction import CompactResult, free_bytes_at_or_above
+from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
+from guestagent.ops.compaction import CompactResult
 from guestagent.ops.hotplug import OnlineResult
 from guestagent.ops.limits import AppliedLimits, MemorySpec
 from guestagent.ops.overhead import GuestOverhead
@@ -20,6 +33,66 @@ DISCARD_TO_PB = {
     DiscardPolicy.NONE: pb.DISCARD_NONE,
 }
 DISCARD_FROM_PB = {v: k for k, v in DISCARD_TO_PB.items()}
+WATCH_REASON_TO_PB = {
+    WatchReason.INITIAL: pb.WATCH_REASON_INITIAL,
+    WatchReason.INTERVAL: pb.WATCH_REASON_INTERVAL,
+    WatchReason.MEMORY_EVENTS: pb.WATCH_REASON_MEMORY_EVENTS,
+    WatchReason.PRESSURE: pb.WATCH_REASON_PRESSURE,
+}
+
+
+@dataclass(frozen=True)
+class SetLimitsSpec:
+    cgroup: str
+    memory: MemorySpec
+    create: bool = False
+
+
+@dataclass(frozen=True)
+class ReclaimSpec:
+    cgroup: str
+    bytes: int
+    drop_caches: int = 0
+
+
+# ListSwaps and OnlineMemory take no arguments: their decoders have nothing to check.
+
+
+def list_swaps_from_pb(request: pb.ListSwapsRequest) -> None:
+    return None
+
+
+def online_memory_from_pb(request: pb.OnlineMemoryRequest) -> None:
+    return None
+
+
+def cgroups_from_pb(request: pb.GetMemoryInfoRequest) -> tuple[str, ...]:
+    return tuple(request.cgroups)
+
+
+def workloads_from_pb(request: pb.GetGuestOverheadRequest) -> tuple[str, ...]:
+    return tuple(request.workload_cgroups)
+
+
+def watch_spec_from_pb(request: pb.WatchMemoryRequest) -> WatchSpec:
+    trigger = (
+        pressure_trigger_spec(
+            request.pressure_trigger.stall_us,
+            request.pressure_trigger.window_us,
+            request.pressure_trigger.full,
+        )
+        if request.HasField("pressure_trigger")
+        else PressureTriggerSpec()
+    )
+    return WatchSpec(tuple(request.cgroups), watch_interval_seconds(request.interval_ms), trigger)
+
+
+def compact_node_from_pb(request: pb.CompactRequest) -> int | None:
+    return request.node if request.HasField("node") else None
+
+
+def reclaim_spec_from_pb(request: pb.ReclaimRequest) -> ReclaimSpec:
+    return ReclaimSpec(request.cgroup, request.bytes, request.drop_caches)
 
 
 def limit_pb(value: int | None) -> pb.Limit:
@@ -63,7 +136,7 @@ def cgroup_pb(cgroup: CgroupMemory) -> pb.CgroupMemory:
 
 def memory_info_pb(
     report: MemoryReport,
-    reason: pb.WatchReason = pb.WATCH_REASON_UNSPECIFIED,
+    reason: pb.WatchReason.ValueType = pb.WATCH_REASON_UNSPECIFIED,
     changed: tuple[str, ...] = (),
 ) -> pb.MemoryInfo:
     system = report.system
@@ -86,6 +159,10 @@ def memory_info_pb(
     if report.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(report.pressure))
     return message
+
+
+def watch_update_pb(update: WatchUpdate) -> pb.MemoryInfo:
+    return memory_info_pb(update.report, WATCH_REASON_TO_PB[update.reason], update.changed)
 
 
 def selector_from_pb(message: pb.DeviceSelector) -> DeviceSelector:
@@ -112,6 +189,10 @@ def enable_swap_spec_from_pb(request: pb.EnableSwapRequest) -> EnableSwapSpec:
     )
 
 
+def disable_swap_from_pb(request: pb.DisableSwapRequest) -> DeviceSelector:
+    return selector_from_pb(request.device)
+
+
 def swap_area_pb(area: SwapArea) -> pb.SwapArea:
     message = pb.SwapArea(
         device=area.device,
@@ -131,12 +212,19 @@ def swap_area_pb(area: SwapArea) -> pb.SwapArea:
     return message
 
 
-# cgroup v1 knobs with no cgroup v2 file: refusing them beats silently dropping them.
-V1_ONLY_FIELDS = ("kernel", "kernel_tcp", "swappiness", "disable_oom_killer")
+def swap_list_pb(areas: list[SwapArea]) -> pb.ListSwapsResponse:
+    return pb.ListSwapsResponse(areas=[swap_area_pb(a) for a in areas])
 
 
 def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
-    given = [name for name in V1_ONLY_FIELDS if memory.HasField(name)]
+    # cgroup v1 knobs with no cgroup v2 file: refusing them beats silently dropping them.
+    v1_only = {
+        "kernel": memory.HasField("kernel"),
+        "kernel_tcp": memory.HasField("kernel_tcp"),
+        "swappiness": memory.HasField("swappiness"),
+        "disable_oom_killer": memory.HasField("disable_oom_killer"),
+    }
+    given = [name for name, is_set in v1_only.items() if is_set]
     if given:
         values = ", ".join(f"{name}={getattr(memory, name)}" for name in given)
         raise InvalidArgument(
@@ -149,6 +237,10 @@ def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
     )
 
 
+def set_limits_spec_from_pb(request: pb.SetMemoryLimitsRequest) -> SetLimitsSpec:
+    return SetLimitsSpec(request.cgroup, memory_spec_from_pb(request.memory), request.create)
+
+
 def applied_limits_pb(applied: AppliedLimits) -> pb.AppliedLimits:
     return pb.AppliedLimits(
         memory_max=applied.memory_max,
@@ -159,22 +251,16 @@ def applied_limits_pb(applied: AppliedLimits) -> pb.AppliedLimits:
     )
 
 
-HUGE_ORDER = 9  # 2 MiB blocks with 4 KiB pages: pageblock_order on x86-64.
-
-
-def compact_result_pb(result: CompactResult, page_size: int) -> pb.CompactResult:
+def compact_result_pb(result: CompactResult) -> pb.CompactResult:
     return pb.CompactResult(
         duration_us=int(result.duration_s * 1e6),
         free_blocks_before=result.free_blocks_before,
         free_blocks_after=result.free_blocks_after,
-        free_huge_bytes_before=free_bytes_at_or_above(
-            result.free_blocks_before, HUGE_ORDER, page_size
-        ),
-        free_huge_bytes_after=free_bytes_at_or_above(
-            result.free_blocks_after, HUGE_ORDER, page_size
-        ),
+        free_huge_bytes_before=result.free_huge_bytes_before,
+        free_huge_bytes_after=result.free_huge_bytes_after,
         counters=result.counters,
         shared=result.shared,
+        huge_block_bytes=result.huge_block_bytes,
     )
 
 

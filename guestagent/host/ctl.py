@@ -175,7 +175,7 @@ def _swap_enable_arguments(parser: argparse.ArgumentParser) -> None:
 def _swap_enable(client: AgentClient, args: argparse.Namespace) -> str:
     request = pb.EnableSwapRequest(
         device=_selector(args),
-        discard=f"DISCARD_{args.discard.upper()}",
+        discard=pb.DiscardPolicy.Value(f"DISCARD_{args.discard.upper()}"),
         wait_ms=args.wait_ms,
         force=args.force,
         label=args.label,

@@ -8,6 +8,8 @@ taking. The kernel's write blocks until compaction ends; concurrent callers shar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,9 @@ from guestagent.linux.fs import KernelFS
 
 log = EventLog("guestagent.ops.compaction")
 
+# Free page reporting and THP work on pageblocks: order 9, 2 MiB with x86-64's 4 KiB pages.
+HUGE_ORDER = 9
+
 
 @dataclass(frozen=True)
 class CompactResult:
@@ -26,6 +31,9 @@ class CompactResult:
     free_blocks_before: tuple[int, ...]  # Free blocks per order, summed over zones.
     free_blocks_after: tuple[int, ...]
     counters: dict[str, int]  # /proc/vmstat compact_* deltas.
+    huge_block_bytes: int  # The size of an order-HUGE_ORDER block.
+    free_huge_bytes_before: int  # Free bytes in blocks of huge_block_bytes or more.
+    free_huge_bytes_after: int
     shared: bool = False  # This caller joined a run already under way.
 
 
@@ -71,8 +79,9 @@ def free_bytes_at_or_above(free_blocks: tuple[int, ...], order: int, page_size: 
 class Compactor:
     """Runs one compaction per node at a time; callers arriving meanwhile share its result."""
 
-    def __init__(self, fs: KernelFS) -> None:
+    def __init__(self, fs: KernelFS, page_size: int | None = None) -> None:
         self.fs = fs
+        self.page_size = page_size or os.sysconf("SC_PAGE_SIZE")
         self._running: dict[int | None, asyncio.Task[CompactResult]] = {}
 
     def _trigger_path(self, node: int | None) -> Path:
@@ -94,14 +103,18 @@ class Compactor:
         started = time.monotonic()
         self.fs.write(path, "1")
         duration = time.monotonic() - started
+        buddy_after = parse_buddyinfo(self.fs.read(self.fs.proc("buddyinfo")), node)
         result = CompactResult(
             node=node,
             duration_s=duration,
             free_blocks_before=buddy_before,
-            free_blocks_after=parse_buddyinfo(self.fs.read(self.fs.proc("buddyinfo")), node),
+            free_blocks_after=buddy_after,
             counters=counter_deltas(
                 vmstat_before, parse_vmstat(self.fs.read(self.fs.proc("vmstat")), "compact_")
             ),
+            huge_block_bytes=self.page_size << HUGE_ORDER,
+            free_huge_bytes_before=free_bytes_at_or_above(buddy_before, HUGE_ORDER, self.page_size),
+            free_huge_bytes_after=free_bytes_at_or_above(buddy_after, HUGE_ORDER, self.page_size),
         )
         log.info("compacted", node=node, duration_s=round(duration, 3), **result.counters)
         return result
@@ -123,5 +136,5 @@ class Compactor:
                 f"after {timeout_s:.2f} s; it goes on in the kernel and the next call shares it"
             ) from None
         if shared:
-            return CompactResult(**{**result.__dict__, "shared": True})
+            return dataclasses.replace(result, shared=True)
         return result

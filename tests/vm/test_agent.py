@@ -116,3 +116,49 @@ def test_allow_cid_admits_the_loopback_peer(vm: GuestVM, pace: Pace) -> None:
         assert reported == meminfo["MemTotal"]
     finally:
         vm.exec("kill $(cat /run/agent2.pid); true")
+
+
+GUESTAGENT = "/opt/guestagent/bin/guestagent"
+
+
+def test_a_second_agent_on_the_vsock_port_fails_naming_it(vm: GuestVM, agent: AgentClient) -> None:
+    result = vm.exec(
+        [GUESTAGENT, "serve", "--listen", f"vsock://:{DEFAULT_VSOCK_PORT}"], check=False
+    )
+    assert result.rc == 1, result
+    (line,) = result.stderr.splitlines()
+    error = json.loads(line)["error"]
+    assert error.startswith(f"vsock://:{DEFAULT_VSOCK_PORT} is in use: another agent")
+    assert "kata-agent" in error
+    assert agent.health("") == "SERVING"  # The first agent keeps its port.
+
+
+def test_relayed_calls_are_audited_with_the_vsock_cid_and_the_unix_uid(
+    vm: GuestVM, pace: Pace
+) -> None:
+    port = DEFAULT_VSOCK_PORT + 1
+    vm.exec(
+        f"{GUESTAGENT} serve --listen vsock://:{port} --listen unix:///run/agent3.sock "
+        "--allow-cid 1 </dev/null >/run/agent3.log 2>&1 & echo $! > /run/agent3.pid"
+    )
+    try:
+        starting = Deadline(pace.scale(90))
+        wait_until(
+            lambda: guestctl(vm, f"vsock://1:{port}", "compact", deadline=starting).rc == 0,
+            starting.remaining(),
+            "a Compact over vsock to the second agent",
+        )
+        done = guestctl(vm, "unix:///run/agent3.sock", "compact", deadline=Deadline(pace.scale(30)))
+        assert done.rc == 0, done.stderr
+        lines = [
+            json.loads(line)
+            for line in vm.exec(["cat", "/run/agent3.log"]).stdout.splitlines()
+            if line.startswith("{")
+        ]
+    finally:
+        vm.exec("kill $(cat /run/agent3.pid); true")
+    audits = [e for e in lines if e["event"] == "audit" and e["code"] == "OK"]
+    assert [e["method"] for e in audits[-2:]] == ["Compact", "Compact"]
+    vsock, unix = audits[-2:]
+    assert str(vsock["peer"]).startswith("vsock:1:"), vsock
+    assert str(unix["peer"]).startswith("unix:uid=0,gid=0,pid="), unix

@@ -43,4 +43,6 @@ def test_kernel_errors_reach_the_caller_as_their_status(number: int, code: grpc.
     error = kernel_error(
         "write", "/proc/sys/vm/compact_memory", "1", OSError(number, os.strerror(number))
     )
-    assert status_for(error) == code
+    status, message = status_for(error)
+    assert status == code
+    assert "/proc/sys/vm/compact_memory" in message

@@ -1,0 +1,65 @@
+"""One audit line per state-changing call: who asked for what, what came of it, how long.
+
+The line is written when the call ends, whatever the outcome: a refusal or a rollback is
+as much worth knowing as a change. The caller's own request is logged as it arrived (not
+as decoded), so a request refused before decoding is on record too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from google.protobuf.message import Message
+
+from guestagent.jsonlog import EventLog
+
+LOGGER = "guestagent.audit"
+# Audit lines stay on whatever --log-level says: they are the record of who changed what.
+logging.getLogger(LOGGER).setLevel(logging.INFO)
+log = EventLog(LOGGER)
+
+Value = str | int | float | bool | list["Value"] | dict[str, "Value"]
+
+
+def message_values(message: Message) -> dict[str, Value]:
+    """The fields a caller set, by name; enums by their names, nested messages as dicts."""
+    values: dict[str, Value] = {}
+    for field, value in message.ListFields():
+        if field.is_repeated:
+            values[field.name] = [_field_value(field, item) for item in value]
+        else:
+            values[field.name] = _field_value(field, value)
+    return values
+
+
+def _field_value(field: object, value: object) -> Value:
+    enum_type = getattr(field, "enum_type", None)
+    if enum_type is not None and isinstance(value, int):
+        described = enum_type.values_by_number.get(value)
+        return described.name if described is not None else value
+    if isinstance(value, Message):
+        return message_values(value)
+    if isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def audit(
+    method: str,
+    peer: str,
+    request: Message,
+    code: grpc.StatusCode,
+    duration_s: float,
+    details: str = "",
+) -> None:
+    fields: dict[str, Value] = {
+        "method": method,
+        "peer": peer,
+        "request": message_values(request),
+        "code": code.name,
+        "duration_ms": round(duration_s * 1000, 3),
+    }
+    if details:
+        fields["error"] = details
+    log.info("audit", **fields)

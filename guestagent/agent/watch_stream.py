@@ -1,0 +1,107 @@
+"""The WatchMemory stream: a report at once, then on every kernel signal or interval.
+
+Kept apart from the servicer so the loop (coalescing, the reason for each message, the end
+on shutdown) is plain asyncio over domain values; wire.py turns each update into protobuf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+
+from guestagent import errors
+from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal
+
+DEFAULT_WATCH_INTERVAL_MS = 1000
+MIN_WATCH_INTERVAL_MS = 100
+# Signals that arrive within this long of each other are sent as one message.
+COALESCE_SECONDS = 0.01
+
+
+class WatchReason(enum.Enum):
+    INITIAL = "initial"
+    INTERVAL = "interval"
+    MEMORY_EVENTS = "memory_events"
+    PRESSURE = "pressure"
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    cgroups: tuple[str, ...] = ()
+    interval_s: float = DEFAULT_WATCH_INTERVAL_MS / 1000
+    trigger: PressureTriggerSpec = field(default_factory=PressureTriggerSpec)
+
+
+@dataclass(frozen=True)
+class WatchUpdate:
+    report: MemoryReport
+    reason: WatchReason
+    changed: tuple[str, ...] = ()  # Cgroups whose memory.events changed.
+
+
+def watch_interval_seconds(interval_ms: int) -> float:
+    """The interval asked for, 0 meaning the default; below the minimum is refused."""
+    if interval_ms == 0:
+        return DEFAULT_WATCH_INTERVAL_MS / 1000
+    if interval_ms < MIN_WATCH_INTERVAL_MS:
+        raise errors.InvalidArgument(
+            f"watch interval {interval_ms} ms is below the minimum {MIN_WATCH_INTERVAL_MS} ms"
+        )
+    return interval_ms / 1000
+
+
+def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, tuple[str, ...]]:
+    """Why a message goes out: changed cgroups win over pressure, and nothing is the interval."""
+    signals = list(woke)
+    changed = tuple(sorted({name for _, name in signals if name is not None}))
+    if changed:
+        return WatchReason.MEMORY_EVENTS, changed
+    if signals:
+        return WatchReason.PRESSURE, ()
+    return WatchReason.INTERVAL, ()
+
+
+async def watch_memory(
+    fs: KernelFS, spec: WatchSpec, stopping: asyncio.Event
+) -> AsyncIterator[WatchUpdate]:
+    """Updates until `stopping` is set or the caller stops iterating (which frees the
+    inotify watch and the PSI trigger)."""
+    first = read_report(fs, spec.cgroups)  # Checks every name before anything is armed.
+    events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
+    with KernelSignals(fs, events, spec.trigger) as signals:
+        yield WatchUpdate(first, WatchReason.INITIAL)
+        while True:
+            woke = await _next_signals(signals, spec.interval_s, stopping)
+            if woke is None:
+                return
+            reason, changed = reason_for(woke)
+            yield WatchUpdate(read_report(fs, spec.cgroups), reason, changed)
+
+
+async def _next_signals(
+    signals: KernelSignals, interval_s: float, stopping: asyncio.Event
+) -> list[tuple[Signal, str | None]] | None:
+    """Kernel signals (coalesced), [] when the interval passed first, None on shutdown."""
+    getter = asyncio.ensure_future(signals.queue.get())
+    stopper = asyncio.ensure_future(stopping.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {getter, stopper}, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        getter.cancel()
+        stopper.cancel()
+    if stopper in done:
+        return None
+    if getter not in done:
+        return []
+    woke = [getter.result()]
+    await asyncio.sleep(COALESCE_SECONDS)
+    while not signals.queue.empty():
+        woke.append(signals.queue.get_nowait())
+    return woke

@@ -1,0 +1,207 @@
+"""The servicer's shared behaviour: one status table, INTERNAL for bugs, an audit line for
+each state-changing call (success or refusal) with the caller the relay saw."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import NoReturn
+
+import grpc
+import pytest
+
+from guestagent import errors
+from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_for
+from guestagent.errors import kernel_error
+from guestagent.linux.fs import KernelFS
+from guestagent.ops.hotplug import HotplugWatcher
+from guestagent.ops.swap import SwapManager
+from guestagent.transport import PeerTable
+from guestagent.v1 import agent_pb2 as pb
+from tests.fakes.root import FakeRoot
+
+
+class Aborted(Exception):
+    pass
+
+
+class FakeContext:
+    """The parts of grpc.aio.ServicerContext the servicer uses."""
+
+    def __init__(self, peer: str = "ipv4:127.0.0.1:40000") -> None:
+        self._peer = peer
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    def peer(self) -> str:
+        return self._peer
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        self.code, self.details = code, details
+        raise Aborted
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (errors.InvalidArgument("x"), grpc.StatusCode.INVALID_ARGUMENT),
+        (errors.NotFound("x"), grpc.StatusCode.NOT_FOUND),
+        (errors.FailedPrecondition("x"), grpc.StatusCode.FAILED_PRECONDITION),
+        (errors.DeadlineExceeded("x"), grpc.StatusCode.DEADLINE_EXCEEDED),
+        (errors.Aborted("x"), grpc.StatusCode.ABORTED),
+        (errors.KernelFormat("x"), grpc.StatusCode.INTERNAL),
+        (errors.AgentError("x"), grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_status_table(error: errors.AgentError, code: grpc.StatusCode) -> None:
+    assert status_for(error) == (code, "x")
+
+
+def test_a_subclass_takes_its_parents_code() -> None:
+    class DiskBusy(errors.FailedPrecondition):
+        pass
+
+    assert status_for(DiskBusy("/dev/vdb is mounted")) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "/dev/vdb is mounted",
+    )
+
+
+def test_every_domain_error_has_a_row() -> None:
+    leaves = {cls for cls in vars(errors).values() if isinstance(cls, type)}
+    assert {c for c in leaves if issubclass(c, errors.AgentError)} - {errors.AgentError} == set(
+        STATUS_BY_ERROR
+    )
+
+
+def test_a_bug_is_internal_with_its_type() -> None:
+    assert status_for(KeyError("memory.max")) == (
+        grpc.StatusCode.INTERNAL,
+        "KeyError: 'memory.max'",
+    )
+
+
+@pytest.fixture
+def servicer(fake_root: FakeRoot) -> MemoryAgentServicer:
+    fake_root.add_cgroup("pod")
+    fs = fake_root.fs
+    return MemoryAgentServicer(
+        fs, asyncio.Event(), SwapManager(fs), HotplugWatcher(fs, "online"), PeerTable()
+    )
+
+
+def audit_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
+    return [
+        dict(getattr(r, "fields", {}))
+        for r in caplog.records
+        if r.name == "guestagent.audit" and r.getMessage() == "audit"
+    ]
+
+
+async def test_a_refusal_is_aborted_and_audited(
+    servicer: MemoryAgentServicer, caplog: pytest.LogCaptureFixture
+) -> None:
+    context = FakeContext()
+    with caplog.at_level(logging.INFO), pytest.raises(Aborted):
+        await servicer.Reclaim(pb.ReclaimRequest(cgroup="pod", bytes=-5), context)
+    assert context.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "-5" in context.details
+    (line,) = audit_lines(caplog)
+    assert line["method"] == "Reclaim"
+    assert line["peer"] == "ipv4:127.0.0.1:40000"
+    assert line["request"] == {"cgroup": "pod", "bytes": -5}
+    assert line["code"] == "INVALID_ARGUMENT"
+    assert "-5" in str(line["error"])
+    assert isinstance(line["duration_ms"], float)
+
+
+async def test_a_success_is_audited_with_the_relayed_caller(
+    servicer: MemoryAgentServicer, caplog: pytest.LogCaptureFixture, tmp_path: object
+) -> None:
+    listener = socket.socket(socket.AF_UNIX)
+    path = f"{tmp_path}/upstream.sock"
+    listener.bind(path)
+    listener.listen()
+    sock, name = servicer.peers.dial(path, "vsock:2:50123")
+    try:
+        context = FakeContext(peer=f"unix-abstract:{name}")
+        with caplog.at_level(logging.INFO):
+            result = await servicer.SetMemoryLimits(
+                pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=64 << 20)),
+                context,
+            )
+    finally:
+        sock.close()
+        listener.close()
+    assert result.memory_max == str(64 << 20)
+    (line,) = audit_lines(caplog)
+    assert line["method"] == "SetMemoryLimits"
+    assert line["peer"] == "vsock:2:50123"
+    assert line["request"] == {"cgroup": "pod", "memory": {"limit": 64 << 20}}
+    assert line["code"] == "OK" and "error" not in line
+
+
+async def test_enums_are_audited_by_name(
+    servicer: MemoryAgentServicer, caplog: pytest.LogCaptureFixture
+) -> None:
+    request = pb.EnableSwapRequest(
+        device=pb.DeviceSelector(path="/etc/x"), discard=pb.DISCARD_PAGES
+    )
+    with caplog.at_level(logging.INFO), pytest.raises(Aborted):
+        await servicer.EnableSwap(request, FakeContext())
+    (line,) = audit_lines(caplog)
+    assert line["request"] == {"device": {"path": "/etc/x"}, "discard": "DISCARD_PAGES"}
+
+
+async def test_reads_are_not_audited(
+    servicer: MemoryAgentServicer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        info = await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(cgroups=["pod"]), FakeContext())
+    assert info.cgroups[0].path == "pod"
+    assert audit_lines(caplog) == []
+
+
+async def test_a_bug_is_internal_and_logged(
+    servicer: MemoryAgentServicer,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*args: object) -> NoReturn:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("guestagent.agent.rpc.read_report", broken)
+    context = FakeContext()
+    with caplog.at_level(logging.INFO), pytest.raises(Aborted):
+        await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(), context)
+    assert (context.code, context.details) == (
+        grpc.StatusCode.INTERNAL,
+        "ZeroDivisionError: division by zero",
+    )
+    (failure,) = [r for r in caplog.records if r.getMessage() == "rpc_failed"]
+    assert failure.exc_info is not None
+
+
+async def test_a_failed_write_is_audited_as_aborted(
+    servicer: MemoryAgentServicer,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def busy(fs: KernelFS, path: Path, value: str) -> NoReturn:
+        raise kernel_error("write", path, value, OSError(errno.EBUSY, os.strerror(errno.EBUSY)))
+
+    monkeypatch.setattr(KernelFS, "write", busy)
+    context = FakeContext()
+    request = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=1 << 30))
+    with caplog.at_level(logging.INFO), pytest.raises(Aborted):
+        await servicer.SetMemoryLimits(request, context)
+    (line,) = audit_lines(caplog)
+    assert line["code"] == "ABORTED" == context.code.name
+    assert "EBUSY" in str(line["error"])

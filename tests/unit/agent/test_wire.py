@@ -1,0 +1,172 @@
+"""wire.py: every request decodes to domain values (or a clear refusal), every result encodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from guestagent.agent import wire
+from guestagent.agent.watch_stream import WatchReason, WatchUpdate
+from guestagent.errors import InvalidArgument
+from guestagent.linux.blockdev import DeviceSelector
+from guestagent.linux.meminfo import read_report
+from guestagent.linux.watch import PressureTriggerSpec
+from guestagent.ops.compaction import CompactResult
+from guestagent.ops.limits import MemorySpec
+from guestagent.ops.reclaim import ReclaimResult
+from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec
+from guestagent.v1 import agent_pb2 as pb
+from tests.fakes.root import FakeRoot
+
+
+def test_memory_info_and_overhead_requests_name_cgroups() -> None:
+    assert wire.cgroups_from_pb(pb.GetMemoryInfoRequest(cgroups=["a", "b/c"])) == ("a", "b/c")
+    assert wire.workloads_from_pb(pb.GetGuestOverheadRequest(workload_cgroups=["w"])) == ("w",)
+
+
+def test_watch_request_defaults() -> None:
+    spec = wire.watch_spec_from_pb(pb.WatchMemoryRequest(cgroups=["pod"]))
+    assert spec.cgroups == ("pod",)
+    assert spec.interval_s == 1.0
+    assert spec.trigger == PressureTriggerSpec()
+
+
+def test_watch_request_with_interval_and_trigger() -> None:
+    spec = wire.watch_spec_from_pb(
+        pb.WatchMemoryRequest(
+            interval_ms=250,
+            pressure_trigger=pb.PressureTrigger(stall_us=50_000, window_us=500_000, full=True),
+        )
+    )
+    assert spec.interval_s == 0.25
+    assert spec.trigger == PressureTriggerSpec(50_000, 500_000, True)
+
+
+@pytest.mark.parametrize(
+    ("request_", "words"),
+    [
+        (pb.WatchMemoryRequest(interval_ms=99), "99 ms is below the minimum 100 ms"),
+        (
+            pb.WatchMemoryRequest(pressure_trigger=pb.PressureTrigger(stall_us=1, window_us=10)),
+            "window 10 us",
+        ),
+    ],
+)
+def test_watch_request_refusals(request_: pb.WatchMemoryRequest, words: str) -> None:
+    with pytest.raises(InvalidArgument, match=words):
+        wire.watch_spec_from_pb(request_)
+
+
+def test_enable_swap_request() -> None:
+    spec = wire.enable_swap_spec_from_pb(
+        pb.EnableSwapRequest(
+            device=pb.DeviceSelector(serial="swap0"),
+            priority=5,
+            discard=pb.DISCARD_PAGES,
+            wait_ms=300,
+            force=True,
+        )
+    )
+    assert spec == EnableSwapSpec(
+        DeviceSelector(serial="swap0"), 5, DiscardPolicy.PAGES, 300, True, DEFAULT_LABEL
+    )
+    unset = wire.enable_swap_spec_from_pb(
+        pb.EnableSwapRequest(device=pb.DeviceSelector(path="/dev/vdb"))
+    )
+    assert unset.priority is None and unset.discard is DiscardPolicy.BOTH
+
+
+@pytest.mark.parametrize(
+    ("request_", "words"),
+    [
+        (pb.EnableSwapRequest(), "no device given"),
+        (pb.EnableSwapRequest(device=pb.DeviceSelector(path="/dev/vdb"), discard=9), "9"),
+        (pb.EnableSwapRequest(device=pb.DeviceSelector(path="/etc/passwd")), "not under /dev"),
+    ],
+)
+def test_enable_swap_refusals(request_: pb.EnableSwapRequest, words: str) -> None:
+    with pytest.raises(InvalidArgument, match=words):
+        wire.enable_swap_spec_from_pb(request_)
+
+
+def test_disable_swap_request() -> None:
+    request = pb.DisableSwapRequest(device=pb.DeviceSelector(path="/dev/vdb"))
+    assert wire.disable_swap_from_pb(request) == DeviceSelector(path="/dev/vdb")
+    with pytest.raises(InvalidArgument, match="no device given"):
+        wire.disable_swap_from_pb(pb.DisableSwapRequest())
+
+
+def test_set_limits_request() -> None:
+    spec = wire.set_limits_spec_from_pb(
+        pb.SetMemoryLimitsRequest(
+            cgroup="pod/ctr", memory=pb.LinuxMemory(limit=64 << 20, swap=-1), create=True
+        )
+    )
+    assert spec == wire.SetLimitsSpec("pod/ctr", MemorySpec(64 << 20, -1, None), True)
+
+
+def test_set_limits_refuses_every_v1_knob_by_name() -> None:
+    memory = pb.LinuxMemory(limit=1, kernel=2, kernel_tcp=3, swappiness=4, disable_oom_killer=True)
+    with pytest.raises(InvalidArgument) as raised:
+        wire.set_limits_spec_from_pb(pb.SetMemoryLimitsRequest(cgroup="x", memory=memory))
+    assert "kernel=2, kernel_tcp=3, swappiness=4, disable_oom_killer=True" in str(raised.value)
+
+
+def test_compact_and_reclaim_requests() -> None:
+    assert wire.compact_node_from_pb(pb.CompactRequest()) is None
+    assert wire.compact_node_from_pb(pb.CompactRequest(node=0)) == 0
+    assert wire.reclaim_spec_from_pb(
+        pb.ReclaimRequest(cgroup="pod", bytes=1 << 20, drop_caches=1)
+    ) == wire.ReclaimSpec("pod", 1 << 20, 1)
+
+
+def test_requests_without_fields() -> None:
+    assert wire.list_swaps_from_pb(pb.ListSwapsRequest()) is None
+    assert wire.online_memory_from_pb(pb.OnlineMemoryRequest()) is None
+
+
+def test_compact_result_carries_the_domain_figures() -> None:
+    result = CompactResult(
+        node=None,
+        duration_s=0.25,
+        free_blocks_before=(3, 1),
+        free_blocks_after=(0, 2),
+        counters={"compact_success": 4},
+        huge_block_bytes=2 << 20,
+        free_huge_bytes_before=10 << 20,
+        free_huge_bytes_after=40 << 20,
+        shared=True,
+    )
+    message = wire.compact_result_pb(result)
+    assert message.duration_us == 250_000
+    assert list(message.free_blocks_after) == [0, 2]
+    assert message.free_huge_bytes_before == 10 << 20
+    assert message.free_huge_bytes_after == 40 << 20
+    assert message.huge_block_bytes == 2 << 20
+    assert dict(message.counters) == {"compact_success": 4}
+    assert message.shared
+
+
+def test_reclaim_result() -> None:
+    message = wire.reclaim_result_pb(ReclaimResult("pod", 1 << 20, 9 << 20, 8 << 20, False, 0))
+    assert (message.current_before_bytes, message.current_after_bytes) == (9 << 20, 8 << 20)
+    assert not message.complete
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        (WatchReason.INITIAL, pb.WATCH_REASON_INITIAL),
+        (WatchReason.INTERVAL, pb.WATCH_REASON_INTERVAL),
+        (WatchReason.MEMORY_EVENTS, pb.WATCH_REASON_MEMORY_EVENTS),
+        (WatchReason.PRESSURE, pb.WATCH_REASON_PRESSURE),
+    ],
+)
+def test_watch_update_reason(
+    fake_root: FakeRoot, reason: WatchReason, expected: pb.WatchReason.ValueType
+) -> None:
+    fake_root.add_cgroup("pod")
+    update = WatchUpdate(read_report(fake_root.fs, ("pod",)), reason, ("pod",))
+    message = wire.watch_update_pb(update)
+    assert message.reason == expected
+    assert list(message.changed_cgroups) == ["pod"]
+    assert message.cgroups[0].path == "pod"
