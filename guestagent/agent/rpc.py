@@ -205,7 +205,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
         )
         first = read_report(self.fs, names)
         events = {name: cgroup_dir(self.fs, name) / "memory.events" for name in names}
-        with KernelSignals(events, self.fs.proc("pressure", "memory"), trigger) as signals:
+        with KernelSignals(self.fs, events, trigger) as signals:
             yield memory_info_pb(first, pb.WATCH_REASON_INITIAL)
             while True:
                 woke = await self._next_signals(signals, interval)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -48,6 +48,16 @@ def channel_options(timeout: float) -> list[tuple[str, int]]:
         # reached. An attempt may now last as long as a call may.
         ("grpc.min_reconnect_backoff_ms", max(1, round(timeout * 1000))),
     ]
+
+
+class WatchStream(Protocol):
+    """What WatchMemory returns: the reports as they come, and a way to end the stream."""
+
+    def __iter__(self) -> Iterator[pb.MemoryInfo]: ...
+
+    def __next__(self) -> pb.MemoryInfo: ...
+
+    def cancel(self) -> bool: ...
 
 
 class AgentClient:
@@ -87,11 +97,11 @@ class AgentClient:
         cgroups: Iterable[str] = (),
         interval_ms: int = 0,
         trigger: pb.PressureTrigger | None = None,
-    ) -> Iterator[pb.MemoryInfo]:
+    ) -> WatchStream:
         request = pb.WatchMemoryRequest(interval_ms=interval_ms, cgroups=list(cgroups))
         if trigger is not None:
             request.pressure_trigger.CopyFrom(trigger)
-        stream: Iterator[pb.MemoryInfo] = self.stub.WatchMemory(request)
+        stream: WatchStream = self.stub.WatchMemory(request)
         return stream
 
     def enable_swap(self, request: pb.EnableSwapRequest) -> pb.SwapArea:

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.ops.swap import parse_proc_swaps
+from guestagent.linux.swaps import parse_proc_swaps
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot, read_guest, wait_until
@@ -29,7 +29,7 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
 
 
 def active_devices(vm: GuestVM) -> set[str]:
-    return {a.filename for a in parse_proc_swaps(read_guest(vm, "/proc/swaps"))}
+    return {a.filename for a in parse_proc_swaps(read_guest(vm, "/proc/swaps").encode())}
 
 
 def test_agent_killed_while_enabling_swap_restarts_into_the_truth(
