@@ -146,9 +146,10 @@ class AgentClient:
         result: pb.GuestOverhead = self.stub.GetGuestOverhead(request, timeout=self.timeout)
         return result
 
-    def health(self, service: str = "") -> str:
+    def health(self, service: str = "", timeout: float | None = None) -> str:
         response = self.health_stub.Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=self.timeout
+            health_pb2.HealthCheckRequest(service=service),
+            timeout=self.timeout if timeout is None else timeout,
         )
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
@@ -158,7 +159,8 @@ class AgentClient:
         deadline = start + timeout
         while True:
             try:
-                if self.health() == "SERVING":
+                # A connection attempt may last a whole call: bound it by what is left here.
+                if self.health(timeout=max(0.1, deadline - time.monotonic())) == "SERVING":
                     return time.monotonic() - start
             except grpc.RpcError:
                 pass

@@ -83,3 +83,13 @@ def test_an_agent_slow_to_send_settings_is_reached_on_the_first_attempt(
         assert client.health() == "SERVING"
     # One connection: no attempt was abandoned while the peer was still about to answer.
     assert slow_agent.accepted == 1
+
+
+def test_wait_ready_keeps_to_its_own_timeout(slow_agent: SlowPeer) -> None:
+    # The client's calls may take 10 s, but wait_ready was given 1 s: it does not wait for
+    # the SETTINGS frame that comes after 2.5 s.
+    with AgentClient(f"tcp://127.0.0.1:{slow_agent.port}", timeout=4 * SETTINGS_DELAY_S) as client:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="not serving after 1 s"):
+            client.wait_ready(1.0)
+        assert time.monotonic() - started < SETTINGS_DELAY_S
