@@ -118,8 +118,11 @@ class _Direction:
 
 
 class _Connection:
-    def __init__(self, a: socket.socket, b: socket.socket) -> None:
+    def __init__(
+        self, a: socket.socket, b: socket.socket, release: Callable[[], None] | None
+    ) -> None:
         self.sockets = (a, b)
+        self.release = release
         self.forward, self.back = _Direction(a, b), _Direction(b, a)
         # The epoll mask each socket is registered with; None once it is unregistered.
         self.masks: dict[int, int | None] = {a.fileno(): 0, b.fileno(): 0}
@@ -161,19 +164,24 @@ class _Connection:
             part.close()
         for sock in self.sockets:
             sock.close()
+        if self.release is not None:
+            self.release()
+
+
+Upstream = tuple[socket.socket, Callable[[], None] | None]
 
 
 class SocketRelay:
     """Accepts on a listener and joins each admitted connection to a freshly dialled one.
 
-    dial gets the accepted peer's address, so the far side can learn who called. It runs on
-    the loop's thread: the agent dials its own unix socket, which answers at once.
+    The dial runs on the loop's thread: the agent dials its own unix socket, which answers
+    at once, and the host client has one caller.
     """
 
     def __init__(
         self,
         listener: socket.socket,
-        dial: Callable[[Any], socket.socket],
+        dial: Callable[[], socket.socket],
         admit: Callable[[Any], bool] = lambda peer: True,
         name: str = "relay",
     ) -> None:
@@ -241,17 +249,21 @@ class SocketRelay:
             conn.close()
             return
         try:
-            upstream = self._dial(peer)
+            upstream, release = self.open_upstream(conn, peer)
         except OSError as e:
             log.warning("relay_dial_failed", relay=self._name, peer=str(peer), error=str(e))
             conn.close()
             return
-        connection = _Connection(conn, upstream)
+        connection = _Connection(conn, upstream, release)
         for sock in connection.sockets:
             sock.setblocking(False)
             self._by_fd[sock.fileno()] = (connection, sock)
             self._epoll.register(sock.fileno(), 0)
         self._update(connection)
+
+    def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
+        """The far side for an admitted caller, and what to call when the pair closes."""
+        return self._dial(), None
 
     def _service(self, fd: int, events: int) -> None:
         connection, sock = self._by_fd[fd]

@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from guestagent.relay import SocketRelay
 from guestagent.transport import (
     HybridVsockAddress,
-    SocketRelay,
     UnixAddress,
     VsockAddress,
     dial_hybrid_vsock,

@@ -25,7 +25,8 @@ from typing import Any
 import grpc
 
 from guestagent.host.client import AgentClient
-from guestagent.transport import SocketRelay, dial_unix
+from guestagent.relay import SocketRelay
+from guestagent.transport import dial_unix
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
 
 CALLS = 2000

@@ -54,7 +54,7 @@ def echo_upstream(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def relay_front(tmp_path: Path, echo_upstream: Path) -> Iterator[tuple[Path, SocketRelay]]:
     front = tmp_path / "front.sock"
-    relay = SocketRelay(_listen(front), dial=lambda peer: dial_unix(str(echo_upstream))).start()
+    relay = SocketRelay(_listen(front), dial=lambda: dial_unix(str(echo_upstream))).start()
     yield front, relay
     relay.close()
 
@@ -148,7 +148,7 @@ def test_refused_peer_is_closed_without_dialling(tmp_path: Path) -> None:
     front = tmp_path / "front.sock"
     dialled = threading.Event()
 
-    def dial(peer: object) -> socket.socket:
+    def dial() -> socket.socket:
         dialled.set()
         raise OSError("must not dial")
 
@@ -164,7 +164,7 @@ def test_refused_peer_is_closed_without_dialling(tmp_path: Path) -> None:
 
 def test_failed_dial_closes_the_caller(tmp_path: Path) -> None:
     front = tmp_path / "front.sock"
-    relay = SocketRelay(_listen(front), dial=lambda peer: dial_unix(str(tmp_path / "none"))).start()
+    relay = SocketRelay(_listen(front), dial=lambda: dial_unix(str(tmp_path / "none"))).start()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
             client.connect(str(front))
