@@ -1,5 +1,9 @@
 """`guestagent serve`: the in-guest daemon's command line. guestctl lives in ctl.py, so
-neither loads the other's modules at start."""
+neither loads the other's modules at start.
+
+The daemon (grpc, protobuf) is imported only after the agent has moved into its own cgroup,
+so the bulk of its memory is charged to, and protected by, that cgroup.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from guestagent import jsonlog
-from guestagent.agent.daemon import ServerConfig, serve
 from guestagent.errors import AgentError
 from guestagent.linux.fs import KernelFS
+from guestagent.ops.self_cgroup import protect_self
 from guestagent.transport import DEFAULT_VSOCK_PORT, parse_address
 
 
@@ -44,16 +48,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="online",
         help="how to online hot-plugged memory blocks (online_movable lets the host unplug)",
     )
+    serve_cmd.add_argument(
+        "--no-self-cgroup",
+        action="store_true",
+        help="stay in the cgroup it was started in (default: move into /guestagent with "
+        "memory.min and memory.high, unless already in a service's own cgroup)",
+    )
     serve_cmd.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
 
     jsonlog.configure(args.log_level)
+    fs = KernelFS(args.root, args.cgroup_mount)
+    if not args.no_self_cgroup:
+        protect_self(fs)
+    from guestagent.agent.daemon import ServerConfig, serve
+
     try:
         config = ServerConfig(
             listen=tuple(
                 parse_address(a) for a in args.listen or [f"vsock://:{DEFAULT_VSOCK_PORT}"]
             ),
-            fs=KernelFS(args.root, args.cgroup_mount),
+            fs=fs,
             allowed_cids=frozenset({2, *args.allow_cid}),
             grace_seconds=args.grace_seconds,
             online_memory=None if args.online_memory == "off" else args.online_memory,

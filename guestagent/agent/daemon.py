@@ -23,6 +23,7 @@ from guestagent import errors
 from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
+from guestagent.ops import limits_journal
 from guestagent.ops.hotplug import HotplugWatcher
 from guestagent.ops.swap import SwapManager
 from guestagent.transport import (
@@ -206,6 +207,9 @@ def tcp_port_in_use(host: str, port: int) -> bool:
 
 async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then stop accepting and let in-flight calls finish."""
+    # Before any listener: a limits change a dead agent left half done is rolled back
+    # before a caller can see or change that cgroup.
+    limits_journal.recover(config.fs)
     agent = Agent(config)
     await agent.start()
     stop = asyncio.Event()

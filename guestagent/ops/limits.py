@@ -16,6 +16,7 @@ from guestagent.errors import (
     AgentError,
     FailedPrecondition,
     InvalidArgument,
+    errno_text,
 )
 from guestagent.jsonlog import EventLog
 from guestagent.linux.cgroups import (
@@ -26,6 +27,7 @@ from guestagent.linux.cgroups import (
     undo_create,
 )
 from guestagent.linux.fs import KernelFS
+from guestagent.ops import limits_journal
 
 log = EventLog("guestagent.ops.limits")
 
@@ -135,16 +137,27 @@ def apply_memory_limits(
     OOM-kill, inside the write: that is what a hard limit means.
     """
     values = cgroup_values(spec)
-    with _lock:
+    with _lock, _Journaling(fs, cgroup) as journaling:
+        # The journal goes down before the first change (a mkdir, or the first write), so an
+        # agent killed midway is rolled back when it starts again (limits_journal.recover).
+        made, enabled = limits_journal.creation_plan(fs, cgroup) if create else ((), ())
+        if made:
+            journaling.save(limits_journal.Journal(cgroup, (), made, enabled))
         created = create_cgroup(fs, cgroup) if create else CreatedCgroup(cgroup_dir(fs, cgroup))
         try:
             writes, untouched = _plan(fs, created.path, cgroup, values)
+            if writes:
+                changes = tuple(
+                    limits_journal.FileChange(w.file, w.before, w.value) for w in writes
+                )
+                journaling.save(limits_journal.Journal(cgroup, changes, made, enabled))
             _write_all(fs, created.path, cgroup, writes)
+            applied = _read_back(fs, created.path, tuple(untouched), bool(created.made))
+            _check_read_back(fs, created.path, cgroup, writes, applied)
         except AgentError as e:
             if not created.made:
                 raise
             raise type(e)(f"{e}; {undo_create(fs, created)}") from e
-        applied = _read_back(fs, created.path, tuple(untouched), bool(created.made))
     log.info(
         "memory_limits_applied",
         cgroup=cgroup,
@@ -155,6 +168,42 @@ def apply_memory_limits(
         created=applied.created,
     )
     return applied
+
+
+class _Journaling:
+    """The journal of one call: saved before each change, settled when the call ends.
+
+    A call that ends, or fails with an AgentError, has its journal discarded: that error
+    comes after the in-process rollback, and tells the caller what it restored. Any other
+    exception skipped that rollback, so the journal's rollback runs at once. A BaseException
+    (the interpreter going down) leaves the journal to the next start.
+    """
+
+    def __init__(self, fs: KernelFS, cgroup: str) -> None:
+        self.fs = fs
+        self.cgroup = cgroup
+        self.saved = False
+
+    def save(self, journal: limits_journal.Journal) -> None:
+        try:
+            limits_journal.save(self.fs, journal)
+        except OSError as e:
+            raise FailedPrecondition(
+                f"cannot write the limits journal {limits_journal.journal_path(self.fs)} "
+                f"before changing cgroup {self.cgroup!r}: {errno_text(e)}"
+            ) from e
+        self.saved = True
+
+    def __enter__(self) -> _Journaling:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if not self.saved:
+            return
+        if kind is None or issubclass(kind, AgentError):
+            limits_journal.discard(self.fs)
+        elif issubclass(kind, Exception):
+            limits_journal.recover(self.fs)
 
 
 def _plan(
@@ -218,6 +267,28 @@ def _restore(fs: KernelFS, directory: Path, done: list[_Write]) -> str:
         except AgentError as e:
             said.append(f"could not restore {write.file}: {e}")
     return "; ".join(said) or "nothing had been written"
+
+
+def _check_read_back(
+    fs: KernelFS, directory: Path, cgroup: str, writes: list[_Write], applied: AppliedLimits
+) -> None:
+    """Refuse, and put back the old values, if a file does not hold what was written.
+
+    Something else wrote the file meanwhile: the call has not done what it says.
+    """
+    held = {
+        MEMORY_MAX: applied.memory_max,
+        SWAP_MAX: applied.swap_max,
+        MEMORY_LOW: applied.memory_low,
+    }
+    page_size = limits_journal.page_size()
+    for write in writes:
+        now = held[write.file]
+        if now is None or not limits_journal.same_limit(now, write.value, page_size):
+            raise Aborted(
+                f"{write.file} of cgroup {cgroup!r} reads back {now} after writing "
+                f"{write.value}; {_restore(fs, directory, writes)}"
+            )
 
 
 def _read_back(

@@ -39,8 +39,9 @@ def serve(root: Path, *listen: str) -> subprocess.CompletedProcess[str]:
 
 def assert_in_use(result: subprocess.CompletedProcess[str], address: str) -> None:
     assert result.returncode == 1, result
-    (line,) = result.stderr.splitlines()
-    error = json.loads(line)["error"]
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    (fatal,) = [e for e in events if e["level"] == "error"]
+    error = fatal["error"]
     assert error.startswith(f"{address} is in use")
     assert "another agent" in error and "kata-agent" in error and "guestagent" in error
 

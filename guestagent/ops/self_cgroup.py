@@ -1,0 +1,127 @@
+"""The agent's own cgroup, so reclaim and swapping spare the process that manages them.
+
+The agent is needed most when the guest is short of memory. Left in the root cgroup, its
+pages are reclaimed and swapped like anyone's, and every call then waits for them to come
+back. In a cgroup of its own with memory.min covering its footprint, the kernel reclaims
+elsewhere first; memory.high bounds what a leak in the agent could take from the workloads.
+Under systemd the unit already gives it a cgroup with MemoryMin/MemoryHigh, so it stays there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+from guestagent.errors import AgentError, errno_text
+from guestagent.jsonlog import EventLog
+from guestagent.linux.cgroups import create_cgroup
+from guestagent.linux.fs import KernelFS
+
+log = EventLog("guestagent.ops.self_cgroup")
+
+AGENT_CGROUP = "guestagent"
+MIB = 1 << 20
+# Covers the serving agent's footprint (interpreter, grpcio, protobuf: 27.5 MiB of
+# memory.current when idle in the test guest, tests/vm/test_squeeze.py) with room for calls in
+# flight, so none of it is reclaimed before the workloads' memory is.
+MEMORY_MIN = 48 * MIB
+# A ceiling, not a kill: above it the kernel throttles and reclaims the agent. 80 MiB is what
+# Apple's vminitd sets on its own cgroup, /vminitd, before it serves (apple/containerization,
+# vminitd AgentCommand.swift, next to a 50 MiB memory.low; min here, since low yields to
+# pressure that min does not).
+MEMORY_HIGH = 80 * MIB
+
+
+class Action(Enum):
+    MOVE = "move"  # create the cgroup if needed, move in, set memory.min and memory.high
+    STAY = "stay"  # already in a cgroup someone gave it (systemd's unit): leave it as it is
+    SKIP = "skip"  # cannot or should not: not root, no cgroup2 root, no memory controller
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+    current: str | None = None  # the cgroup it runs in, as /proc/self/cgroup names it
+
+
+def own_cgroup(proc_self_cgroup: str) -> str | None:
+    """The cgroup2 path in /proc/self/cgroup ("0::/x" -> "/x"); None without cgroup2."""
+    for line in proc_self_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            return path
+    return None
+
+
+def decide(
+    euid: int,
+    proc_self_cgroup: str | None,
+    root_controllers: str | None,
+    root_has_type: bool,
+) -> Decision:
+    """Whether the agent should move itself into its own cgroup, from what it can read.
+
+    `root_controllers` is the mount's cgroup.controllers (None: not cgroup2), `root_has_type`
+    whether the mount has cgroup.type, which the kernel gives every cgroup but the real root:
+    in a cgroup namespace the mount shows some other cgroup, whose parent owns the agent.
+    """
+    if euid != 0:
+        return Decision(Action.SKIP, "not running as root")
+    if root_controllers is None or root_has_type:
+        return Decision(Action.SKIP, "the cgroup mount is not a cgroup2 root")
+    if "memory" not in root_controllers.split():
+        return Decision(Action.SKIP, "the kernel has no memory controller")
+    current = own_cgroup(proc_self_cgroup or "")
+    if current is None:
+        return Decision(Action.SKIP, "/proc/self/cgroup names no cgroup2 cgroup")
+    if current == f"/{AGENT_CGROUP}":
+        return Decision(Action.MOVE, "already in its cgroup; setting its protection", current)
+    if current != "/":
+        return Decision(Action.STAY, "already in a cgroup of its own (a service unit)", current)
+    return Decision(Action.MOVE, "running in the root cgroup", current)
+
+
+def protect_self(fs: KernelFS, pid: int | None = None, euid: int | None = None) -> Decision:
+    """Move this process into /guestagent with its protection, and log what was done.
+
+    Never fatal: an agent without its own cgroup still serves, it just competes for memory.
+    """
+    pid = os.getpid() if pid is None else pid
+    mount = fs.cgroup_root
+    decision = decide(
+        os.geteuid() if euid is None else euid,
+        fs.read_optional(fs.proc("self", "cgroup")),
+        fs.read_optional(mount / "cgroup.controllers"),
+        (mount / "cgroup.type").exists(),
+    )
+    if decision.action is not Action.MOVE:
+        log.info(
+            "self_cgroup",
+            action=decision.action.value,
+            reason=decision.reason,
+            cgroup=decision.current,
+        )
+        return decision
+    try:
+        directory = create_cgroup(fs, AGENT_CGROUP).path
+        fs.write(directory / "cgroup.procs", str(pid))
+        fs.write(directory / "memory.min", str(MEMORY_MIN))
+        fs.write(directory / "memory.high", str(MEMORY_HIGH))
+    except (AgentError, OSError) as e:
+        error = errno_text(e) if isinstance(e, OSError) else str(e)
+        log.warning("self_cgroup_failed", reason=decision.reason, error=error)
+        return Decision(Action.SKIP, f"failed: {error}", decision.current)
+    log.info(
+        "self_cgroup",
+        action=decision.action.value,
+        reason=decision.reason,
+        cgroup=f"/{AGENT_CGROUP}",
+        moved_from=decision.current,
+        pid=pid,
+        memory_min=MEMORY_MIN,
+        memory_high=MEMORY_HIGH,
+    )
+    return decision

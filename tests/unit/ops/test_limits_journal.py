@@ -1,0 +1,403 @@
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from guestagent.errors import Aborted, FailedPrecondition, kernel_error
+from guestagent.linux.fs import KernelFS
+from guestagent.ops import limits, limits_journal
+from guestagent.ops.limits import MemorySpec, apply_memory_limits
+from guestagent.ops.limits_journal import (
+    FileChange,
+    Journal,
+    JournalFormatError,
+    creation_plan,
+    decode,
+    encode,
+    journal_path,
+    recover,
+    rollback_plan,
+    same_limit,
+)
+from tests.fakes.root import FakeRoot
+from tests.unit.linux.test_cgroups import FakeCgroupKernel
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+PAGE = 4096
+SPEC = MemorySpec(limit=64 * MiB, swap=GiB, reservation=16 * MiB)
+OLD = {"memory.max": "max", "memory.swap.max": "max", "memory.low": "0"}
+NEW = {
+    "memory.max": str(64 * MiB),
+    "memory.swap.max": str(GiB - 64 * MiB),
+    "memory.low": str(16 * MiB),
+}
+JOURNAL = Journal(
+    "pod/ctr",
+    (
+        FileChange("memory.swap.max", "max", NEW["memory.swap.max"]),
+        FileChange("memory.max", "max", NEW["memory.max"]),
+        FileChange("memory.low", "0", NEW["memory.low"]),
+    ),
+)
+
+
+class SimulatedKill(BaseException):
+    """What SIGKILL does to the agent, as far as the files can tell: nothing runs after it."""
+
+
+def limit_files(directory: Path) -> dict[str, str]:
+    return {name: (directory / name).read_text().strip() for name in OLD}
+
+
+def events(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, object]]:
+    return [vars(r)["fields"] for r in caplog.records if r.getMessage() == event]
+
+
+@pytest.fixture
+def ctr(fake_root: FakeRoot) -> Path:
+    return fake_root.add_cgroup("pod/ctr")
+
+
+# The pure half: the journal's text, and what to write to roll back.
+
+
+@pytest.mark.parametrize(
+    "journal",
+    [
+        JOURNAL,
+        Journal("ctr", ()),
+        Journal("pod/new", (FileChange("memory.max", "max", "4096"),), ("pod", "pod/new"), ("",)),
+    ],
+)
+def test_encode_decode_round_trip(journal: Journal) -> None:
+    assert decode(encode(journal)) == journal
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        pytest.param(b"{", "not a limits journal", id="truncated"),
+        pytest.param(b"[]", "version None", id="not an object"),
+        pytest.param(json.dumps({"version": 2}).encode(), "version 2", id="newer agent"),
+        pytest.param(
+            json.dumps(
+                {"version": 1, "cgroup": "x", "changes": {}, "made": [], "enabled": []}
+            ).encode(),
+            "not a list",
+            id="changes not a list",
+        ),
+        pytest.param(
+            encode(Journal("../etc", ())),
+            "'..' component",
+            id="cgroup escapes",
+        ),
+        pytest.param(
+            encode(Journal("ctr", (FileChange("cgroup.procs", "1", "2"),))),
+            "'cgroup.procs' is not a memory limit file",
+            id="other file",
+        ),
+        pytest.param(
+            encode(Journal("ctr", (), made=("/abs",))),
+            "absolute",
+            id="made absolute",
+        ),
+        pytest.param(
+            json.dumps(
+                {"version": 1, "cgroup": 7, "changes": [], "made": [], "enabled": []}
+            ).encode(),
+            "7 is not a string",
+            id="cgroup not a string",
+        ),
+    ],
+)
+def test_decode_refuses(text: bytes, words: str) -> None:
+    with pytest.raises(JournalFormatError, match=words):
+        decode(text)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("max", "max", True),
+        ("max\n", "max", True),
+        ("4096", "4097", True),  # the kernel keeps whole pages
+        ("4096", "8191", True),
+        ("4096", "8192", False),
+        ("0", "max", False),
+        (str(2**63 - 1), "max", True),  # as large as the kernel counts: it shows "max"
+        (str(2**64), "max", True),
+        (str(64 * MiB), "max", False),
+    ],
+)
+def test_same_limit(a: str, b: str, same: bool) -> None:
+    assert same_limit(a, b, PAGE) is same
+    assert same_limit(b, a, PAGE) is same
+
+
+def test_rollback_plan_restores_last_written_first() -> None:
+    current = dict(NEW)
+    assert rollback_plan(JOURNAL, current, PAGE) == (
+        FileChange("memory.low", NEW["memory.low"], "0"),
+        FileChange("memory.max", NEW["memory.max"], "max"),
+        FileChange("memory.swap.max", NEW["memory.swap.max"], "max"),
+    )
+
+
+def test_rollback_plan_of_a_kill_inside_memory_max() -> None:
+    """The kernel sets memory.max before it reclaims, so a kill there leaves low untouched."""
+    current = {**NEW, "memory.low": "0\n"}
+    assert [w.file for w in rollback_plan(JOURNAL, current, PAGE)] == [
+        "memory.max",
+        "memory.swap.max",
+    ]
+
+
+def test_rollback_plan_skips_old_and_missing_files() -> None:
+    current: dict[str, str | None] = {
+        "memory.swap.max": None,
+        "memory.max": "max",
+        "memory.low": "0",
+    }
+    assert rollback_plan(JOURNAL, current, PAGE) == ()
+
+
+def test_creation_plan(fake_root: FakeRoot) -> None:
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
+    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod", "pod/ctr"), ("", "pod"))
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu memory\n")
+    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod", "pod/ctr"), ("pod",))
+    fake_root.add_cgroup("pod")
+    fake_root.write("sys/fs/cgroup/pod/cgroup.subtree_control", "memory\n")
+    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod/ctr",), ())
+    fake_root.add_cgroup("pod/ctr")
+    assert creation_plan(fake_root.fs, "pod/ctr") == ((), ())
+
+
+# The journal around SetMemoryLimits.
+
+
+def test_journal_is_written_before_the_first_write_and_removed_after(
+    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = KernelFS.write
+    seen: list[Journal] = []
+
+    def write(fs: KernelFS, path: Path, value: str) -> None:
+        seen.append(decode(journal_path(fake_root.fs).read_bytes()))
+        real_write(fs, path, value)
+
+    monkeypatch.setattr(KernelFS, "write", write)
+    apply_memory_limits(fake_root.fs, "pod/ctr", SPEC)
+    assert seen == [JOURNAL] * 3
+    assert not journal_path(fake_root.fs).exists()
+    assert limit_files(ctr) == NEW
+
+
+def test_journal_file_is_private_and_has_no_leftovers(fake_root: FakeRoot, ctr: Path) -> None:
+    limits_journal.save(fake_root.fs, JOURNAL)
+    path = journal_path(fake_root.fs)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(path.parent).st_mode & 0o777 == 0o700
+    assert sorted(p.name for p in path.parent.iterdir()) == ["limits-journal.json"]
+    limits_journal.discard(fake_root.fs)
+    assert list(path.parent.iterdir()) == []
+
+
+def test_no_journal_when_nothing_changes(
+    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saves: list[Journal] = []
+    monkeypatch.setattr(limits_journal, "save", lambda fs, journal: saves.append(journal))
+    apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec())
+    assert saves == []
+
+
+def test_journal_removed_after_an_in_process_rollback(
+    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = KernelFS.write
+
+    def write(fs: KernelFS, path: Path, value: str) -> None:
+        if path.name == "memory.low":
+            raise kernel_error("write", path, value, OSError(errno.EACCES, "Permission denied"))
+        real_write(fs, path, value)
+
+    monkeypatch.setattr(KernelFS, "write", write)
+    with pytest.raises(Aborted, match=r"restored memory\.max to max"):
+        apply_memory_limits(fake_root.fs, "pod/ctr", SPEC)
+    assert not journal_path(fake_root.fs).exists()
+    assert limit_files(ctr) == OLD
+
+
+def test_unwritable_journal_refuses_before_any_change(fake_root: FakeRoot, ctr: Path) -> None:
+    fake_root.write("run/guestagent", "a file where the directory should be")
+    with pytest.raises(FailedPrecondition) as raised:
+        apply_memory_limits(fake_root.fs, "pod/ctr", SPEC)
+    assert "cannot write the limits journal" in str(raised.value)
+    assert "'pod/ctr'" in str(raised.value)
+    assert limit_files(ctr) == OLD
+
+
+def test_a_read_back_that_differs_is_rolled_back(
+    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = KernelFS.write
+
+    def write(fs: KernelFS, path: Path, value: str) -> None:
+        # Someone else writes memory.max right after this call did.
+        real_write(fs, path, value)
+        if path.name == "memory.max" and value != "max":
+            real_write(fs, path, str(32 * MiB))
+
+    monkeypatch.setattr(KernelFS, "write", write)
+    with pytest.raises(Aborted) as raised:
+        apply_memory_limits(fake_root.fs, "pod/ctr", SPEC)
+    message = str(raised.value)
+    assert f"memory.max of cgroup 'pod/ctr' reads back {32 * MiB} after writing {64 * MiB}" in (
+        message
+    )
+    assert "restored memory.low to 0" in message
+    assert limit_files(ctr) == OLD
+    assert not journal_path(fake_root.fs).exists()
+
+
+def test_an_unexpected_error_rolls_back_from_the_journal(
+    fake_root: FakeRoot,
+    ctr: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug after the writes")
+
+    monkeypatch.setattr(limits, "_read_back", broken)
+    with caplog.at_level(logging.INFO), pytest.raises(RuntimeError):
+        apply_memory_limits(fake_root.fs, "pod/ctr", SPEC)
+    assert limit_files(ctr) == OLD
+    assert not journal_path(fake_root.fs).exists()
+    assert len(events(caplog, "limits_rolled_back")) == 1
+
+
+# A crash inside the memory.max write, and the next start.
+
+
+def kill_inside(monkeypatch: pytest.MonkeyPatch, file: str) -> None:
+    """The kernel stores the new limit, then reclaims; the agent is killed while it does.
+    Once: the next start (recover) writes through the real file system."""
+    real_write = KernelFS.write
+    killed = []
+
+    def write(fs: KernelFS, path: Path, value: str) -> None:
+        real_write(fs, path, value)
+        if path.name == file and not killed:
+            killed.append(path)
+            raise SimulatedKill
+
+    monkeypatch.setattr(KernelFS, "write", write)
+
+
+def test_a_kill_leaves_the_journal_and_the_next_start_rolls_back(
+    fake_root: FakeRoot,
+    ctr: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kill_inside(monkeypatch, "memory.max")
+    with pytest.raises(SimulatedKill):
+        apply_memory_limits(fake_root.fs, "pod/ctr", SPEC)
+    assert limit_files(ctr) == {**NEW, "memory.low": "0"}  # half applied
+    assert decode(journal_path(fake_root.fs).read_bytes()) == JOURNAL
+
+    with caplog.at_level(logging.INFO):
+        assert recover(fake_root.fs) == JOURNAL
+    assert limit_files(ctr) == OLD
+    assert not journal_path(fake_root.fs).exists()
+    (line,) = events(caplog, "limits_rolled_back")
+    assert line["cgroup"] == "pod/ctr"
+    assert line["restored"] == [
+        {"file": "memory.max", "from": NEW["memory.max"], "to": "max"},
+        {"file": "memory.swap.max", "from": NEW["memory.swap.max"], "to": "max"},
+    ]
+    assert line["old"] == OLD and line["new"] == NEW
+    assert line["failed"] == []
+
+
+def test_a_kill_while_creating_removes_what_was_made(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
+    kill_inside(monkeypatch, "memory.max")
+    with pytest.raises(SimulatedKill):
+        apply_memory_limits(fake_root.fs, "pod/ctr", SPEC, create=True)
+    mount = fake_root.root / "sys/fs/cgroup"
+    assert (mount / "pod/ctr").is_dir()
+    # What the kernel shows after the "+memory" write the fake tree keeps as text.
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu memory\n")
+    recover(fake_root.fs)
+    assert not (mount / "pod").exists()
+    assert (mount / "cgroup.subtree_control").read_text() == "-memory"
+    assert not journal_path(fake_root.fs).exists()
+
+
+@pytest.fixture
+def kernel(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupKernel:
+    return FakeCgroupKernel(fake_root).install(monkeypatch)
+
+
+def test_a_journal_for_a_gone_cgroup_is_dropped(
+    fake_root: FakeRoot, caplog: pytest.LogCaptureFixture
+) -> None:
+    limits_journal.save(fake_root.fs, JOURNAL)
+    with caplog.at_level(logging.INFO):
+        assert recover(fake_root.fs) == JOURNAL
+    assert not journal_path(fake_root.fs).exists()
+    (line,) = events(caplog, "limits_journal_dropped")
+    assert line["cgroup"] == "pod/ctr" and "no longer exists" in str(line["reason"])
+    assert events(caplog, "limits_rolled_back") == []
+
+
+def test_an_unreadable_journal_is_logged_and_removed(
+    fake_root: FakeRoot, ctr: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_root.write("run/guestagent/limits-journal.json", '{"version": 9}')
+    with caplog.at_level(logging.INFO):
+        assert recover(fake_root.fs) is None
+    assert not journal_path(fake_root.fs).exists()
+    (line,) = events(caplog, "limits_journal_unreadable")
+    assert "version 9" in str(line["error"])
+    assert limit_files(ctr) == OLD
+
+
+def test_no_journal_no_work(fake_root: FakeRoot, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        assert recover(fake_root.fs) is None
+    assert caplog.records == []
+
+
+def test_a_failed_rollback_write_is_logged(
+    fake_root: FakeRoot,
+    ctr: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for name, value in NEW.items():
+        (ctr / name).write_text(value)
+    limits_journal.save(fake_root.fs, JOURNAL)
+
+    def write(fs: KernelFS, path: Path, value: str) -> None:
+        raise kernel_error("write", path, value, OSError(errno.EBUSY, "Device or resource busy"))
+
+    monkeypatch.setattr(KernelFS, "write", write)
+    with caplog.at_level(logging.INFO):
+        recover(fake_root.fs)
+    (line,) = events(caplog, "limits_rollback_failed")
+    failed = line["failed"]
+    assert isinstance(failed, list) and len(failed) == 3
+    assert "EBUSY (Device or resource busy)" in failed[0]["error"]
+    assert not journal_path(fake_root.fs).exists()
