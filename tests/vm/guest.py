@@ -9,6 +9,7 @@ from typing import TypeVar
 
 import pytest
 
+from guestagent.host.client import AgentClient
 from guestagent.vm.qemu import GuestVM, VMConfig
 
 T = TypeVar("T")
@@ -77,6 +78,22 @@ def stop_filler(vm: GuestVM, name: str = "filler") -> None:
     wait_until(
         lambda: vm.exec(["test", "-d", f"/proc/{pid}"], check=False).rc != 0, 60, f"{name} to exit"
     )
+
+
+def plug_dimm_and_wait_online(vm: GuestVM, agent: AgentClient, mib: int) -> tuple[int, int]:
+    """Plug a pc-dimm and wait for the agent to online all of it: MemTotal before and after."""
+    before = agent.info().system.mem_total_bytes
+    # MemTotal grows by the DIMM less its memmap (64 bytes per 4 KiB page).
+    wanted = before + (mib - 6) * (1 << 20)
+    vm.hotplug_dimm(mib)
+    grown = wait_until(
+        lambda: (total := agent.info().system.mem_total_bytes) >= wanted and total,
+        120,
+        "MemTotal to grow by the DIMM",
+    )
+    offline = vm.exec("grep -l offline /sys/devices/system/memory/memory*/state | wc -l").stdout
+    assert int(offline) == 0
+    return before, grown
 
 
 def allocate_free_and_compact(

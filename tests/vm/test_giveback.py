@@ -18,6 +18,7 @@ from tests.vm.guest import (
     boot,
     filler_ready,
     make_cgroup,
+    plug_dimm_and_wait_online,
     start_filler,
     stop_filler,
     wait_until,
@@ -139,15 +140,7 @@ def test_reclaim_shrinks_a_cgroup(vm: GuestVM, agent: AgentClient) -> None:
 
 
 def test_hot_plugged_memory_is_onlined_by_the_agent(vm: GuestVM, agent: AgentClient) -> None:
-    before = agent.info().system.mem_total_bytes
-    vm.hotplug_dimm(256)
-    grown = wait_until(
-        lambda: (total := agent.info().system.mem_total_bytes) - before >= 250 * MIB and total,
-        120,
-        "MemTotal to grow by the DIMM",
-    )
-    offline = vm.exec("grep -l offline /sys/devices/system/memory/memory*/state | wc -l").stdout
-    assert int(offline) == 0
+    before, grown = plug_dimm_and_wait_online(vm, agent, 256)
     again = agent.online_memory()
     assert list(again.onlined_blocks) == [] and again.mem_total_bytes == grown
     RESULTS["hotplug"] = {
