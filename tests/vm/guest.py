@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,23 @@ def boot(config: VMConfig, image: Path, factory: pytest.TempPathFactory) -> Iter
     """Body of a module's `vm` fixture: boot, hand over, and stop the guest at the end."""
     with GuestVM(config, image_dir=image, workdir=factory.mktemp("vm")) as guest:
         yield guest
+
+
+def boot_and_record(
+    config: VMConfig,
+    image: Path,
+    factory: pytest.TempPathFactory,
+    results: dict[str, object],
+    name: str,
+) -> Iterator[GuestVM]:
+    """boot(), noting the boot-to-serving time in results, which are then saved as
+    tests/vm/results/NAME.json once the guest is stopped."""
+    for guest in boot(config, image, factory):
+        results["boot_to_serving_seconds"] = round(guest.boot_seconds or 0, 1)
+        yield guest
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
 def wait_until(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:

@@ -11,7 +11,7 @@ import pytest
 
 from guestagent.transport import DEFAULT_VSOCK_PORT
 from guestagent.vm.qemu import GuestVM, VMConfig
-from tests.vm.guest import boot, read_guest
+from tests.vm.guest import boot_and_record, read_guest
 
 pytestmark = pytest.mark.vm
 
@@ -37,12 +37,7 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
         agent_args=("--allow-cid", str(LOOPBACK_CID)),
         extra_cmdline=f"guestagent.standin={INIT_AGENT_PORT}",
     )
-    for guest in boot(config, image, tmp_path_factory):
-        RESULTS["fast_boot_to_serving_seconds"] = round(guest.boot_seconds or 0, 1)
-        yield guest
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "coexist.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
+    yield from boot_and_record(config, image, tmp_path_factory, RESULTS, "coexist")
 
 
 def start_ticks(vm: GuestVM, pid: str) -> int:

@@ -16,7 +16,7 @@ from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import FLAVOURS, GuestVM, VMConfig
 from tests.vm.conftest import SWAP_DISK
-from tests.vm.guest import boot, plug_dimm_and_wait_online, read_guest
+from tests.vm.guest import boot_and_record, plug_dimm_and_wait_online, read_guest
 
 pytestmark = pytest.mark.vm
 
@@ -39,12 +39,7 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
             pytest.fail(reason)
         pytest.skip(reason)
     config = VMConfig(flavour="systemd", slots=2, maxmem_mib=1024, disks=(SWAP_DISK,))
-    for guest in boot(config, image, tmp_path_factory):
-        RESULTS["boot_to_serving_seconds"] = round(guest.boot_seconds or 0, 1)
-        yield guest
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "systemd.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
+    yield from boot_and_record(config, image, tmp_path_factory, RESULTS, "systemd")
 
 
 def unit_property(vm: GuestVM, name: str) -> str:
