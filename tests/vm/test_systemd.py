@@ -90,6 +90,7 @@ def test_unit_hardening_is_in_effect(vm: GuestVM) -> None:
     pid = main_pid(vm)
     assert int(status_field(vm, pid, "CapBnd"), 16) == UNIT_CAPABILITIES
     assert status_field(vm, pid, "NoNewPrivs") == "1"
+    assert status_field(vm, pid, "Seccomp") == "2"  # SystemCallFilter: a filter is installed.
     assert read_guest(vm, f"/proc/{pid}/oom_score_adj").strip() == "-1000"
     # ProtectSystem=strict: /usr is read-only in the agent's mount namespace, not in the guest's.
     probe = vm.exec(["nsenter", "-t", str(pid), "-m", "touch", "/usr/probe"], check=False)
