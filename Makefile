@@ -6,7 +6,10 @@ STAMP := $(VENV)/.installed
 WHEEL_STAMP := dist/.built
 SOURCES := $(shell find guestagent protos -name '*.py' -o -name '*.proto' | grep -v _pb2) pyproject.toml setup.py
 
-.PHONY: setup protos test unit vm vm-stress run bench lint image wheel clean
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+BUNDLE := dist/guestagent-bundle-$(VERSION)-x86_64.tar.gz
+
+.PHONY: setup protos test unit vm vm-stress run bench lint image bundle wheel clean
 
 setup: $(STAMP)
 
@@ -30,6 +33,11 @@ $(WHEEL_STAMP): $(STAMP) $(SOURCES)
 
 image: $(WHEEL_STAMP)
 	$(MAKE) -C image image WHEEL=$(abspath $(wildcard dist/guestagent-*.whl))
+
+# The extension bundle for any systemd guest image (docs/notes/image.md says how to add it).
+bundle: $(WHEEL_STAMP)
+	$(MAKE) -C image bundle WHEEL=$(abspath $(wildcard dist/guestagent-*.whl))
+	cp image/build/guestagent-bundle.tar.gz $(BUNDLE)
 
 # The README's test command: unit, integration and VM tests, the VM ones required.
 test: image

@@ -57,7 +57,26 @@ class Disk:
 
 
 @dataclass(frozen=True)
+class Flavour:
+    """One root disk of the image directory and the PID 1 it boots."""
+
+    rootfs: str
+    init: str
+    # The fast image's init reads the agent's arguments from the kernel command line; under
+    # systemd the unit reads /etc/default/guestagent, as in any guest, so VMConfig cannot set them.
+    agent_args_from_cmdline: bool
+
+
+FLAVOURS = {
+    "fast": Flavour("rootfs.img", "/sbin/guestagent-init", agent_args_from_cmdline=True),
+    "systemd": Flavour("rootfs-systemd.img", "/lib/systemd/systemd", agent_args_from_cmdline=False),
+}
+DEFAULT_LISTEN = f"vsock://:{GUEST_AGENT_PORT},tcp://0.0.0.0:{GUEST_AGENT_PORT}"
+
+
+@dataclass(frozen=True)
 class VMConfig:
+    flavour: str = "fast"
     memory_mib: int = 512
     cpus: int = 1
     slots: int = 0
@@ -65,7 +84,7 @@ class VMConfig:
     disks: tuple[Disk, ...] = ()
     balloon: bool = True
     free_page_reporting: bool = True
-    listen: str = f"vsock://:{GUEST_AGENT_PORT},tcp://0.0.0.0:{GUEST_AGENT_PORT}"
+    listen: str = DEFAULT_LISTEN
     agent_args: tuple[str, ...] = ()
     extra_cmdline: str = ""
 
@@ -76,6 +95,25 @@ class ExecResult:
     stdout: str
     stderr: str
     timed_out: bool = False
+
+
+def flavour_of(config: VMConfig) -> Flavour:
+    """The config's flavour, refusing settings that flavour would silently ignore."""
+    try:
+        flavour = FLAVOURS[config.flavour]
+    except KeyError:
+        raise ValueError(
+            f"unknown image flavour {config.flavour!r}; known: {', '.join(FLAVOURS)}"
+        ) from None
+    if not flavour.agent_args_from_cmdline and (
+        config.listen != DEFAULT_LISTEN or config.agent_args
+    ):
+        raise ValueError(
+            f"the {config.flavour} image takes the agent's arguments from "
+            f"/etc/default/guestagent, not listen={config.listen!r} "
+            f"agent_args={config.agent_args!r}"
+        )
+    return flavour
 
 
 @functools.cache
@@ -176,6 +214,7 @@ class GuestVM:
         boot_timeout: float = 240.0,
     ) -> None:
         self.config = config
+        self.flavour = flavour_of(config)
         self.image_dir = image_dir or Path(
             os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR)
         )
@@ -243,9 +282,11 @@ class GuestVM:
         config = self.config
         accel, cpu = accelerator(self.image_dir / "vmlinuz")
         kernel_args = [
-            "console=ttyS0 psi=1 init=/sbin/guestagent-init root=/dev/vda rw quiet panic=-1",
-            f"guestagent.listen={config.listen} guestagent.testexec=1",
+            f"console=ttyS0 psi=1 init={self.flavour.init} root=/dev/vda rw quiet panic=-1",
+            "guestagent.testexec=1",
         ]
+        if self.flavour.agent_args_from_cmdline:
+            kernel_args.append(f"guestagent.listen={config.listen}")
         if config.agent_args:
             kernel_args.append("guestagent.args=" + ",".join(config.agent_args))
         if config.extra_cmdline:
@@ -256,6 +297,7 @@ class GuestVM:
             memory += f",slots={config.slots},maxmem={maxmem}M"
         hostfwd = f"tcp:127.0.0.1:{self.host_port}-:{GUEST_AGENT_PORT}"
         testexec_socket = self.workdir / "testexec.sock"
+        rootfs = self.image_dir / self.flavour.rootfs
         options = [
             ("-accel", accel),
             ("-cpu", cpu),
@@ -269,7 +311,7 @@ class GuestVM:
             # snapshot=on sends the guest's writes to a throwaway overlay: the image stays pristine.
             (
                 "-drive",
-                f"file={self.image_dir / 'rootfs.img'},if=none,id=root,format=raw,snapshot=on",
+                f"file={rootfs},if=none,id=root,format=raw,snapshot=on",
             ),
             ("-device", "virtio-blk-pci,drive=root,serial=guestagent-root"),
             # restrict=on: the guest reaches nothing; only the forwarded agent port is open.

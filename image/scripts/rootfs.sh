@@ -1,10 +1,12 @@
 #!/bin/sh
 # Assemble the guest root filesystem from the cached layers and write it as an ext4 image
 # with mkfs.ext4 -d (no loop mount, so no privileges beyond file ownership are needed).
-# Usage: rootfs.sh BASE_STAMP KERNEL_DIR DEPS_STAMP WHEEL IMAGE_DIR OUTPUT
-# (the stamps hold the cached base tarball's and dependency tree's paths)
+# FLAVOUR is fast (PID 1 is image/init, a shell script) or systemd (PID 1 is systemd, the agent
+# a unit, as in Kata's guest images).
+# Usage: rootfs.sh FLAVOUR BASE_STAMP KERNEL_DIR BUNDLE IMAGE_DIR OUTPUT
+# (BASE_STAMP holds the cached base tarball's path; BUNDLE is the `make bundle` tarball)
 set -eu
-base=$(cat "$1") kernel=$2 deps=$(cat "$3") wheel=$4 image=$5 output=$6
+flavour=$1 base=$(cat "$2") kernel=$3 bundle=$4 image=$5 output=$6
 
 staging=$output.d
 rm -rf "$staging"
@@ -24,30 +26,33 @@ modules=lib/modules/$kver
 } | sort -u | cpio --quiet -pdm "$staging/usr")
 depmod -b "$staging/usr" "$kver"
 
-# /opt/guestagent is a venv over the guest's /usr/bin/python3 (3.11), filled from the host:
-# the cached dependency tree, then the agent wheel with its console script pointed at the venv.
-venv=$staging/opt/guestagent
-site=$venv/lib/python3.11/site-packages
-mkdir -p "$venv/bin" "$site"
-printf 'home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11\n' > "$venv/pyvenv.cfg"
-ln -s /usr/bin/python3 "$venv/bin/python"
-ln -s python "$venv/bin/python3"
-cp -a "$deps/." "$site/"
-/usr/bin/python3 -m pip install --quiet --disable-pip-version-check --no-compile --no-deps \
-    --root-user-action=ignore --target "$site" "$wheel"
-for script in "$site/bin/"*; do
-    sed '1s|^#!.*|#!/opt/guestagent/bin/python|' "$script" > "$venv/bin/${script##*/}"
-    chmod 755 "$venv/bin/${script##*/}"
-done
-rm -rf "$site/bin"
-# The root disk is a throwaway snapshot, so bytecode the guest wrote would be lost at every
-# boot; compile it here instead (host and guest are both Debian 12's CPython 3.11).
-/usr/bin/python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$staging" -p / "$venv/lib"
-
-install -m 755 "$image/init" "$staging/sbin/guestagent-init"
+# The agent: the bundle's venv, unit and defaults, exactly as an operator would unpack them.
+tar -C "$staging" -xzf "$bundle"
 install -m 755 "$image/testexec.py" "$staging/usr/local/sbin/guestagent-testexec"
-install -m 644 "$image/guestagent.service" "$staging/etc/systemd/system/guestagent.service"
+install -m 755 "$image/standin-agent.py" "$staging/usr/local/sbin/guestagent-standin"
 for applet in poweroff reboot halt; do ln -sf /bin/busybox "$staging/usr/local/sbin/$applet"; done
+case $flavour in
+    fast)
+        install -m 755 "$image/init" "$staging/sbin/guestagent-init"
+        ;;
+    systemd)
+        # Test-only units: the command channel (only with guestagent.testexec=1 on the kernel
+        # command line) and the address QEMU's user network forwards the agent's tcp port to.
+        for unit in "$image"/systemd/*.service; do
+            install -m 644 "$unit" "$staging/etc/systemd/system/${unit##*/}"
+        done
+        # The test harness reaches the agent over tcp too: host-to-guest vsock is not
+        # available everywhere the tests run.
+        install -m 644 "$image/systemd/guestagent.default" "$staging/etc/default/guestagent"
+        systemctl --root="$staging" --quiet enable guestagent.service \
+            guestagent-testexec.service guestagent-testnet.service
+        ;;
+    *)
+        echo "rootfs.sh: unknown flavour '$flavour' (fast or systemd)" >&2
+        exit 1
+        ;;
+esac
+
 # Keep the kernel's eth0 name: udev's default link policy would rename it.
 mkdir -p "$staging/etc/systemd/network"
 ln -sf /dev/null "$staging/etc/systemd/network/99-default.link"

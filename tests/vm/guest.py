@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import TypeVar
 
 import pytest
 
+from guestagent.host.client import AgentClient
 from guestagent.vm.qemu import ExecResult, GuestVM, VMConfig
 from tests.vm import pace
 from tests.vm.pace import Deadline
@@ -39,6 +41,23 @@ def boot(config: VMConfig, image: Path, factory: pytest.TempPathFactory) -> Iter
     with GuestVM(config, image_dir=image, workdir=factory.mktemp("vm")) as guest:
         pace.measure(guest)
         yield guest
+
+
+def boot_and_record(
+    config: VMConfig,
+    image: Path,
+    factory: pytest.TempPathFactory,
+    results: dict[str, object],
+    name: str,
+) -> Iterator[GuestVM]:
+    """boot(), noting the boot-to-serving time in results, which are then saved as
+    tests/vm/results/NAME.json once the guest is stopped."""
+    for guest in boot(config, image, factory):
+        results["boot_to_serving_seconds"] = round(guest.boot_seconds or 0, 1)
+        yield guest
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
 def wait_until(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
@@ -142,6 +161,22 @@ def stop_filler(vm: GuestVM, name: str = "filler") -> None:
         pace.of(vm).scale(60),
         f"{name} (pid {pid}) to exit",
     )
+
+
+def plug_dimm_and_wait_online(vm: GuestVM, agent: AgentClient, mib: int) -> tuple[int, int]:
+    """Plug a pc-dimm and wait for the agent to online all of it: MemTotal before and after."""
+    before = agent.info().system.mem_total_bytes
+    # MemTotal grows by the DIMM less its memmap (64 bytes per 4 KiB page).
+    wanted = before + (mib - 6) * (1 << 20)
+    vm.hotplug_dimm(mib)
+    grown = wait_until(
+        lambda: (total := agent.info().system.mem_total_bytes) >= wanted and total,
+        pace.of(vm).scale(120),
+        "MemTotal to grow by the DIMM",
+    )
+    offline = vm.exec("grep -l offline /sys/devices/system/memory/memory*/state | wc -l").stdout
+    assert int(offline) == 0
+    return before, grown
 
 
 def allocate_free_and_compact(

@@ -17,6 +17,7 @@ from tests.vm.guest import (
     boot,
     filler_ready,
     make_cgroup,
+    plug_dimm_and_wait_online,
     start_filler,
     stop_filler,
     wait_until,
@@ -151,18 +152,8 @@ def test_reclaim_shrinks_a_cgroup(vm: GuestVM, agent: AgentClient, pace: Pace) -
     assert result.current_before_bytes - result.current_after_bytes > 32 * MIB, RESULTS["reclaim"]
 
 
-def test_hot_plugged_memory_is_onlined_by_the_agent(
-    vm: GuestVM, agent: AgentClient, pace: Pace
-) -> None:
-    before = agent.info().system.mem_total_bytes
-    vm.hotplug_dimm(256)
-    grown = wait_until(
-        lambda: (total := agent.info().system.mem_total_bytes) - before >= 250 * MIB and total,
-        pace.scale(120),
-        "MemTotal to grow by the DIMM",
-    )
-    offline = vm.exec("grep -l offline /sys/devices/system/memory/memory*/state | wc -l").stdout
-    assert int(offline) == 0
+def test_hot_plugged_memory_is_onlined_by_the_agent(vm: GuestVM, agent: AgentClient) -> None:
+    before, grown = plug_dimm_and_wait_online(vm, agent, 256)
     again = agent.online_memory()
     assert list(again.onlined_blocks) == [] and again.mem_total_bytes == grown
     RESULTS["hotplug"] = {
