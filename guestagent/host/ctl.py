@@ -29,19 +29,6 @@ from guestagent.host.display import (
     reclaim_text,
     swap_area_text,
 )
-from guestagent.host.sizing import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_MODEL,
-    MIB,
-    Container,
-    PodSizing,
-    fit_model,
-    model_from_dict,
-    model_to_dict,
-    plan,
-    plan_text,
-    plan_to_dict,
-)
 from guestagent.host.units import SIZE_HELP, parse_limit, parse_size
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_memory
@@ -256,7 +243,20 @@ def _pod_limit(text: str) -> int | None:
     return None if text.strip().lower() in ("max", "none", "-1") else _size(text)
 
 
-def _container(text: str) -> Container:
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ContainerArgument:
+    """One --container, before sizing's Container: sizing is imported only when plan runs,
+    so the guest image, whose guestctl never plans, does not carry it."""
+
+    name: str
+    limit: int | None
+    request: int | None
+
+
+def _container(text: str) -> ContainerArgument:
     """'limit=512Mi,request=256Mi,name=app'; each key optional, no limit means none."""
     values: dict[str, str] = {}
     for item in text.split(","):
@@ -264,7 +264,7 @@ def _container(text: str) -> Container:
         if not sep or key.strip() not in ("name", "limit", "request"):
             raise argparse.ArgumentTypeError(f"{item!r} is not name=, limit= or request=")
         values[key.strip()] = value.strip()
-    return Container(
+    return ContainerArgument(
         name=values.get("name", ""),
         limit=_size(values["limit"]) if "limit" in values else None,
         request=_size(values["request"]) if "request" in values else None,
@@ -293,7 +293,7 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host-memory", type=_size, help="default: this host's MemTotal")
     parser.add_argument(
-        "--block-size", type=_size, default=DEFAULT_BLOCK_SIZE, help="hotplug granularity"
+        "--block-size", type=_size, help="hotplug granularity (default: 128Mi, as Kata's)"
     )
     parser.add_argument(
         "--model", type=Path, help="overhead model from measure-overhead --out (default: built in)"
@@ -302,6 +302,17 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     """Exit 0 when the pod fits, 1 when the preflight fails, 2 on bad input."""
+    from guestagent.host.sizing import (
+        DEFAULT_BLOCK_SIZE,
+        DEFAULT_MODEL,
+        Container,
+        PodSizing,
+        model_from_dict,
+        plan,
+        plan_text,
+        plan_to_dict,
+    )
+
     try:
         model = DEFAULT_MODEL
         if args.model is not None:
@@ -310,7 +321,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"guestctl: plan: model {args.model}: {e}", file=sys.stderr)
         return 2
     containers = tuple(
-        c if c.name else Container(f"container{i}", c.limit, c.request)
+        Container(c.name or f"container{i}", c.limit, c.request)
         for i, c in enumerate(args.container)
     )
     try:
@@ -323,7 +334,7 @@ def _plan(args: argparse.Namespace) -> int:
             default_maxmemory=args.default_maxmemory * MIB,
             containers=containers,
             pod_limit=args.pod_limit,
-            block_size=args.block_size,
+            block_size=args.block_size or DEFAULT_BLOCK_SIZE,
         )
         result = plan(sizing, model)
     except (AgentError, OSError) as e:
@@ -358,6 +369,7 @@ def _measure_overhead(args: argparse.Namespace) -> int:
         return 2
     # Imported here: it brings in the QEMU harness, which nothing else in guestctl needs.
     from guestagent.host.measure import MeasureError, measure_size, table_text
+    from guestagent.host.sizing import fit_model, model_to_dict
 
     samples = []
     try:

@@ -34,9 +34,9 @@ for script in "$site/bin/"*; do
 done
 rm -rf "$site/bin"
 
-# The QEMU harness and the overhead measurement boot VMs from the host: never used in a guest.
-# host/sizing stays: guestctl imports it at start, and guestctl is handy inside the guest too.
-rm -rf "$site/guestagent/vm" "$site/guestagent/host/measure.py"
+# The QEMU harness, the overhead measurement and VM sizing run on the host: never in a guest
+# (guestctl imports sizing only for `plan`, measure only for `measure-overhead`).
+rm -rf "$site/guestagent/vm" "$site/guestagent/host/measure.py" "$site/guestagent/host/sizing"
 
 # A guest's root disk is often read-only or a throwaway snapshot, so bytecode written at run
 # time would be lost at every boot (or never written): compile it here, as unchecked-hash pycs
