@@ -1,5 +1,5 @@
 import sys
 
-from guestagent.agent.cli import main
+from guestagent.agent.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

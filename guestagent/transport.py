@@ -17,7 +17,6 @@ import os
 import socket
 import stat
 import struct
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,8 +167,7 @@ def open_unix_listener(path: str, mode: int = 0o600) -> socket.socket:
     moment in which anyone could connect. link(2), unlike rename(2), never replaces a
     socket that another agent has just put there; a stale one (its server gone) is removed.
     """
-    parent = os.path.dirname(path) or "."
-    private = tempfile.mkdtemp(prefix=".guestagent-", dir=parent)
+    private = private_directory(os.path.dirname(path) or ".", ".guestagent-")
     staged = os.path.join(private, "sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -189,6 +187,18 @@ def open_unix_listener(path: str, mode: int = 0o600) -> socket.socket:
             os.unlink(staged)
         os.rmdir(private)
     return listener
+
+
+def private_directory(parent: str, prefix: str) -> str:
+    """A new directory only this process's user can enter (tempfile.mkdtemp, without
+    loading tempfile, shutil and random into the daemon for one call at start)."""
+    while True:
+        path = os.path.join(parent, f"{prefix}{os.urandom(6).hex()}")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
 
 
 def _remove_stale_socket(path: str) -> None:

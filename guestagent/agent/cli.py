@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,14 @@ from guestagent.errors import AgentError
 from guestagent.linux.fs import KernelFS
 from guestagent.ops.self_cgroup import protect_self
 from guestagent.transport import DEFAULT_VSOCK_PORT, parse_address
+
+
+def entry() -> int:
+    """The `guestagent` command: main() in a process that never loads ssl. No listener
+    speaks TLS, but asyncio imports ssl when it can (about 4 MiB of RSS in every guest); a
+    None in sys.modules makes that import fail the way asyncio expects."""
+    sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+    return main()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

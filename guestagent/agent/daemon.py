@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 import errno
 import os
-import shutil
 import signal
 import socket
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +35,7 @@ from guestagent.transport import (
     grpc_target,
     open_unix_listener,
     open_vsock_listener,
+    private_directory,
     vsock_admitter,
 )
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
@@ -156,7 +155,8 @@ class Agent:
     def _private_socket(self) -> str:
         """The unix socket relays dial: in a 0700 directory only this process can enter."""
         if self._private_dir is None:
-            self._private_dir = Path(tempfile.mkdtemp(prefix="guestagent-"))
+            temporary = os.environ.get("TMPDIR") or "/tmp"  # where mkdtemp would put it
+            self._private_dir = Path(private_directory(temporary, "guestagent-"))
             path = self._private_dir / "grpc.sock"
             self._add_port(f"unix://{path}")
         return str(self._private_dir / "grpc.sock")
@@ -170,7 +170,9 @@ class Agent:
                 if os.lstat(path).st_ino == inode:
                     os.unlink(path)
         if self._private_dir is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                (self._private_dir / "grpc.sock").unlink(missing_ok=True)
+                self._private_dir.rmdir()
 
     async def stop(self) -> None:
         log.info("stopping", grace_seconds=self.config.grace_seconds)

@@ -10,7 +10,6 @@ to the same bytes through os.fsencode (for swapoff).
 from __future__ import annotations
 
 import re
-import uuid
 from dataclasses import dataclass
 
 from guestagent.errors import KernelFormat
@@ -73,6 +72,11 @@ def parse_swap_header(head: bytes, page_size: int) -> SwapHeader | None:
     if head[page_size - 10 : page_size] != b"SWAPSPACE2":
         return None
     raw_uuid, raw_label = head[1036:1052], head[1052:1068]
-    return SwapHeader(
-        str(uuid.UUID(bytes=raw_uuid)), raw_label.split(b"\0")[0].decode(errors="replace")
-    )
+    return SwapHeader(uuid_text(raw_uuid), raw_label.split(b"\0")[0].decode(errors="replace"))
+
+
+def uuid_text(raw: bytes) -> str:
+    """str(uuid.UUID(bytes=raw)), without loading the uuid module (and platform, which it
+    imports) into a daemon that reads a header a few times in its life."""
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import threading
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -270,6 +269,8 @@ class SwapManager:
         if queue_value(self.fs, device, "rotational") != "0":
             raise FailedPrecondition(f"{device.devnode} still reads rotational=1 after writing 0")
         if reusable is None:
+            import uuid  # Here, not at start: only a format needs it (and it loads platform).
+
             run_mkswap(device.devnode, SwapHeader(str(uuid.uuid4()), spec.label), spec.force)
         syscalls.swapon(device.devnode, swapon_flags(spec.priority, spec.discard))
 
