@@ -8,7 +8,6 @@ so the bulk of its memory is charged to, and protected by, that cgroup.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fs = KernelFS(args.root, args.cgroup_mount)
     if not args.no_self_cgroup:
         protect_self(fs)
+    import asyncio
+
     from guestagent.agent.daemon import ServerConfig, serve
 
     try:
