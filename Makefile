@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 WHEEL_STAMP := dist/.built
 SOURCES := $(shell find guestagent protos -name '*.py' -o -name '*.proto' | grep -v _pb2) pyproject.toml setup.py
 
-.PHONY: setup protos test unit vm run bench lint image wheel clean
+.PHONY: setup protos test unit vm vm-stress run bench lint image wheel clean
 
 setup: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml setup.py image/requirements.txt
 	bash image/install-host-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c image/requirements.txt -e '.[test,dev]'
+	$(PY) -m pip install -q -c image/requirements.txt -e '.[test,dev,host]'
 	touch $@
 
 # Regenerate guestagent/v1 after editing protos/ (an editable install does it too).
@@ -35,11 +35,20 @@ image: $(WHEEL_STAMP)
 test: image
 	GUESTAGENT_VM_TESTS=required $(PY) -m pytest -q
 
+# The quick loop: the slow fuzz tests run in `make test`.
 unit: $(STAMP)
-	$(PY) -m pytest -q tests/unit tests/integration
+	$(PY) -m pytest -q -m 'not slow' tests/unit tests/integration
 
 vm: image
 	GUESTAGENT_VM_TESTS=required $(PY) -m pytest -q tests/vm
+
+# The VM suite with one host core kept busy by a hog that ends with the suite (or after
+# VM_STRESS_SECONDS, or if make is interrupted), as on a loaded CI host.
+VM_STRESS_SECONDS ?= 5400
+vm-stress: image
+	$(PY) -m tests.stress.cpuhog --seconds $(VM_STRESS_SECONDS) --parent $$$$ & hog=$$!; \
+	GUESTAGENT_VM_TESTS=required $(PY) -m pytest -q tests/vm; status=$$?; \
+	kill $$hog; exit $$status
 
 # The main job: boot the guest image in QEMU and show the agent at work.
 run: image

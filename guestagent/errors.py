@@ -1,11 +1,17 @@
 """Domain errors. Modules raise these; the servicer maps each class to one gRPC code."""
 
+from __future__ import annotations
+
 import errno
 import os
 
 
 class AgentError(Exception):
     """Base class; the message is shown to the caller as the gRPC status details."""
+
+    # The errno behind the error when a system call failed, for callers that decide on it
+    # (EAGAIN from memory.reclaim is a partial result, ENOENT from a PSI file a missing feature).
+    errno: int | None = None
 
 
 class InvalidArgument(AgentError):
@@ -29,7 +35,31 @@ class KernelFormat(AgentError):
 
 
 class Aborted(AgentError):
-    """A write failed midway; the error says what was restored."""
+    """A write failed midway, or the kernel asked to try again; the error says what was restored."""
+
+
+class Internal(AgentError):
+    """The kernel failed in a way this agent does not expect (EIO, EFAULT): worth a bug report."""
+
+
+# What an errno from a kernel file or system call means for the caller.
+ERROR_BY_ERRNO: dict[int, type[AgentError]] = {
+    # The path left its mount through '..' or a symlink (openat2's RESOLVE_BENEATH refusals).
+    errno.EXDEV: InvalidArgument,
+    errno.ELOOP: InvalidArgument,
+    # The guest's state refuses the request: a missing file is a missing kernel feature.
+    errno.ENOENT: FailedPrecondition,
+    errno.ENOTDIR: FailedPrecondition,
+    errno.EINVAL: FailedPrecondition,
+    errno.EBUSY: FailedPrecondition,
+    errno.EACCES: FailedPrecondition,
+    errno.EPERM: FailedPrecondition,
+    errno.ENOSPC: FailedPrecondition,
+    # Transient: the same call may succeed when retried.
+    errno.EAGAIN: Aborted,
+    errno.EINTR: Aborted,
+    errno.ENOMEM: Aborted,
+}
 
 
 def errno_text(e: OSError) -> str:
@@ -37,3 +67,19 @@ def errno_text(e: OSError) -> str:
     number = e.errno or 0
     name = errno.errorcode.get(number, f"errno {number}")
     return f"{name} ({e.strerror or os.strerror(number)})"
+
+
+def kernel_error(
+    op: str, path: str | os.PathLike[str], value: str | None, error: OSError
+) -> AgentError:
+    """A domain error for a failed kernel file operation, naming the path, value and errno.
+
+    'write '0' to /sys/block/vdb/queue/rotational: EINVAL (Invalid argument)'
+    """
+    target = f"{value!r} to {os.fspath(path)}" if value is not None else os.fspath(path)
+    message = f"{op} {target}: {errno_text(error)}"
+    if error.errno in (errno.EXDEV, errno.ELOOP):
+        message += "; refused: the path leads outside its mount, or through a forbidden link"
+    result = ERROR_BY_ERRNO.get(error.errno or 0, Internal)(message)
+    result.errno = error.errno
+    return result

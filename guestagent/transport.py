@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import ipaddress
 import os
-import select
 import socket
 import stat
 import struct
@@ -27,6 +25,7 @@ from typing import Any
 
 from guestagent.errors import AgentError, InvalidArgument
 from guestagent.jsonlog import EventLog
+from guestagent.relay import SocketRelay, Upstream
 
 log = EventLog("guestagent.transport")
 
@@ -34,8 +33,6 @@ HOST_CID = 2  # VMADDR_CID_HOST: the hypervisor side, the only trusted caller.
 # 1024 is kata-agent's and vminitd's (1025/1026 are kata's log and debug console, vminitd's
 # relays start at 0x10000000); both bind VMADDR_CID_ANY, so the agent takes a port of its own.
 DEFAULT_VSOCK_PORT = 6464
-_CHUNK = 256 * 1024
-_F_SETPIPE_SZ = 1031
 # What holds a port the agent wanted: said in the bind failure, so an operator knows where to look.
 OTHER_AGENTS = (
     "another agent (kata-agent or vminitd on vsock 1024, or a second guestagent) holds it"
@@ -249,70 +246,6 @@ def dial_unix(path: str) -> socket.socket:
     return sock
 
 
-class _SpliceUnsupported(Exception):
-    pass
-
-
-def _splice_pump(src: socket.socket, dst: socket.socket) -> None:
-    read_end, write_end = os.pipe()
-    try:
-        with contextlib.suppress(OSError):  # A smaller pipe only means more splice calls.
-            fcntl.fcntl(write_end, _F_SETPIPE_SZ, _CHUNK)
-        first = True
-        while True:
-            try:
-                moved = os.splice(src.fileno(), write_end, _CHUNK)
-            except OSError as e:
-                if first and e.errno == errno.EINVAL:
-                    raise _SpliceUnsupported from e
-                raise
-            first = False
-            if moved == 0:
-                return
-            while moved:
-                moved -= os.splice(read_end, dst.fileno(), moved)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
-
-
-def _copy_pump(src: socket.socket, dst: socket.socket) -> None:
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    while True:
-        received = src.recv_into(buffer)
-        if received == 0:
-            return
-        dst.sendall(view[:received])
-
-
-def pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copy src to dst until src's EOF, then half-close dst so the peer sees EOF too."""
-    try:
-        try:
-            _splice_pump(src, dst)
-        except _SpliceUnsupported:
-            _copy_pump(src, dst)
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        # A reset on either side ends both directions: wake the other pump too.
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-
-def join(a: socket.socket, b: socket.socket) -> None:
-    """Relay both directions until both end, then close both sockets."""
-    other = threading.Thread(target=pump, args=(b, a), name="relay-back", daemon=True)
-    other.start()
-    try:
-        pump(a, b)
-        other.join()
-    finally:
-        a.close()
-        b.close()
-
-
 class PeerTable:
     """Who is on the far side of each relayed connection, for the server behind the relay.
 
@@ -352,68 +285,6 @@ class PeerTable:
         return grpc_peer
 
 
-class SocketRelay:
-    """Accepts on a listener and joins each admitted connection to a freshly dialled one."""
-
-    def __init__(
-        self,
-        listener: socket.socket,
-        dial: Callable[[], socket.socket],
-        admit: Callable[[Any], bool] = lambda peer: True,
-        name: str = "relay",
-    ) -> None:
-        self.listener = listener
-        self._dial = dial
-        self._admit = admit
-        self._name = name
-        self._wake_read, self._wake_write = os.pipe()
-        self._closed = False
-        self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
-
-    def start(self) -> SocketRelay:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop accepting. Connections already relayed run on until their peers close them.
-        A second call, or one on a relay never started, is harmless."""
-        if self._closed:
-            return
-        self._closed = True
-        os.write(self._wake_write, b"x")
-        if self._thread.ident is not None:
-            self._thread.join(timeout=5)
-        self.listener.close()
-        os.close(self._wake_read)
-        os.close(self._wake_write)
-
-    def _accept_loop(self) -> None:
-        while True:
-            ready, _, _ = select.select([self.listener.fileno(), self._wake_read], [], [])
-            if self._wake_read in ready:
-                return
-            try:
-                conn, peer = self.listener.accept()
-            except OSError as e:
-                log.warning("relay_accept_failed", relay=self._name, errno=e.errno, error=str(e))
-                continue
-            if not self._admit(peer):
-                conn.close()
-                continue
-            threading.Thread(
-                target=self._relay_one, args=(conn, peer), name=f"{self._name}-conn", daemon=True
-            ).start()
-
-    def _relay_one(self, conn: socket.socket, peer: Any) -> None:
-        try:
-            upstream = self._dial()
-        except OSError as e:
-            log.warning("relay_dial_failed", relay=self._name, peer=str(peer), error=str(e))
-            conn.close()
-            return
-        join(conn, upstream)
-
-
 class NamedRelay(SocketRelay):
     """A relay to a local unix socket that tells the server who each connection's caller is
     (through a PeerTable): the vsock CID and port, or the unix caller's credentials."""
@@ -430,18 +301,9 @@ class NamedRelay(SocketRelay):
         self._upstream = upstream
         self._peers = peers
 
-    def _relay_one(self, conn: socket.socket, peer: Any) -> None:
-        caller = describe_peer(conn, peer)
-        try:
-            upstream, name = self._peers.dial(self._upstream, caller)
-        except OSError as e:
-            log.warning("relay_dial_failed", relay=self._name, peer=caller, error=str(e))
-            conn.close()
-            return
-        try:
-            join(conn, upstream)
-        finally:
-            self._peers.forget(name)
+    def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
+        upstream, name = self._peers.dial(self._upstream, describe_peer(conn, peer))
+        return upstream, lambda: self._peers.forget(name)
 
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid.

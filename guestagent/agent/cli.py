@@ -16,7 +16,7 @@ from guestagent.transport import DEFAULT_VSOCK_PORT, parse_address
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="guestagent", description=__doc__)
+    parser = argparse.ArgumentParser(prog="guestagent", description="the in-guest memory agent")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="run the in-guest agent")
     serve_cmd.add_argument(

@@ -46,6 +46,7 @@ STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.KernelFormat: grpc.StatusCode.INTERNAL,
+    errors.Internal: grpc.StatusCode.INTERNAL,
 }
 
 

@@ -73,7 +73,7 @@ async def watch_memory(
     inotify watch and the PSI trigger)."""
     first = read_report(fs, spec.cgroups)  # Checks every name before anything is armed.
     events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
-    with KernelSignals(events, fs.proc("pressure", "memory"), spec.trigger) as signals:
+    with KernelSignals(fs, events, spec.trigger) as signals:
         yield WatchUpdate(first, WatchReason.INITIAL)
         while True:
             woke = await _next_signals(signals, spec.interval_s, stopping)

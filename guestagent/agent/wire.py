@@ -200,7 +200,6 @@ def swap_area_pb(area: SwapArea) -> pb.SwapArea:
         used_bytes=area.used_bytes,
         priority=area.priority,
         discard_supported=area.discard_supported,
-        rotational=bool(area.rotational),
         uuid=area.uuid,
         label=area.label,
         already_active=area.already_active,
@@ -208,6 +207,8 @@ def swap_area_pb(area: SwapArea) -> pb.SwapArea:
     )
     if area.discard is not None:
         message.discard = DISCARD_TO_PB[area.discard]
+    if area.rotational is not None:
+        message.rotational = area.rotational
     return message
 
 

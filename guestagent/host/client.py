@@ -14,14 +14,14 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from guestagent.relay import SocketRelay
 from guestagent.transport import (
     HybridVsockAddress,
-    SocketRelay,
     UnixAddress,
     VsockAddress,
     dial_hybrid_vsock,
@@ -32,14 +32,32 @@ from guestagent.transport import (
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-    # The agent is local (a VM on this host): retry a refused connect within 100 ms, not
-    # grpc's default 1 s, so a client that starts with the VM sees it ready at once.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
+
+def channel_options(timeout: float) -> list[tuple[str, int]]:
+    """grpc channel arguments for a client whose calls may take `timeout` seconds."""
+    return [
+        ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+        # The agent is local (a VM on this host): retry a refused connect within 100 ms, not
+        # grpc's default 1 s, so a client that starts with the VM sees it ready at once.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        # grpc-core takes this as the shortest time one connection attempt may last (TCP or
+        # unix connect up to the server's HTTP/2 SETTINGS frame), not only as a backoff. At
+        # 100 ms an attempt was abandoned after the current backoff (100 ms, growing to at
+        # most 1.2 s with jitter), so a guest too busy to send SETTINGS within that was never
+        # reached. An attempt may now last as long as a call may.
+        ("grpc.min_reconnect_backoff_ms", max(1, round(timeout * 1000))),
+    ]
+
+
+class WatchStream(Protocol):
+    """What WatchMemory returns: the reports as they come, and a way to end the stream."""
+
+    def __iter__(self) -> Iterator[pb.MemoryInfo]: ...
+
+    def __next__(self) -> pb.MemoryInfo: ...
+
+    def cancel(self) -> bool: ...
 
 
 class AgentClient:
@@ -51,7 +69,7 @@ class AgentClient:
         address = parse_address(target)
         if isinstance(address, VsockAddress | HybridVsockAddress):
             address = self._start_relay(address)
-        self.channel = grpc.insecure_channel(grpc_target(address), options=CHANNEL_OPTIONS)
+        self.channel = grpc.insecure_channel(grpc_target(address), options=channel_options(timeout))
         self.stub = pb_grpc.MemoryAgentStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
 
@@ -79,11 +97,11 @@ class AgentClient:
         cgroups: Iterable[str] = (),
         interval_ms: int = 0,
         trigger: pb.PressureTrigger | None = None,
-    ) -> Iterator[pb.MemoryInfo]:
+    ) -> WatchStream:
         request = pb.WatchMemoryRequest(interval_ms=interval_ms, cgroups=list(cgroups))
         if trigger is not None:
             request.pressure_trigger.CopyFrom(trigger)
-        stream: Iterator[pb.MemoryInfo] = self.stub.WatchMemory(request)
+        stream: WatchStream = self.stub.WatchMemory(request)
         return stream
 
     def enable_swap(self, request: pb.EnableSwapRequest) -> pb.SwapArea:
@@ -128,9 +146,10 @@ class AgentClient:
         result: pb.GuestOverhead = self.stub.GetGuestOverhead(request, timeout=self.timeout)
         return result
 
-    def health(self, service: str = "") -> str:
+    def health(self, service: str = "", timeout: float | None = None) -> str:
         response = self.health_stub.Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=self.timeout
+            health_pb2.HealthCheckRequest(service=service),
+            timeout=self.timeout if timeout is None else timeout,
         )
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
@@ -140,7 +159,8 @@ class AgentClient:
         deadline = start + timeout
         while True:
             try:
-                if self.health() == "SERVING":
+                # A connection attempt may last a whole call: bound it by what is left here.
+                if self.health(timeout=max(0.1, deadline - time.monotonic())) == "SERVING":
                     return time.monotonic() - start
             except grpc.RpcError:
                 pass

@@ -1,4 +1,9 @@
-"""`guestctl`: the host-side command line, talking to a guest's agent or sizing VMs."""
+"""`guestctl`: the host-side command line, talking to a guest's agent or sizing VMs.
+
+Each subcommand is a pair in COMMANDS: a function that adds its flags and one that runs it.
+Commands that call the agent are wrapped by `remote`, which opens the client, prints what
+the call returns and turns a failed call into one line on stderr and exit status 1.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -20,7 +26,6 @@ from guestagent.host.display import (
     memory_info_text,
     online_text,
     overhead_text,
-    parse_size,
     reclaim_text,
     swap_area_text,
 )
@@ -37,15 +42,97 @@ from guestagent.host.sizing import (
     plan_text,
     plan_to_dict,
 )
+from guestagent.host.units import SIZE_HELP, parse_limit, parse_size
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.watch import PSI_MIN_WINDOW_US
+from guestagent.transport import TcpAddress, parse_address
 from guestagent.v1 import agent_pb2 as pb
+
+Run = Callable[[argparse.Namespace], int]
+Call = Callable[[AgentClient, argparse.Namespace], str]
+AddArguments = Callable[[argparse.ArgumentParser], None]
+
+
+class UsageError(Exception):
+    """A command line argparse accepted but the command cannot run with; exit 2 like argparse."""
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    add_arguments: AddArguments
+    run: Run
+
+
+def remote(call: Call) -> Run:
+    """A command that talks to the agent at --target."""
+
+    def run(args: argparse.Namespace) -> int:
+        _need_target(args)
+        try:
+            with AgentClient(args.target, timeout=args.timeout) as client:
+                output = call(client, args)
+        except grpc.RpcError as e:
+            print(f"guestctl: {describe_error(e)}", file=sys.stderr)
+            return 1
+        except (AgentError, OSError) as e:
+            print(f"guestctl: {e}", file=sys.stderr)
+            return 1
+        if output:
+            print(output)
+        return 0
+
+    return run
+
+
+def _need_target(args: argparse.Namespace) -> None:
+    if args.target is None:
+        raise UsageError(f"{args.command} needs --target")
+
+
+def _missing_extra(command: str, module: str, extra: str) -> bool:
+    """True, after saying what to install, when an optional host dependency is absent."""
+    top = module.split(".")[0]
+    if importlib.util.find_spec(top) is not None and importlib.util.find_spec(module) is not None:
+        return False
+    print(f"guestctl: {command} needs {module}: pip install 'guestagent[{extra}]'", file=sys.stderr)
+    return True
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _limit(text: str) -> int:
+    try:
+        return parse_limit(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _no_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command takes no flags of its own."""
+
+
+def _info_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cgroup", action="append", default=[], help="cgroup path; repeatable")
 
 
 def _info(client: AgentClient, args: argparse.Namespace) -> str:
     info = client.info(args.cgroup)
     return as_json(info) if args.json else memory_info_text(info)
+
+
+def _watch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cgroup", action="append", default=[])
+    parser.add_argument("--interval-ms", type=int, default=0)
+    parser.add_argument("--count", type=int, default=0, help="stop after N messages")
+    parser.add_argument("--stall-us", type=int, default=0, help="PSI trigger stall")
+    parser.add_argument("--window-us", type=int, default=PSI_MIN_WINDOW_US * 2)
 
 
 def _watch(client: AgentClient, args: argparse.Namespace) -> str:
@@ -64,10 +151,25 @@ def _watch(client: AgentClient, args: argparse.Namespace) -> str:
     return ""
 
 
+def _device_arguments(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--device", help="device node, e.g. /dev/vdb")
+    which.add_argument("--serial", help="virtio serial (udev ID_SERIAL), e.g. swap0")
+
+
 def _selector(args: argparse.Namespace) -> pb.DeviceSelector:
     if args.serial:
         return pb.DeviceSelector(serial=args.serial)
     return pb.DeviceSelector(path=args.device)
+
+
+def _swap_enable_arguments(parser: argparse.ArgumentParser) -> None:
+    _device_arguments(parser)
+    parser.add_argument("--priority", type=int)
+    parser.add_argument("--discard", choices=["both", "pages", "once", "none"], default="both")
+    parser.add_argument("--wait-ms", type=int, default=0, help="wait for a hot-plugged disk")
+    parser.add_argument("--force", action="store_true", help="format over existing data")
+    parser.add_argument("--label", default="")
 
 
 def _swap_enable(client: AgentClient, args: argparse.Namespace) -> str:
@@ -96,10 +198,14 @@ def _swap_list(client: AgentClient, args: argparse.Namespace) -> str:
     return "\n".join(swap_area_text(a) for a in areas) or "no active swap areas"
 
 
-def _add_device_arguments(parser: argparse.ArgumentParser) -> None:
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--device", help="device node, e.g. /dev/vdb")
-    which.add_argument("--serial", help="virtio serial (udev ID_SERIAL), e.g. swap0")
+def _limits_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cgroup", required=True)
+    parser.add_argument("--limit", type=_limit, help=f"OCI memory.limit: {SIZE_HELP}; or -1 (max)")
+    parser.add_argument(
+        "--swap", type=_limit, help="OCI memory.swap: memory+swap total, a size or -1"
+    )
+    parser.add_argument("--reservation", type=_limit, help="OCI memory.reservation, a size or -1")
+    parser.add_argument("--create", action="store_true", help="create the cgroup if missing")
 
 
 def _limits(client: AgentClient, args: argparse.Namespace) -> str:
@@ -112,9 +218,19 @@ def _limits(client: AgentClient, args: argparse.Namespace) -> str:
     return as_json(applied) if args.json else limits_text(args.cgroup, applied)
 
 
+def _compact_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node", type=int)
+
+
 def _compact(client: AgentClient, args: argparse.Namespace) -> str:
     result = client.compact(args.node)
     return as_json(result) if args.json else compact_text(result)
+
+
+def _reclaim_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cgroup", required=True)
+    parser.add_argument("--bytes", type=_size, required=True, help=SIZE_HELP)
+    parser.add_argument("--drop-caches", type=int, default=0, choices=[0, 1, 2, 3])
 
 
 def _reclaim(client: AgentClient, args: argparse.Namespace) -> str:
@@ -127,22 +243,17 @@ def _online(client: AgentClient, args: argparse.Namespace) -> str:
     return as_json(result) if args.json else online_text(result)
 
 
+def _overhead_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", action="append", default=[], help="workload cgroup")
+
+
 def _overhead(client: AgentClient, args: argparse.Namespace) -> str:
     result = client.overhead(args.workload)
     return as_json(result) if args.json else overhead_text(result)
 
 
-def _quantity(text: str) -> int:
-    """A size as `limits` takes it (64M, 1G), or in Kubernetes' binary units (512Mi, 2Gi)."""
-    text = text.strip()
-    try:
-        return parse_size(text + "B" if text.endswith("i") else text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _pod_limit(text: str) -> int | None:
-    return None if text.strip().lower() in ("max", "none", "-1") else _quantity(text)
+    return None if text.strip().lower() in ("max", "none", "-1") else _size(text)
 
 
 def _container(text: str) -> Container:
@@ -155,19 +266,38 @@ def _container(text: str) -> Container:
         values[key.strip()] = value.strip()
     return Container(
         name=values.get("name", ""),
-        limit=_quantity(values["limit"]) if "limit" in values else None,
-        request=_quantity(values["request"]) if "request" in values else None,
+        limit=_size(values["limit"]) if "limit" in values else None,
+        request=_size(values["request"]) if "request" in values else None,
     )
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        sizes = ()
-    if not sizes or any(size <= 0 for size in sizes):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of MiB, e.g. 306,756")
-    return sizes
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--container",
+        type=_container,
+        action="append",
+        default=[],
+        metavar="limit=SIZE,request=SIZE,name=N",
+        help="one per container; a container without limit= adds nothing to the VM",
+    )
+    parser.add_argument(
+        "--pod-limit",
+        type=_pod_limit,
+        required=True,
+        help="the pod's cgroup memory.max on the host (containers' limits + RuntimeClass "
+        "overhead), or max",
+    )
+    parser.add_argument("--default-memory", type=int, default=2048, metavar="MIB")
+    parser.add_argument(
+        "--default-maxmemory", type=int, default=0, metavar="MIB", help="0: the host's memory"
+    )
+    parser.add_argument("--host-memory", type=_size, help="default: this host's MemTotal")
+    parser.add_argument(
+        "--block-size", type=_size, default=DEFAULT_BLOCK_SIZE, help="hotplug granularity"
+    )
+    parser.add_argument(
+        "--model", type=Path, help="overhead model from measure-overhead --out (default: built in)"
+    )
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -203,13 +333,28 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(size <= 0 for size in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of MiB, e.g. 306,756")
+    return sizes
+
+
+def _measure_overhead_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sizes", type=_sizes, default=(306, 406, 756, 1280, 2304), metavar="MIB,MIB,..."
+    )
+    parser.add_argument("--out", type=Path, help="write the model as JSON, for plan --model")
+    parser.add_argument("--image-dir", type=Path, help="default: image/build")
+    parser.add_argument("--boot-timeout", type=float, default=300.0)
+
+
 def _measure_overhead(args: argparse.Namespace) -> int:
     # The harness drives QEMU over QMP; a host install without the vm extra lacks it.
-    if importlib.util.find_spec("qemu") is None or importlib.util.find_spec("qemu.qmp") is None:
-        print(
-            "guestctl: measure-overhead needs qemu.qmp: pip install 'guestagent[vm]'",
-            file=sys.stderr,
-        )
+    if _missing_extra("measure-overhead", "qemu.qmp", "vm"):
         return 2
     # Imported here: it brings in the QEMU harness, which nothing else in guestctl needs.
     from guestagent.host.measure import MeasureError, measure_size, table_text
@@ -232,12 +377,105 @@ def _measure_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listen(text: str) -> TcpAddress:
+    try:
+        address = parse_address(f"tcp://{text}")
+    except AgentError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT: {e}") from None
+    assert isinstance(address, TcpAddress)  # the scheme was tcp://
+    return address
+
+
+def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen",
+        required=True,
+        type=_listen,
+        metavar="HOST:PORT",
+        help="where to serve /metrics, e.g. 127.0.0.1:9464 or [::]:9464 (port 0: any free one)",
+    )
+    parser.add_argument(
+        "--cgroup", action="append", default=[], help="cgroup to report; repeatable"
+    )
+    parser.add_argument(
+        "--interval-ms",
+        type=int,
+        default=5000,
+        help="how often the agent sends a report besides the memory events and PSI it pushes",
+    )
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    """Runs until SIGTERM or SIGINT; exit 2 without prometheus_client, 1 if --listen fails."""
+    if _missing_extra("metrics", "prometheus_client", "host"):
+        return 2
+    _need_target(args)
+    # Imported here: prometheus_client is an optional host extra.
+    from guestagent.host.exporter import serve_metrics
+
+    try:
+        return serve_metrics(args.target, args.listen, args.cgroup, args.interval_ms)
+    except (AgentError, OSError) as e:
+        print(f"guestctl: metrics: {e}", file=sys.stderr)
+        return 1
+
+
+def _health_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--service", default="")
+
+
 def _health(client: AgentClient, args: argparse.Namespace) -> str:
     return client.health(args.service)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="guestctl", description="talk to a guest's agent")
+# Subcommand groups (`swap enable`) are keys with a space; GROUPS holds the group's help.
+GROUPS = {"swap": "the guest's swap areas"}
+COMMANDS: dict[str, Command] = {
+    "info": Command("one memory report", _info_arguments, remote(_info)),
+    "watch": Command("stream memory reports", _watch_arguments, remote(_watch)),
+    "swap enable": Command(
+        "format (if needed) and enable a swap disk", _swap_enable_arguments, remote(_swap_enable)
+    ),
+    "swap disable": Command("swapoff an area", _device_arguments, remote(_swap_disable)),
+    "swap list": Command("active swap areas", _no_arguments, remote(_swap_list)),
+    "limits": Command(
+        "set memory.max / memory.swap.max / memory.low from OCI values",
+        _limits_arguments,
+        remote(_limits),
+    ),
+    "compact": Command(
+        "compact memory, with before/after figures", _compact_arguments, remote(_compact)
+    ),
+    "reclaim": Command(
+        "proactive reclaim through memory.reclaim", _reclaim_arguments, remote(_reclaim)
+    ),
+    "online-memory": Command("online hot-plugged memory", _no_arguments, remote(_online)),
+    "overhead": Command("what the guest itself uses", _overhead_arguments, remote(_overhead)),
+    "plan": Command(
+        "size a pod's VM and check its pod limit covers it (no agent needed)",
+        _plan_arguments,
+        _plan,
+    ),
+    "measure-overhead": Command(
+        "boot the guest image at several sizes and fit the overheads",
+        _measure_overhead_arguments,
+        _measure_overhead,
+    ),
+    "health": Command("grpc.health.v1 status", _health_arguments, remote(_health)),
+    "metrics": Command(
+        "serve the memory report to Prometheus, fed by WatchMemory",
+        _metrics_arguments,
+        _metrics,
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="guestctl",
+        description="talk to a guest's agent",
+        epilog=f"Sizes: {SIZE_HELP}.",
+    )
     parser.add_argument(
         "--target",
         help="vsock://CID:PORT, hvsock:///path/vsock.sock:PORT, unix:///PATH or tcp://HOST:PORT "
@@ -246,122 +484,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print protobuf JSON")
     parser.add_argument("--timeout", type=float, default=30.0)
     commands = parser.add_subparsers(dest="command", required=True)
+    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    for name, command in COMMANDS.items():
+        group, _, sub = name.partition(" ")
+        if sub:
+            if group not in groups:
+                groups[group] = commands.add_parser(group, help=GROUPS[group]).add_subparsers(
+                    dest=f"{group}_command", required=True
+                )
+            subparser = groups[group].add_parser(sub, help=command.help)
+        else:
+            subparser = commands.add_parser(name, help=command.help)
+        command.add_arguments(subparser)
+        subparser.set_defaults(run=command.run)
+    return parser
 
-    info = commands.add_parser("info", help="one memory report")
-    info.add_argument("--cgroup", action="append", default=[], help="cgroup path; repeatable")
-    info.set_defaults(run=_info)
 
-    watch = commands.add_parser("watch", help="stream memory reports")
-    watch.add_argument("--cgroup", action="append", default=[])
-    watch.add_argument("--interval-ms", type=int, default=0)
-    watch.add_argument("--count", type=int, default=0, help="stop after N messages")
-    watch.add_argument("--stall-us", type=int, default=0, help="PSI trigger stall")
-    watch.add_argument("--window-us", type=int, default=PSI_MIN_WINDOW_US * 2)
-    watch.set_defaults(run=_watch)
-
-    swap = commands.add_parser("swap", help="the guest's swap areas").add_subparsers(
-        dest="swap_command", required=True
-    )
-    enable = swap.add_parser("enable", help="format (if needed) and enable a swap disk")
-    _add_device_arguments(enable)
-    enable.add_argument("--priority", type=int)
-    enable.add_argument("--discard", choices=["both", "pages", "once", "none"], default="both")
-    enable.add_argument("--wait-ms", type=int, default=0, help="wait for a hot-plugged disk")
-    enable.add_argument("--force", action="store_true", help="format over existing data")
-    enable.add_argument("--label", default="")
-    enable.set_defaults(run=_swap_enable)
-    disable = swap.add_parser("disable", help="swapoff an area")
-    _add_device_arguments(disable)
-    disable.set_defaults(run=_swap_disable)
-    swap.add_parser("list", help="active swap areas").set_defaults(run=_swap_list)
-
-    limits = commands.add_parser(
-        "limits", help="set memory.max / memory.swap.max / memory.low from OCI values"
-    )
-    limits.add_argument("--cgroup", required=True)
-    limits.add_argument("--limit", type=parse_size, help="OCI memory.limit: bytes (64M) or -1")
-    limits.add_argument("--swap", type=parse_size, help="OCI memory.swap: memory+swap total")
-    limits.add_argument("--reservation", type=parse_size, help="OCI memory.reservation")
-    limits.add_argument("--create", action="store_true", help="create the cgroup if missing")
-    limits.set_defaults(run=_limits)
-
-    compact = commands.add_parser("compact", help="compact memory, with before/after figures")
-    compact.add_argument("--node", type=int)
-    compact.set_defaults(run=_compact)
-
-    reclaim = commands.add_parser("reclaim", help="proactive reclaim through memory.reclaim")
-    reclaim.add_argument("--cgroup", required=True)
-    reclaim.add_argument("--bytes", type=parse_size, required=True)
-    reclaim.add_argument("--drop-caches", type=int, default=0, choices=[0, 1, 2, 3])
-    reclaim.set_defaults(run=_reclaim)
-
-    commands.add_parser("online-memory", help="online hot-plugged memory").set_defaults(run=_online)
-    overhead = commands.add_parser("overhead", help="what the guest itself uses")
-    overhead.add_argument("--workload", action="append", default=[], help="workload cgroup")
-    overhead.set_defaults(run=_overhead)
-
-    plan_parser = commands.add_parser(
-        "plan", help="size a pod's VM and check its pod limit covers it (no agent needed)"
-    )
-    plan_parser.add_argument(
-        "--container",
-        type=_container,
-        action="append",
-        default=[],
-        metavar="limit=SIZE,request=SIZE,name=N",
-        help="one per container; a container without limit= adds nothing to the VM",
-    )
-    plan_parser.add_argument(
-        "--pod-limit",
-        type=_pod_limit,
-        required=True,
-        help="the pod's cgroup memory.max on the host (containers' limits + RuntimeClass "
-        "overhead), or max",
-    )
-    plan_parser.add_argument("--default-memory", type=int, default=2048, metavar="MIB")
-    plan_parser.add_argument(
-        "--default-maxmemory", type=int, default=0, metavar="MIB", help="0: the host's memory"
-    )
-    plan_parser.add_argument("--host-memory", type=_quantity, help="default: this host's MemTotal")
-    plan_parser.add_argument(
-        "--block-size", type=_quantity, default=DEFAULT_BLOCK_SIZE, help="hotplug granularity"
-    )
-    plan_parser.add_argument(
-        "--model", type=Path, help="overhead model from measure-overhead --out (default: built in)"
-    )
-    plan_parser.set_defaults(local=_plan)
-
-    measure = commands.add_parser(
-        "measure-overhead", help="boot the guest image at several sizes and fit the overheads"
-    )
-    measure.add_argument(
-        "--sizes", type=_sizes, default=(306, 406, 756, 1280, 2304), metavar="MIB,MIB,..."
-    )
-    measure.add_argument("--out", type=Path, help="write the model as JSON, for plan --model")
-    measure.add_argument("--image-dir", type=Path, help="default: image/build")
-    measure.add_argument("--boot-timeout", type=float, default=300.0)
-    measure.set_defaults(local=_measure_overhead)
-
-    check = commands.add_parser("health", help="grpc.health.v1 status")
-    check.add_argument("--service", default="")
-    check.set_defaults(run=_health)
-
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if "local" in args:
-        local: Callable[[argparse.Namespace], int] = args.local
-        return local(args)
-    if args.target is None:
-        parser.error(f"{args.command} needs --target")
-    run: Callable[[AgentClient, argparse.Namespace], str] = args.run
+    run: Run = args.run
     try:
-        with AgentClient(args.target, timeout=args.timeout) as client:
-            output = run(client, args)
-    except grpc.RpcError as e:
-        print(f"guestctl: {describe_error(e)}", file=sys.stderr)
-        return 1
-    except (AgentError, OSError) as e:
-        print(f"guestctl: {e}", file=sys.stderr)
-        return 1
-    if output:
-        print(output)
-    return 0
+        return run(args)
+    except UsageError as e:
+        parser.error(str(e))

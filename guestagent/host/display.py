@@ -72,28 +72,15 @@ def swap_area_text(area: pb.SwapArea) -> str:
         if area.HasField("discard")
         else "unknown"
     )
+    rotational = str(int(area.rotational)) if area.HasField("rotational") else "unknown"
     state = "already active" if area.already_active else ("formatted" if area.formatted else "")
     return (
         f"{area.device}  {mib(area.size_bytes)} (used {mib(area.used_bytes)})  "
         f"priority {area.priority}  discard {discard}"
         f"{'' if area.discard_supported else ' (device cannot discard)'}  "
-        f"rotational {int(area.rotational)}  uuid {area.uuid or '-'}  label {area.label or '-'}"
+        f"rotational {rotational}  uuid {area.uuid or '-'}  label {area.label or '-'}"
         + (f"  [{state}]" if state else "")
     )
-
-
-_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """'64M' -> 67108864, '-1' -> -1, '1073741824' as is (binary suffixes, as the kernel's)."""
-    value = text.strip().upper().removesuffix("IB").removesuffix("B")
-    suffix = value[-1:] if value[-1:] in _SUFFIXES else ""
-    number = value[: len(value) - len(suffix)]
-    try:
-        return int(number) * _SUFFIXES[suffix]
-    except ValueError:
-        raise ValueError(f"size {text!r} is not a number with an optional K/M/G/T suffix") from None
 
 
 def limits_text(cgroup: str, applied: pb.AppliedLimits) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from guestagent.host.client import AgentClient
 from guestagent.host.sizing import MIB, OverheadModel, OverheadSample
-from guestagent.linux.fs import KernelFS, read_text
+from guestagent.linux.fs import KernelFS
 from guestagent.vm.qemu import GuestVM, GuestVMError, VMConfig, accelerator
 
 
@@ -103,7 +103,7 @@ def _measure_size(
             overhead = client.overhead()
             mem_free = client.info().system.mem_free_bytes
         ram_sizes = [int(backend["size"]) for backend in vm.qmp("query-memdev")]
-        mappings = parse_smaps(read_text(host.proc(str(vm.pid), "smaps")))
+        mappings = parse_smaps(host.read(host.proc(str(vm.pid), "smaps")))
         accel = accelerator(vm.image_dir / "vmlinuz")[0]
     qemu_rss = sum(m.rss for m in mappings)
     counted = guest_ram_resident(mappings, ram_sizes)

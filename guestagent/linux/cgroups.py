@@ -1,20 +1,19 @@
 """Naming and creating cgroups safely: callers give paths relative to the cgroup2 mount.
 
 A container must not be able to make the agent read or write outside the mount, so '..',
-absolute paths and symlinks that lead out are refused before any file is touched. A cgroup
+empty and absolute names are refused before any file is touched, and every lookup is made
+beneath the mount by KernelFS (a symlink anywhere in cgroupfs is refused). A cgroup
 made on request is made whole (its controller enabled in every ancestor) or not at all.
 """
 
 from __future__ import annotations
 
-import errno
-import os
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, errno_text
-from guestagent.linux.fs import KernelFS, read_text
+from guestagent.errors import Aborted, AgentError, FailedPrecondition, InvalidArgument, NotFound
+from guestagent.linux.fs import KernelFS
 
 SUBTREE_CONTROL = "cgroup.subtree_control"
 # The kernel's limits (ENAMETOOLONG past them), checked up front to name the culprit.
@@ -45,19 +44,11 @@ def validate_cgroup_name(name: str) -> tuple[str, ...]:
 
 
 def cgroup_dir(fs: KernelFS, name: str) -> Path:
-    """The directory of an existing cgroup, after checking it stays inside the mount."""
+    """The directory of an existing cgroup; the lookup itself refuses an escape from the mount."""
     path = fs.cgroup_root.joinpath(*validate_cgroup_name(name))
-    ensure_inside_mount(fs, name, path)
-    if not path.is_dir():
+    if not fs.is_dir(path):
         raise NotFound(f"cgroup {name!r} does not exist under {fs.cgroup_root}")
     return path
-
-
-def ensure_inside_mount(fs: KernelFS, name: str, path: Path) -> None:
-    mount = fs.resolved_cgroup_root
-    resolved = path.resolve()
-    if resolved != mount and mount not in resolved.parents:
-        raise InvalidArgument(f"cgroup path {name!r} resolves to {resolved}, outside {mount}")
 
 
 @dataclass(frozen=True)
@@ -72,25 +63,8 @@ class CreatedCgroup:
     controller: str = "memory"
 
 
-def write_cgroup_file(path: Path, value: str) -> None:
-    """Write one value with one write(2), since the kernel parses each write as a whole value.
-
-    O_TRUNC is what a shell's '>' passes: kernfs ignores the size change, and it empties the
-    regular files of a test tree. There is no O_CREAT: a missing file is a missing kernel
-    feature, never something to create.
-    """
-    data = value.encode("ascii")
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-    try:
-        written = os.write(fd, data)
-    finally:
-        os.close(fd)
-    if written != len(data):
-        raise OSError(errno.EIO, f"short write, {written} of {len(data)} bytes", str(path))
-
-
-def subtree_controllers(directory: Path) -> tuple[str, ...]:
-    return tuple(read_text(directory / SUBTREE_CONTROL).split())
+def subtree_controllers(fs: KernelFS, directory: Path) -> tuple[str, ...]:
+    return tuple(fs.read(directory / SUBTREE_CONTROL).split())
 
 
 def create_cgroup(fs: KernelFS, name: str, controller: str = "memory") -> CreatedCgroup:
@@ -101,59 +75,52 @@ def create_cgroup(fs: KernelFS, name: str, controller: str = "memory") -> Create
     is: enabling controllers above a cgroup someone else made is not this call's business.
     On failure, what was made is removed and what was enabled is disabled again.
     """
-    path = fs.cgroup_root.joinpath(*validate_cgroup_name(name))
-    ensure_inside_mount(fs, name, path)
-    if path.is_dir():
+    parts = validate_cgroup_name(name)
+    path = fs.cgroup_root.joinpath(*parts)
+    if fs.is_dir(path):
         return CreatedCgroup(path, controller=controller)
-    mount = fs.cgroup_root.resolve()
-    # Walk the resolved path, so a symlink inside the mount is followed to the real parents.
-    parts = path.resolve().relative_to(mount).parts
-    levels = [mount.joinpath(*parts[:depth]) for depth in range(len(parts) + 1)]
+    levels = [fs.cgroup_root.joinpath(*parts[:depth]) for depth in range(len(parts) + 1)]
     for level in levels[1:]:
-        if level.exists() and not level.is_dir():
+        if fs.exists(level) and not fs.is_dir(level):
             raise FailedPrecondition(f"cgroup path {name!r}: {level} is a file, not a cgroup")
     for level in levels[:-1]:
-        if level.is_dir() and not (level / SUBTREE_CONTROL).is_file():
+        if fs.is_dir(level) and not fs.exists(level / SUBTREE_CONTROL):
             raise FailedPrecondition(
                 f"cgroup path {name!r}: {level} has no {SUBTREE_CONTROL}; it is not cgroup v2"
             )
 
     made: list[Path] = []
     enabled: list[Path] = []
-    step = ""
     try:
         for parent, child in pairwise(levels):
             control = parent / SUBTREE_CONTROL
-            step = f"reading {control}"
-            if controller not in subtree_controllers(parent):
-                step = f"writing '+{controller}' to {control}"
-                write_cgroup_file(control, f"+{controller}")
+            if controller not in subtree_controllers(fs, parent):
+                fs.write(control, f"+{controller}")
                 enabled.append(control)
-            if not child.is_dir():
-                step = f"making {child}"
-                child.mkdir(mode=0o755)
+            if not fs.is_dir(child):
+                fs.mkdir(child, 0o755)
                 made.append(child)
-    except OSError as e:
-        undone = undo_create(CreatedCgroup(path, tuple(made), tuple(enabled), controller))
-        raise Aborted(f"creating cgroup {name!r} failed {step}: {errno_text(e)}; {undone}") from e
+    except AgentError as e:
+        undone = undo_create(fs, CreatedCgroup(path, tuple(made), tuple(enabled), controller))
+        raise Aborted(f"creating cgroup {name!r} failed: {e}; {undone}") from e
     return CreatedCgroup(path, tuple(made), tuple(enabled), controller)
 
 
-def undo_create(created: CreatedCgroup) -> str:
+def undo_create(fs: KernelFS, created: CreatedCgroup) -> str:
     """Remove what create_cgroup made, deepest first; say what was done and what failed."""
     done: list[str] = []
     for directory in reversed(created.made):
         try:
-            directory.rmdir()
+            fs.rmdir(directory)
             done.append(f"removed {directory}")
-        except OSError as e:
-            done.append(f"could not remove {directory}: {errno_text(e)}")
+        except AgentError as e:
+            done.append(f"could not {e}")
     for control in reversed(created.enabled):
         if control.parent in created.made:
             continue  # Went with its directory.
         try:
-            write_cgroup_file(control, f"-{created.controller}")
+            fs.write(control, f"-{created.controller}")
             done.append(f"wrote '-{created.controller}' to {control}")
-        except OSError as e:
-            done.append(f"could not write '-{created.controller}' to {control}: {errno_text(e)}")
+        except AgentError as e:
+            done.append(f"could not {e}")
     return "; ".join(done) or "nothing had been created"

@@ -1,15 +1,44 @@
-"""The one place that knows where the kernel's files are.
+"""The one place that knows where the kernel's files are, and the one way to touch them.
 
 Production uses root "/"; unit tests point it at a fake tree under a temp dir, so every
 module reads and writes kernel files through a KernelFS and none hard-codes /proc or /sys.
+
+Every open happens beneath the mount the path belongs to (/proc, /sys, /dev, /run, and the
+cgroup2 mount), with openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), as runc does: a
+cgroup path chosen by a container cannot lead the agent out through '..', a symlink or a
+/proc magic link, and no check-then-open race is left. cgroupfs never holds symlinks, so
+there any symlink is refused outright. Kernels before 5.6 lack openat2; there the resolved
+path is checked before the open instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from guestagent.errors import AgentError, InvalidArgument, kernel_error
+from guestagent.linux import syscalls
+
+_BENEATH = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
+_DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+# openat2 answers EAGAIN when a concurrent rename may have let '..' escape; the man page
+# invites a retry, and a few suffice unless someone keeps renaming on purpose.
+_OPENAT2_TRIES = 3
+
+
+@functools.cache
+def have_openat2() -> bool:
+    try:
+        os.close(syscalls.openat2(-100, "/", os.O_PATH | os.O_CLOEXEC, 0))  # AT_FDCWD
+    except OSError as e:
+        if e.errno == errno.ENOSYS:
+            return False
+        raise
+    return True
 
 
 @dataclass(frozen=True)
@@ -35,11 +64,6 @@ class KernelFS:
     def cgroup_root(self) -> Path:
         return self.root / self.cgroup_mount
 
-    @functools.cached_property
-    def resolved_cgroup_root(self) -> Path:
-        """The mount with symlinks resolved, once: every cgroup path is checked against it."""
-        return self.cgroup_root.resolve()
-
     @property
     def is_real(self) -> bool:
         """True when this is the live kernel, where syscalls (swapon) match the files."""
@@ -50,23 +74,153 @@ class KernelFS:
         path = Path(kernel_path)
         return self.root.joinpath(*path.parts[1:]) if path.is_absolute() else self.root / path
 
+    @functools.cached_property
+    def _mounts(self) -> tuple[tuple[str, str, int], ...]:
+        """(mount, mount + '/', openat2 resolve flags), as strings: a Path's own methods
+        would cost more than the open itself on the memory report's hot path."""
+        mounts = (
+            # First: it lies inside /sys, and is stricter.
+            (self.cgroup_root, _BENEATH | syscalls.RESOLVE_NO_SYMLINKS),
+            (self.proc(), _BENEATH),
+            (self.sys(), _BENEATH),
+            (self.dev(), _BENEATH),
+            (self.run(), _BENEATH),
+        )
+        return tuple((str(base), os.path.join(base, ""), resolve) for base, resolve in mounts)
 
-def read_text(path: Path) -> str:
-    # os-level calls: kernel files are small, and a text-mode file object costs several
-    # times the read itself on the memory report's hot path.
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    def _mount_of(self, path: Path) -> tuple[str, str, int]:
+        """The mount a path lies in, the path relative to it, and the openat2 resolve flags."""
+        text = os.fspath(path)
+        for base, prefix, resolve in self._mounts:
+            if text.startswith(prefix):
+                return base, text[len(prefix) :], resolve
+            if text == base:
+                return base, ".", resolve
+        raise InvalidArgument(f"{path} is in none of the kernel's mounts under {self.root}")
+
+    def open(self, path: Path, flags: int, op: str = "open", value: str | None = None) -> int:
+        """A file descriptor (always O_CLOEXEC) for a path opened beneath its mount.
+
+        Any failure is the domain error for its errno (kernel_error), naming op, path and
+        value; an escape from the mount is InvalidArgument.
+        """
+        base, relative, resolve = self._mount_of(path)
+        flags |= os.O_CLOEXEC
+        try:
+            if not have_openat2():
+                return _open_checked(path, base, relative, resolve, flags)
+            return _open_beneath(base, relative, flags, resolve)
+        except OSError as e:
+            raise kernel_error(op, path, value, e) from e
+
+    def read_bytes(self, path: Path) -> bytes:
+        fd = self.open(path, os.O_RDONLY, "read")
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        except OSError as e:
+            raise kernel_error("read", path, None, e) from e
+        finally:
+            os.close(fd)
+        return b"".join(chunks)
+
+    def read(self, path: Path) -> str:
+        # os-level calls: kernel files are small, and a text-mode file object costs several
+        # times the read itself on the memory report's hot path.
+        return self.read_bytes(path).decode("ascii", errors="replace")
+
+    def read_optional(self, path: Path) -> str | None:
+        """Read a file whose absence means a kernel feature is off (PSI, swap accounting)."""
+        try:
+            return self.read(path)
+        except AgentError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
+
+    def write(self, path: Path, value: str) -> None:
+        """Write one value with one write(2), since the kernel parses each write as a whole value.
+
+        O_TRUNC is what a shell's '>' passes: kernfs ignores the size change, and it empties the
+        regular files of a test tree. There is no O_CREAT: a missing file is a missing kernel
+        feature, never something to create. EAGAIN is not retried: from memory.reclaim it is
+        the kernel's answer, not a race.
+        """
+        data = value.encode("ascii")
+        fd = self.open(path, os.O_WRONLY | os.O_TRUNC, "write", value)
+        try:
+            written = os.write(fd, data)
+        except OSError as e:
+            raise kernel_error("write", path, value, e) from e
+        finally:
+            os.close(fd)
+        if written != len(data):
+            short = OSError(errno.EIO, f"short write, {written} of {len(data)} bytes")
+            raise kernel_error("write", path, value, short)
+
+    def _probe(self, path: Path, flags: int, absent: tuple[int, ...]) -> bool:
+        try:
+            os.close(self.open(path, flags, "look up"))
+        except AgentError as e:
+            if e.errno in absent:
+                return False
+            raise
+        return True
+
+    def exists(self, path: Path) -> bool:
+        return self._probe(path, os.O_PATH, (errno.ENOENT, errno.ENOTDIR))
+
+    def is_dir(self, path: Path) -> bool:
+        return self._probe(path, _DIRECTORY, (errno.ENOENT, errno.ENOTDIR))
+
+    def listdir(self, path: Path) -> list[str]:
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY, "list")
+        try:
+            return sorted(os.listdir(fd))
+        except OSError as e:
+            raise kernel_error("list", path, None, e) from e
+        finally:
+            os.close(fd)
+
+    def mkdir(self, path: Path, mode: int = 0o755) -> None:
+        parent = self.open(path.parent, _DIRECTORY, "look up")
+        try:
+            os.mkdir(path.name, mode, dir_fd=parent)
+        except OSError as e:
+            raise kernel_error("make directory", path, None, e) from e
+        finally:
+            os.close(parent)
+
+    def rmdir(self, path: Path) -> None:
+        parent = self.open(path.parent, _DIRECTORY, "look up")
+        try:
+            os.rmdir(path.name, dir_fd=parent)
+        except OSError as e:
+            raise kernel_error("remove directory", path, None, e) from e
+        finally:
+            os.close(parent)
+
+
+def _open_beneath(base: str, relative: str, flags: int, resolve: int) -> int:
+    directory = os.open(base, _DIRECTORY)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
+        for _ in range(_OPENAT2_TRIES - 1):
+            with contextlib.suppress(BlockingIOError):
+                return syscalls.openat2(directory, relative, flags, resolve)
+        return syscalls.openat2(directory, relative, flags, resolve)
     finally:
-        os.close(fd)
-    return b"".join(chunks).decode("ascii", errors="replace")
+        os.close(directory)
 
 
-def read_optional(path: Path) -> str | None:
-    """Read a file whose absence means a kernel feature is off (PSI, swap accounting)."""
-    try:
-        return read_text(path)
-    except FileNotFoundError:
-        return None
+def _open_checked(path: Path, base: str, relative: str, resolve: int, flags: int) -> int:
+    """The pre-openat2 fallback: resolve, check, then open (racy against a rename meanwhile)."""
+    real_base = os.path.realpath(base)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real, real_base]) != real_base:
+        raise OSError(errno.EXDEV, f"it resolves to {real}, outside {real_base}")
+    if resolve & syscalls.RESOLVE_NO_SYMLINKS and real != os.path.normpath(
+        os.path.join(real_base, relative)
+    ):
+        raise OSError(errno.ELOOP, f"it crosses a symlink, to {real}")
+    return os.open(path, flags)

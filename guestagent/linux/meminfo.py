@@ -12,7 +12,7 @@ from pathlib import Path
 
 from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
-from guestagent.linux.fs import KernelFS, read_optional, read_text
+from guestagent.linux.fs import KernelFS
 
 UNLIMITED = None  # How a "max" limit is represented: no number at all.
 
@@ -176,17 +176,17 @@ def memory_events_from(values: dict[str, int]) -> MemoryEvents:
 
 
 def read_system_memory(fs: KernelFS) -> SystemMemory:
-    return system_memory_from(parse_meminfo(read_text(fs.proc("meminfo"))))
+    return system_memory_from(parse_meminfo(fs.read(fs.proc("meminfo"))))
 
 
-def read_pressure(path: Path) -> Pressure | None:
-    text = read_optional(path)
+def read_pressure(fs: KernelFS, path: Path) -> Pressure | None:
+    text = fs.read_optional(path)
     return parse_pressure(text) if text is not None else None
 
 
-def read_current(directory: Path, name: str) -> int:
+def read_current(fs: KernelFS, directory: Path, name: str) -> int:
     """memory.current of a cgroup, or why it has none."""
-    current = read_optional(directory / "memory.current")
+    current = fs.read_optional(directory / "memory.current")
     if current is None:
         raise FailedPrecondition(
             f"cgroup {name!r} has no memory.current: the memory controller is not enabled "
@@ -195,22 +195,22 @@ def read_current(directory: Path, name: str) -> int:
     return int(current)
 
 
-def read_cgroup_dir(directory: Path, name: str) -> CgroupMemory:
-    current = read_current(directory, name)
-    swap_current = read_optional(directory / "memory.swap.current")
-    swap_max = read_optional(directory / "memory.swap.max")
-    stat = parse_flat_keyed(read_text(directory / "memory.stat"))
+def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
+    current = read_current(fs, directory, name)
+    swap_current = fs.read_optional(directory / "memory.swap.current")
+    swap_max = fs.read_optional(directory / "memory.swap.max")
+    stat = parse_flat_keyed(fs.read(directory / "memory.stat"))
     return CgroupMemory(
         path=name,
         current=current,
-        max=parse_limit(read_text(directory / "memory.max")),
-        high=parse_limit(read_text(directory / "memory.high")),
-        low=int(read_text(directory / "memory.low")),
+        max=parse_limit(fs.read(directory / "memory.max")),
+        high=parse_limit(fs.read(directory / "memory.high")),
+        low=int(fs.read(directory / "memory.low")),
         swap=CgroupSwap(int(swap_current), parse_limit(swap_max))
         if swap_current is not None and swap_max is not None
         else None,
-        events=memory_events_from(parse_flat_keyed(read_text(directory / "memory.events"))),
-        pressure=read_pressure(directory / "memory.pressure"),
+        events=memory_events_from(parse_flat_keyed(fs.read(directory / "memory.events"))),
+        pressure=read_pressure(fs, directory / "memory.pressure"),
         anon=stat.get("anon", 0),
         file=stat.get("file", 0),
     )
@@ -221,8 +221,8 @@ def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
     return MemoryReport(
         collected_at_unix_ns=time.time_ns(),
         system=read_system_memory(fs),
-        pressure=read_pressure(fs.proc("pressure", "memory")),
+        pressure=read_pressure(fs, fs.proc("pressure", "memory")),
         cgroups=tuple(
-            read_cgroup_dir(d, name) for d, name in zip(directories, cgroups, strict=True)
+            read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
         ),
     )

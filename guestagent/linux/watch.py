@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import os
 import select
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from guestagent.errors import InvalidArgument
+from guestagent.errors import AgentError, InvalidArgument
 from guestagent.jsonlog import EventLog
 from guestagent.linux import syscalls
+from guestagent.linux.fs import KernelFS
 
 log = EventLog("guestagent.linux.watch")
 
@@ -96,8 +98,8 @@ class KernelSignals:
 
     def __init__(
         self,
+        fs: KernelFS,
         memory_events: dict[str, Path],
-        pressure_file: Path | None,
         trigger: PressureTriggerSpec | None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
@@ -109,8 +111,8 @@ class KernelSignals:
         try:
             if memory_events:
                 self._watch_memory_events(memory_events)
-            if pressure_file is not None and trigger is not None:
-                self._arm_pressure_trigger(pressure_file, trigger)
+            if trigger is not None:
+                self._arm_pressure_trigger(fs, fs.proc("pressure", "memory"), trigger)
         except BaseException:
             self.close()
             raise
@@ -121,11 +123,13 @@ class KernelSignals:
             self._names_by_wd[self._inotify.add_watch(path)] = name
         self._loop.add_reader(self._inotify.fd, self._on_inotify)
 
-    def _arm_pressure_trigger(self, path: Path, trigger: PressureTriggerSpec) -> None:
+    def _arm_pressure_trigger(self, fs: KernelFS, path: Path, trigger: PressureTriggerSpec) -> None:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return  # No PSI in this kernel: the watch runs on its interval alone.
+            fd = fs.open(path, os.O_RDWR | os.O_NONBLOCK)
+        except AgentError as e:
+            if e.errno == errno.ENOENT:
+                return  # No PSI in this kernel: the watch runs on its interval alone.
+            raise
         # A PSI file always polls readable; the trigger is signalled as POLLPRI only,
         # so an epoll set listening for EPOLLPRI is what the event loop watches.
         epoll = select.epoll()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from guestagent.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, KernelFormat
 from guestagent.jsonlog import EventLog
-from guestagent.linux.fs import KernelFS, read_text
+from guestagent.linux.fs import KernelFS
 
 log = EventLog("guestagent.ops.compaction")
 
@@ -90,28 +90,27 @@ class Compactor:
         else:
             if node < 0:
                 raise InvalidArgument(f"NUMA node {node} is negative")
-            if not self.fs.sys("devices", "system", "node", f"node{node}").is_dir():
+            if not self.fs.is_dir(self.fs.sys("devices", "system", "node", f"node{node}")):
                 raise InvalidArgument(f"NUMA node {node} does not exist")
             path = self.fs.sys("devices", "system", "node", f"node{node}", "compact")
-        if not path.exists():
+        if not self.fs.exists(path):
             raise FailedPrecondition(f"{path} is missing: the kernel has no CONFIG_COMPACTION")
         return path
 
     def _compact(self, node: int | None, path: Path) -> CompactResult:
-        buddy_before = parse_buddyinfo(read_text(self.fs.proc("buddyinfo")), node)
-        vmstat_before = parse_vmstat(read_text(self.fs.proc("vmstat")), "compact_")
+        buddy_before = parse_buddyinfo(self.fs.read(self.fs.proc("buddyinfo")), node)
+        vmstat_before = parse_vmstat(self.fs.read(self.fs.proc("vmstat")), "compact_")
         started = time.monotonic()
-        with open(path, "w") as f:
-            f.write("1")
+        self.fs.write(path, "1")
         duration = time.monotonic() - started
-        buddy_after = parse_buddyinfo(read_text(self.fs.proc("buddyinfo")), node)
+        buddy_after = parse_buddyinfo(self.fs.read(self.fs.proc("buddyinfo")), node)
         result = CompactResult(
             node=node,
             duration_s=duration,
             free_blocks_before=buddy_before,
             free_blocks_after=buddy_after,
             counters=counter_deltas(
-                vmstat_before, parse_vmstat(read_text(self.fs.proc("vmstat")), "compact_")
+                vmstat_before, parse_vmstat(self.fs.read(self.fs.proc("vmstat")), "compact_")
             ),
             huge_block_bytes=self.page_size << HUGE_ORDER,
             free_huge_bytes_before=free_bytes_at_or_above(buddy_before, HUGE_ORDER, self.page_size),

@@ -7,15 +7,14 @@ in ZONE_MOVABLE, which the host can unplug again later; "online" lets the kernel
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from guestagent.errors import InvalidArgument, errno_text
+from guestagent.errors import AgentError, InvalidArgument
 from guestagent.jsonlog import EventLog
-from guestagent.linux.fs import KernelFS, read_optional, read_text
+from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_memory
 
 log = EventLog("guestagent.ops.hotplug")
@@ -26,7 +25,7 @@ ONLINE_STATES = ("online", "online_movable", "online_kernel")
 @dataclass(frozen=True)
 class OnlineResult:
     onlined: tuple[str, ...]
-    failed: tuple[str, ...]  # "memory42: EBUSY ..." for blocks the kernel refused.
+    failed: tuple[str, ...]  # "memory42: write ...: EBUSY ..." for blocks the kernel refused.
     mem_total: int
     block_size: int
 
@@ -37,20 +36,20 @@ def memory_root(fs: KernelFS) -> Path:
 
 def block_size_bytes(fs: KernelFS) -> int:
     # The kernel prints it in hex without a 0x prefix.
-    return int(read_text(memory_root(fs) / "block_size_bytes").strip(), 16)
+    return int(fs.read(memory_root(fs) / "block_size_bytes").strip(), 16)
 
 
 def memory_blocks(fs: KernelFS) -> dict[str, str]:
     """Each memoryN block's state (online, offline, ...), by name."""
     root = memory_root(fs)
-    if not root.is_dir():
+    if not fs.is_dir(root):
         return {}
     blocks = {}
-    for entry in root.iterdir():
-        if entry.name.startswith("memory") and entry.name[6:].isdigit():
-            state = read_optional(entry / "state")
+    for name in fs.listdir(root):
+        if name.startswith("memory") and name[6:].isdigit():
+            state = fs.read_optional(root / name / "state")
             if state is not None:
-                blocks[entry.name] = state.strip()
+                blocks[name] = state.strip()
     return blocks
 
 
@@ -64,14 +63,10 @@ def online_memory(fs: KernelFS, state: str = "online") -> OnlineResult:
     )
     for name in offline:
         try:
-            fd = os.open(memory_root(fs) / name / "state", os.O_WRONLY)
-            try:
-                os.write(fd, state.encode())
-            finally:
-                os.close(fd)
+            fs.write(memory_root(fs) / name / "state", state)
             onlined.append(name)
-        except OSError as e:
-            failed.append(f"{name}: {errno_text(e)}")
+        except AgentError as e:
+            failed.append(f"{name}: {e}")
     result = OnlineResult(
         tuple(onlined), tuple(failed), read_system_memory(fs).mem_total, block_size_bytes(fs)
     )

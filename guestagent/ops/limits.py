@@ -16,7 +16,6 @@ from guestagent.errors import (
     AgentError,
     FailedPrecondition,
     InvalidArgument,
-    errno_text,
 )
 from guestagent.jsonlog import EventLog
 from guestagent.linux.cgroups import (
@@ -25,9 +24,8 @@ from guestagent.linux.cgroups import (
     cgroup_dir,
     create_cgroup,
     undo_create,
-    write_cgroup_file,
 )
-from guestagent.linux.fs import KernelFS, read_optional, read_text
+from guestagent.linux.fs import KernelFS
 
 log = EventLog("guestagent.ops.limits")
 
@@ -140,16 +138,13 @@ def apply_memory_limits(
     with _lock:
         created = create_cgroup(fs, cgroup) if create else CreatedCgroup(cgroup_dir(fs, cgroup))
         try:
-            writes, untouched = _plan(created.path, cgroup, values)
-            _write_all(created.path, cgroup, writes)
-        except (AgentError, OSError) as e:
+            writes, untouched = _plan(fs, created.path, cgroup, values)
+            _write_all(fs, created.path, cgroup, writes)
+        except AgentError as e:
             if not created.made:
                 raise
-            undone = undo_create(created)
-            if isinstance(e, AgentError):
-                raise type(e)(f"{e}; {undone}") from e
-            raise Aborted(f"setting limits on new cgroup {cgroup!r} failed: {e}; {undone}") from e
-        applied = _read_back(created.path, tuple(untouched), bool(created.made))
+            raise type(e)(f"{e}; {undo_create(fs, created)}") from e
+        applied = _read_back(fs, created.path, tuple(untouched), bool(created.made))
     log.info(
         "memory_limits_applied",
         cgroup=cgroup,
@@ -163,10 +158,10 @@ def apply_memory_limits(
 
 
 def _plan(
-    directory: Path, cgroup: str, values: CgroupMemoryValues
+    fs: KernelFS, directory: Path, cgroup: str, values: CgroupMemoryValues
 ) -> tuple[list[_Write], list[str]]:
     """The writes to make, each with the value to put back; refused before anything changes."""
-    if not (directory / MEMORY_MAX).is_file():
+    if not fs.exists(directory / MEMORY_MAX):
         raise FailedPrecondition(
             f"cgroup {cgroup!r} has no {MEMORY_MAX}: the memory controller is not enabled in "
             f"{directory.parent / SUBTREE_CONTROL}"
@@ -185,7 +180,7 @@ def _plan(
         if value is None:
             untouched.append(file)
             continue
-        before = read_optional(directory / file)
+        before = fs.read_optional(directory / file)
         if before is not None:
             writes.append(_Write(file, value, before.strip()))
         elif file == SWAP_MAX and value in ("max", "0"):
@@ -201,38 +196,39 @@ def _plan(
     return writes, untouched
 
 
-def _write_all(directory: Path, cgroup: str, writes: list[_Write]) -> None:
+def _write_all(fs: KernelFS, directory: Path, cgroup: str, writes: list[_Write]) -> None:
     done: list[_Write] = []
     for write in writes:
         try:
-            write_cgroup_file(directory / write.file, write.value)
-        except OSError as e:
+            fs.write(directory / write.file, write.value)
+        except AgentError as e:
             raise Aborted(
-                f"writing {write.value} to {write.file} of cgroup {cgroup!r} failed: "
-                f"{errno_text(e)}; {_restore(directory, done)}"
+                f"setting limits of cgroup {cgroup!r} failed: {e}; {_restore(fs, directory, done)}"
             ) from e
         done.append(write)
 
 
-def _restore(directory: Path, done: list[_Write]) -> str:
+def _restore(fs: KernelFS, directory: Path, done: list[_Write]) -> str:
     """Put back what was written, last first; say what was restored and what was not."""
     said: list[str] = []
     for write in reversed(done):
         try:
-            write_cgroup_file(directory / write.file, write.before)
+            fs.write(directory / write.file, write.before)
             said.append(f"restored {write.file} to {write.before}")
-        except OSError as e:
-            said.append(f"could not restore {write.file} to {write.before}: {errno_text(e)}")
+        except AgentError as e:
+            said.append(f"could not restore {write.file}: {e}")
     return "; ".join(said) or "nothing had been written"
 
 
-def _read_back(directory: Path, untouched: tuple[str, ...], created: bool) -> AppliedLimits:
+def _read_back(
+    fs: KernelFS, directory: Path, untouched: tuple[str, ...], created: bool
+) -> AppliedLimits:
     # The kernel rounds bytes down to whole pages, so what it holds can differ from the text.
-    swap = read_optional(directory / SWAP_MAX)
+    swap = fs.read_optional(directory / SWAP_MAX)
     return AppliedLimits(
-        memory_max=read_text(directory / MEMORY_MAX).strip(),
+        memory_max=fs.read(directory / MEMORY_MAX).strip(),
         swap_max=swap.strip() if swap is not None else None,
-        memory_low=read_text(directory / MEMORY_LOW).strip(),
+        memory_low=fs.read(directory / MEMORY_LOW).strip(),
         untouched=untouched,
         created=created,
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from guestagent.errors import KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
-from guestagent.linux.fs import KernelFS, read_optional, read_text
+from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_current, read_system_memory
 from guestagent.ops.hotplug import block_size_bytes, memory_blocks
 
@@ -51,8 +51,8 @@ def rss_bytes(status_text: str) -> int:
 
 
 def guest_overhead(fs: KernelFS, workload_cgroups: tuple[str, ...] = ()) -> GuestOverhead:
-    workloads = sum(read_current(cgroup_dir(fs, name), name) for name in workload_cgroups)
-    zoneinfo = read_optional(fs.proc("zoneinfo"))
+    workloads = sum(read_current(fs, cgroup_dir(fs, name), name) for name in workload_cgroups)
+    zoneinfo = fs.read_optional(fs.proc("zoneinfo"))
     if zoneinfo is not None:
         present = parse_zoneinfo_present(zoneinfo) * os.sysconf("SC_PAGE_SIZE")
     else:
@@ -65,6 +65,6 @@ def guest_overhead(fs: KernelFS, workload_cgroups: tuple[str, ...] = ()) -> Gues
         mem_total=system.mem_total,
         kernel_reserved=max(0, present - system.mem_total),
         outside_workloads=max(0, used - workloads),
-        agent_rss=rss_bytes(read_text(fs.proc("self", "status"))),
+        agent_rss=rss_bytes(fs.read(fs.proc("self", "status"))),
         workloads=workloads,
     )

@@ -9,10 +9,9 @@ its cache and pays for it in I/O afterwards.
 from __future__ import annotations
 
 import errno
-import os
 from dataclasses import dataclass
 
-from guestagent.errors import FailedPrecondition, InvalidArgument, errno_text
+from guestagent.errors import AgentError, FailedPrecondition, InvalidArgument
 from guestagent.jsonlog import EventLog
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
@@ -42,25 +41,19 @@ def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> Rec
     validate_reclaim(bytes_, drop_caches)
     directory = cgroup_dir(fs, cgroup)
     control = directory / "memory.reclaim"
-    if not control.exists():
+    if not fs.exists(control):
         raise FailedPrecondition(f"{control} is missing: memory.reclaim needs Linux 5.19 or later")
-    before = read_current(directory, cgroup)
+    before = read_current(fs, directory, cgroup)
     if drop_caches:
-        with open(fs.proc("sys", "vm", "drop_caches"), "w") as f:
-            f.write(str(drop_caches))
+        fs.write(fs.proc("sys", "vm", "drop_caches"), str(drop_caches))
     complete = True
-    fd = os.open(control, os.O_WRONLY)
     try:
-        os.write(fd, str(bytes_).encode())
-    except OSError as e:
+        fs.write(control, str(bytes_))
+    except AgentError as e:
         if e.errno != errno.EAGAIN:
-            raise FailedPrecondition(
-                f"writing {bytes_} to {control} failed: {errno_text(e)}"
-            ) from e
+            raise
         complete = False  # The kernel tried and got less: a partial result, not an error.
-    finally:
-        os.close(fd)
-    after = read_current(directory, cgroup)
+    after = read_current(fs, directory, cgroup)
     log.info(
         "reclaimed", cgroup=cgroup, requested=bytes_, before=before, after=after, complete=complete
     )

@@ -3,8 +3,9 @@
 The kernel decides at swapon time whether an area is an SSD (cluster allocation, and the
 per-cluster discards that give freed blocks back to a sparse file on the host) from
 queue/rotational, and virtio-blk says "rotational" by default; so rotational is set to 0
-before swapon. A device that holds anything but swap is never formatted without `force`,
-and a failure after the disk was touched puts back what was there.
+before swapon. A device that is neither blank (all zeros, as a sparse file reads) nor swap
+is never formatted without `force`, and a failure after the disk was touched puts back what
+was there.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from pathlib import Path
 
 from guestagent.errors import (
     Aborted,
+    AgentError,
     FailedPrecondition,
     InvalidArgument,
-    KernelFormat,
     NotFound,
     errno_text,
 )
@@ -35,6 +36,7 @@ from guestagent.linux.blockdev import (
     DeviceFinder,
     DeviceSelector,
     UdevDevices,
+    first_data_offset,
     open_exclusive,
     probe_signatures,
     queue_value,
@@ -42,7 +44,8 @@ from guestagent.linux.blockdev import (
     resolve_device,
     write_queue_value,
 )
-from guestagent.linux.fs import KernelFS, read_optional
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.swaps import ActiveSwap, SwapHeader, parse_proc_swaps, parse_swap_header
 
 log = EventLog("guestagent.ops.swap")
 
@@ -93,21 +96,6 @@ class SwapArea:
     formatted: bool = False
 
 
-@dataclass(frozen=True)
-class ActiveSwap:
-    filename: str
-    kind: str
-    size_bytes: int
-    used_bytes: int
-    priority: int
-
-
-@dataclass(frozen=True)
-class SwapHeader:
-    uuid: str
-    label: str
-
-
 def swapon_flags(priority: int | None, discard: DiscardPolicy) -> int:
     flags = 0
     if priority is not None:
@@ -119,38 +107,6 @@ def swapon_flags(priority: int | None, discard: DiscardPolicy) -> int:
     elif discard is DiscardPolicy.ONCE:
         flags |= SWAP_FLAG_DISCARD | SWAP_FLAG_DISCARD_ONCE
     return flags
-
-
-def _unescape(name: str) -> str:
-    # The kernel writes ' ', '\t', '\n' and '\\' in /proc/swaps names as octal escapes.
-    return name.encode().decode("unicode_escape") if "\\" in name else name
-
-
-def parse_proc_swaps(text: str) -> list[ActiveSwap]:
-    areas: list[ActiveSwap] = []
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 5:
-            continue
-        # The name is all but the last four fields: a device node removed while the area is
-        # active reads "/dev/vdc (deleted)", the one unescaped space the kernel writes.
-        name, (kind, size_kib, used_kib, priority) = " ".join(fields[:-4]), fields[-4:]
-        try:
-            sizes = int(size_kib) * 1024, int(used_kib) * 1024, int(priority)
-        except ValueError:
-            raise KernelFormat(f"/proc/swaps line {line!r} is malformed") from None
-        areas.append(ActiveSwap(_unescape(name), kind, *sizes))
-    return areas
-
-
-def parse_swap_header(head: bytes, page_size: int) -> SwapHeader | None:
-    """UUID and label of a version 1 swap header (struct swap_header_v1_2)."""
-    if head[page_size - 10 : page_size] != b"SWAPSPACE2":
-        return None
-    raw_uuid, raw_label = head[1036:1052], head[1052:1068]
-    return SwapHeader(
-        str(uuid.UUID(bytes=raw_uuid)), raw_label.split(b"\0")[0].decode(errors="replace")
-    )
 
 
 class SwapManager:
@@ -192,10 +148,10 @@ class SwapManager:
         temporary.replace(self._state_path)
 
     def active(self) -> list[ActiveSwap]:
-        text = read_optional(self.fs.proc("swaps"))
-        if text is None:
+        path = self.fs.proc("swaps")
+        if not self.fs.exists(path):
             raise FailedPrecondition("the kernel has no swap support (no /proc/swaps)")
-        return parse_proc_swaps(text)
+        return parse_proc_swaps(self.fs.read_bytes(path))
 
     def _active_entry(self, device: BlockDevice) -> ActiveSwap | None:
         for area in self.active():
@@ -231,10 +187,15 @@ class SwapManager:
     def _read_header(self, device: BlockDevice) -> SwapHeader | None:
         """The active area's header, read without a claim (swapon holds the exclusive one)."""
         try:
-            with open(self.fs.host_path(device.devnode), "rb", buffering=0) as f:
-                return parse_swap_header(f.read(self._page_size), self._page_size)
+            fd = self.fs.open(self.fs.host_path(device.devnode), os.O_RDONLY)
+        except AgentError:
+            return None
+        try:
+            return parse_swap_header(os.pread(fd, self._page_size, 0), self._page_size)
         except OSError:
             return None
+        finally:
+            os.close(fd)
 
     def enable(self, spec: EnableSwapSpec) -> SwapArea:
         device = resolve_device(self.finder, spec.selector, spec.wait_ms)
@@ -278,7 +239,29 @@ class SwapManager:
                 f"{device.devnode} holds {', '.join(data)}; refusing to format it as swap "
                 "(pass force to overwrite)"
             )
-        return parse_swap_header(head, self._page_size) if not data else None
+        if SWAP_SIGNATURE in found and not data:
+            return parse_swap_header(head, self._page_size)
+        if not force:
+            self._refuse_unknown_data(device)
+        return None
+
+    def _refuse_unknown_data(self, device: BlockDevice) -> None:
+        """A disk handed over for swap is blank (a sparse file reads as zeros) or swap already;
+        anything else is somebody's data in a format no probe knows."""
+        fd = open_exclusive(self.fs, device)
+        try:
+            offset = first_data_offset(fd)
+        except OSError as e:
+            raise FailedPrecondition(
+                f"reading {device.devnode} to check that it is blank failed: {errno_text(e)}"
+            ) from e
+        finally:
+            os.close(fd)
+        if offset is not None:
+            raise FailedPrecondition(
+                f"{device.devnode} is neither blank nor swap: it has data at byte offset "
+                f"{offset}; pass force to format it anyway"
+            )
 
     def _prepare_and_swapon(
         self, device: BlockDevice, spec: EnableSwapSpec, reusable: SwapHeader | None
@@ -373,7 +356,7 @@ def device_for_node(fs: KernelFS, devnode: str) -> BlockDevice | None:
         sysname = os.path.basename(os.readlink(link))
     except OSError:
         return None
-    devtype = "partition" if (link / "partition").exists() else "disk"
+    devtype = "partition" if fs.exists(link / "partition") else "disk"
     return BlockDevice(devnode, sysname, devtype, major, minor)
 
 

@@ -1,6 +1,6 @@
-"""Load: 200 concurrent clients mixing GetMemoryInfo, WatchMemory streams and SetMemoryLimits
-for a fixed time, against one agent. Counts errors by status code, p50/p99 per call, and
-the agent's RssAnon at the start and the end."""
+"""Load: 200 concurrent clients, each on its own connection, mixing GetMemoryInfo, WatchMemory
+streams and SetMemoryLimits for a fixed time, against one agent. Counts errors by status code,
+p50/p99 per call, and the agent's RssAnon and threads at the start, under load and at the end."""
 
 from __future__ import annotations
 
@@ -94,13 +94,26 @@ async def run_load(
         finally:
             stream.cancel()
 
-    channels = [grpc.aio.insecure_channel(_grpc_target(target)) for _ in range(CLIENTS)]
+    # Each client its own HTTP/2 connection: by default channels to one target share grpc's
+    # global subchannel pool, and 200 "clients" would be one connection to the agent.
+    own_connection = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [
+        grpc.aio.insecure_channel(_grpc_target(target), options=own_connection)
+        for _ in range(CLIENTS)
+    ]
     try:
         stubs = [pb_grpc.MemoryAgentStub(channel) for channel in channels]
         tasks = [watcher(i, stubs[i]) for i in range(WATCHERS)]
         tasks += [unary(i, stubs[i]) for i in range(WATCHERS, CLIENTS)]
         started = time.monotonic()
-        await asyncio.gather(*tasks)
+        loaded: list[dict[str, float]] = []
+
+        async def sample_under_load() -> None:
+            # Halfway through, every connection is open and busy.
+            await asyncio.sleep(seconds / 2)
+            loaded.append(await asyncio.to_thread(agent_figures))
+
+        await asyncio.gather(sample_under_load(), *tasks)
         elapsed = time.monotonic() - started
     finally:
         for channel in channels:
@@ -126,7 +139,12 @@ async def run_load(
         "error_examples": samples_of_errors,
         "error_call_seconds": sorted(error_seconds)[:20],
         "agent_rss_anon_start": int(start["rss_anon"]),
+        "agent_rss_anon_under_load": int(loaded[0]["rss_anon"]),
         "agent_rss_anon_end": int(end["rss_anon"]),
+        "agent_rss_anon_growth": int(end["rss_anon"] - start["rss_anon"]),
+        "agent_rss_anon_per_connection": int((loaded[0]["rss_anon"] - start["rss_anon"]) / CLIENTS),
+        "agent_threads_start": int(start["threads"]),
+        "agent_threads_under_load": int(loaded[0]["threads"]),
         "agent_cpu_s": round(end["cpu_s"] - start["cpu_s"], 2),
         "agent_cpu_us_per_message": round((end["cpu_s"] - start["cpu_s"]) * 1e6 / max(calls, 1)),
     }

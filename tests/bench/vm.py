@@ -63,13 +63,33 @@ def relay_latency(vm: GuestVM) -> dict[str, Any]:
 
 def guest_agent_figures(vm: GuestVM) -> dict[str, float]:
     pid = vm.exec("pgrep -o -x guestagent").stdout.strip()
-    rss = 0
+    rss = threads = 0
     for line in vm.exec(["cat", f"/proc/{pid}/status"]).stdout.splitlines():
         if line.startswith("RssAnon:"):
             rss = int(line.split()[1]) * 1024
+        elif line.startswith("Threads:"):
+            threads = int(line.split()[1])
     fields = vm.exec(["cat", f"/proc/{pid}/stat"]).stdout.rsplit(")", 1)[1].split()
     ticks = int(vm.exec(["getconf", "CLK_TCK"]).stdout)
-    return {"rss_anon": rss, "cpu_s": (int(fields[11]) + int(fields[12])) / ticks}
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    return {"rss_anon": rss, "threads": threads, "cpu_s": cpu}
+
+
+def guest_footprint(vm: GuestVM) -> dict[str, int]:
+    """The image's agent as it runs in the guest: VmRSS, RssAnon, Threads, and Pss (its RSS
+    with shared library pages split among their users)."""
+    pid = vm.exec("pgrep -o -x guestagent").stdout.strip()
+    figures = {}
+    for line in vm.exec(["cat", f"/proc/{pid}/status"]).stdout.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "RssAnon"):
+            figures[key] = int(rest.split()[0]) * 1024
+        elif key == "Threads":
+            figures[key] = int(rest)
+    for line in vm.exec(["cat", f"/proc/{pid}/smaps_rollup"]).stdout.splitlines():
+        if line.startswith("Pss:"):
+            figures["Pss"] = int(line.split()[1]) * 1024
+    return figures
 
 
 def vm_load(vm: GuestVM, agent: AgentClient, seconds: float) -> dict[str, Any]:
@@ -95,6 +115,11 @@ def measure_vm(load_seconds: float) -> dict[str, Any]:
     with GuestVM(config) as vm, AgentClient(vm.agent_target, timeout=600) as agent:
         results["boot_to_serving_s"] = round(vm.boot_seconds or 0.0, 1)
         agent.wait_ready(60)
+        footprint = {"after_boot": guest_footprint(vm)}
+        for _ in range(500):
+            agent.info()
+        footprint["after_500_calls"] = guest_footprint(vm)
+        results["agent_in_guest"] = footprint
         results["enable_swap_s"] = {
             "1GiB": enable_latency(agent, "swap0"),
             "8GiB": enable_latency(agent, "swap8"),

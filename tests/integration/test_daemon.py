@@ -17,8 +17,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.agentproc import AgentProcess
+from tests.fakes.hvsock import hybrid_vsock_server
 from tests.fakes.root import FakeRoot
-from tests.unit.test_transport import _hybrid_vsock_server
 
 
 def guestctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -178,7 +178,7 @@ def test_sigterm_ends_streams_and_exits_zero(agent: AgentProcess) -> None:
 
 def test_hybrid_vsock_target_through_the_client_relay(agent: AgentProcess, tmp_path: Path) -> None:
     vsock_path = str(tmp_path / "ch-vsock.sock")
-    server = _hybrid_vsock_server(vsock_path, b"OK 1073741824\n", str(agent.unix_path))
+    server = hybrid_vsock_server(vsock_path, b"OK 1073741824\n", str(agent.unix_path))
     try:
         result = guestctl("--target", f"hvsock://{vsock_path}:1024", "--json", "info")
     finally:

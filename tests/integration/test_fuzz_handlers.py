@@ -19,6 +19,9 @@ from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.agentproc import AgentProcess
 from tests.fakes.root import FakeRoot, make_fake_root
 
+# Thousands of examples: `make test` runs them, `make unit` does not.
+pytestmark = pytest.mark.slow
+
 HANDLER_EXAMPLES = 150
 REFUSALS = {
     grpc.StatusCode.OK,

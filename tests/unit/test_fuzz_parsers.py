@@ -16,11 +16,14 @@ from guestagent.errors import AgentError
 from guestagent.linux.blockdev import DeviceSelector, parse_mountinfo, probe_signatures
 from guestagent.linux.cgroups import validate_cgroup_name
 from guestagent.linux.meminfo import parse_flat_keyed, parse_limit, parse_meminfo, parse_pressure
+from guestagent.linux.swaps import parse_swap_header
 from guestagent.linux.watch import parse_inotify_events
 from guestagent.ops.compaction import parse_buddyinfo, parse_vmstat
 from guestagent.ops.overhead import parse_zoneinfo_present, rss_bytes
-from guestagent.ops.swap import parse_proc_swaps, parse_swap_header
 from guestagent.transport import parse_address
+
+# Thousands of examples: `make test` runs them, `make unit` does not.
+pytestmark = pytest.mark.slow
 
 FUZZ_EXAMPLES = 200
 
@@ -47,7 +50,6 @@ TEXT_PARSERS: list[Callable[[str], Any]] = [
     parse_flat_keyed,
     parse_limit,
     parse_mountinfo,
-    parse_proc_swaps,
     parse_buddyinfo,
     parse_vmstat,
     parse_zoneinfo_present,

@@ -8,6 +8,7 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, Disk, GuestVM, VMConfig
+from tests.vm import pace as pacing
 from tests.vm.guest import boot
 
 IMAGE_FILES = ("vmlinuz", "initrd.img", "rootfs.img")
@@ -17,6 +18,13 @@ DATA_DISK = Disk("data", 64 << 20, serial="data0")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vm: boots the guest image under QEMU")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say how slow the guests were, so a log of a failure shows whether the host was busy."""
+    if pacing.MEASURED:
+        paces = ", ".join(f"{p.factor:g}x ({p.probe_seconds:g} s)" for p in pacing.MEASURED)
+        terminalreporter.write_line(f"guest pace per boot, against an idle host: {paces}")
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +50,14 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
 
 
 @pytest.fixture(scope="module")
-def agent(vm: GuestVM) -> Iterator[AgentClient]:
+def pace(vm: GuestVM) -> pacing.Pace:
+    """How much slower than on an idle host this module's guest runs; deadlines scale by it."""
+    return pacing.of(vm)
+
+
+@pytest.fixture(scope="module")
+def agent(vm: GuestVM, pace: pacing.Pace) -> Iterator[AgentClient]:
     """A client of the agent in whichever guest the module boots (its own `vm` or this one's)."""
-    with AgentClient(vm.agent_target, timeout=300) as client:
-        client.wait_ready(60)
+    with AgentClient(vm.agent_target, timeout=pace.scale(300)) as client:
+        client.wait_ready(pace.scale(60))
         yield client

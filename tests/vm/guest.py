@@ -9,9 +9,17 @@ from typing import TypeVar
 
 import pytest
 
-from guestagent.vm.qemu import GuestVM, VMConfig
+from guestagent.vm.qemu import ExecResult, GuestVM, VMConfig
+from tests.vm import pace
+from tests.vm.pace import Deadline
 
 T = TypeVar("T")
+
+GUESTCTL = "/opt/guestagent/bin/guestctl"
+# guestctl's own start-up in an idle TCG guest (Python, grpc, protobuf): 3.5-6 s measured.
+GUESTCTL_START_SECONDS = 10.0
+# virtio-balloon's free page reporting runs 2 s after pages are freed; one window more.
+REPORTING_WINDOW_SECONDS = 2.5
 
 # Allocates and touches MiB of anonymous memory, says so in a marker file, then sleeps
 # until killed. Each page gets one non-zero byte so the kernel must really store it.
@@ -29,18 +37,73 @@ time.sleep(3600)
 def boot(config: VMConfig, image: Path, factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
     """Body of a module's `vm` fixture: boot, hand over, and stop the guest at the end."""
     with GuestVM(config, image_dir=image, workdir=factory.mktemp("vm")) as guest:
+        pace.measure(guest)
         yield guest
 
 
 def wait_until(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
+    """Poll check() until it returns something true and return that; past timeout, fail
+    naming what was waited for and the last value seen."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what} (last: {value!r})"
+            )
         time.sleep(every)
+
+
+def wait_until_steady(
+    read: Callable[[], int],
+    timeout: float,
+    what: str,
+    tolerance: int,
+    window: float,
+    done: Callable[[int], bool] = lambda _: True,
+) -> int:
+    """Read a figure every `window` s until it has moved by at most `tolerance` over one
+    window (and done(figure) holds); returns that figure."""
+    samples: list[int] = []
+
+    def steady() -> tuple[int] | None:
+        samples.append(read())
+        if len(samples) < 2 or not done(samples[-1]):
+            return None
+        return (samples[-1],) if abs(samples[-1] - samples[-2]) <= tolerance else None
+
+    try:
+        (value,) = wait_until(steady, timeout, what, every=window)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; last readings {samples[-4:]}") from None
+    return value
+
+
+def guestctl(vm: GuestVM, target: str, *args: str, deadline: Deadline) -> ExecResult:
+    """guestctl run in the guest, its calls given what is left of the test's deadline; the
+    command itself is also allowed the interpreter's start-up at the guest's pace."""
+    seconds = max(1.0, deadline.remaining())
+    return vm.exec(
+        [GUESTCTL, "--target", target, "--timeout", f"{seconds:.1f}", *args],
+        timeout=seconds + pace.of(vm).scale(GUESTCTL_START_SECONDS),
+        check=False,
+    )
+
+
+def kill_agent(vm: GuestVM) -> None:
+    """SIGKILL the agent and wait until init has started a new one (a new pid)."""
+    old = vm.exec(["pgrep", "-x", "guestagent"]).stdout.split()
+    vm.exec("pkill -KILL -x guestagent; true")
+    wait_until(
+        lambda: (
+            (new := vm.exec(["pgrep", "-x", "guestagent"], check=False).stdout.split())
+            and not set(new) & set(old)
+        ),
+        pace.of(vm).scale(60),
+        f"init to start a new agent (the killed one was pid {' '.join(old)})",
+    )
 
 
 def make_cgroup(vm: GuestVM, name: str, **files: str) -> None:
@@ -75,7 +138,9 @@ def stop_filler(vm: GuestVM, name: str = "filler") -> None:
     pid = vm.exec(["cat", f"/run/{name}.pid"]).stdout.strip()
     vm.exec(["kill", pid])
     wait_until(
-        lambda: vm.exec(["test", "-d", f"/proc/{pid}"], check=False).rc != 0, 60, f"{name} to exit"
+        lambda: vm.exec(["test", "-d", f"/proc/{pid}"], check=False).rc != 0,
+        pace.of(vm).scale(60),
+        f"{name} (pid {pid}) to exit",
     )
 
 
@@ -85,16 +150,31 @@ def allocate_free_and_compact(
     """Allocate hog_mib in the guest, free it, compact, and see how much QEMU's RSS gives up
     (free page reporting hands back freed 2 MiB blocks every 2 s)."""
     mib = 1 << 20
+    speed = pace.of(vm)
     make_cgroup(vm, "hog")
-    time.sleep(5)  # Let boot-time frees be reported first, so the baseline holds still.
-    baseline = vm.qemu_rss_bytes()
+    # Boot-time frees are reported first, so the baseline holds still.
+    baseline = wait_until_steady(
+        vm.qemu_rss_bytes,
+        speed.scale(60),
+        "QEMU's RSS to hold still before the hog",
+        tolerance=4 * mib,
+        window=speed.scale(REPORTING_WINDOW_SECONDS),
+    )
     marker = start_filler(vm, "hog", hog_mib, name="hog")
-    wait_until(lambda: filler_ready(vm, marker), 600, "the hog's allocation")
+    wait_until(lambda: filler_ready(vm, marker), speed.scale(600), "the hog's allocation")
     peak = vm.qemu_rss_bytes()
     stop_filler(vm, "hog")
     compact()
-    time.sleep(8)
-    after = vm.qemu_rss_bytes()
+    # Reporting hands the blocks back a batch every 2 s: wait until it has begun (a tenth
+    # of the hog back) and then stops.
+    after = wait_until_steady(
+        vm.qemu_rss_bytes,
+        speed.scale(120),
+        f"QEMU's RSS to fall from its {peak // mib} MiB peak and hold still",
+        tolerance=4 * mib,
+        window=speed.scale(REPORTING_WINDOW_SECONDS),
+        done=lambda rss: peak - rss >= hog_mib * mib // 10,
+    )
     return {
         "hog_mib": hog_mib,
         "qemu_rss_baseline_mib": baseline // mib,

@@ -14,11 +14,10 @@ from guestagent.linux.meminfo import parse_meminfo
 from guestagent.transport import DEFAULT_VSOCK_PORT
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
-from tests.vm.guest import make_cgroup, start_filler, stop_filler, wait_until
+from tests.vm.guest import guestctl, make_cgroup, start_filler, stop_filler, wait_until
+from tests.vm.pace import Deadline, Pace
 
 pytestmark = pytest.mark.vm
-
-GUESTCTL = "/opt/guestagent/bin/guestctl"
 
 
 def test_memory_info_matches_proc_meminfo(vm: GuestVM, agent: AgentClient) -> None:
@@ -48,7 +47,9 @@ def collect(stream: Iterator[pb.MemoryInfo], into: queue.Queue[pb.MemoryInfo]) -
         return
 
 
-def test_watch_fires_when_a_process_hits_memory_high(vm: GuestVM, agent: AgentClient) -> None:
+def test_watch_fires_when_a_process_hits_memory_high(
+    vm: GuestVM, agent: AgentClient, pace: Pace
+) -> None:
     make_cgroup(vm, "watched", memory_high="24M")
     stream = agent.watch(
         ["watched"],
@@ -58,11 +59,12 @@ def test_watch_fires_when_a_process_hits_memory_high(vm: GuestVM, agent: AgentCl
     messages: queue.Queue[pb.MemoryInfo] = queue.Queue()
     threading.Thread(target=collect, args=(stream, messages), daemon=True).start()
     try:
-        assert messages.get(timeout=60).reason == pb.WATCH_REASON_INITIAL
+        assert messages.get(timeout=pace.scale(60)).reason == pb.WATCH_REASON_INITIAL
         start_filler(vm, "watched", 64, name="highfill")
         reasons = set()
         while pb.WATCH_REASON_MEMORY_EVENTS not in reasons:
-            message = messages.get(timeout=120)  # Far below the 60 s interval twice over.
+            # Below the 60 s interval twice over on an idle host; a busy one may take longer.
+            message = messages.get(timeout=pace.scale(120))
             reasons.add(message.reason)
             if message.reason == pb.WATCH_REASON_MEMORY_EVENTS:
                 assert list(message.changed_cgroups) == ["watched"]
@@ -78,39 +80,35 @@ def guest_log_events(vm: GuestVM) -> list[dict[str, object]]:
     return [json.loads(line) for line in lines if line.startswith("{")]
 
 
-def test_vsock_peers_other_than_the_host_are_refused(vm: GuestVM) -> None:
+def test_vsock_peers_other_than_the_host_are_refused(vm: GuestVM, pace: Pace) -> None:
     # In the guest, over vsock_loopback the caller is CID 1: a container could be that.
-    result = vm.exec(
-        [GUESTCTL, "--target", f"vsock://1:{DEFAULT_VSOCK_PORT}", "--timeout", "10", "health"],
-        check=False,
+    result = guestctl(
+        vm, f"vsock://1:{DEFAULT_VSOCK_PORT}", "health", deadline=Deadline(pace.scale(30))
     )
     assert result.rc == 1, result
     refused = wait_until(
         lambda: [e for e in guest_log_events(vm) if e["event"] == "vsock_peer_refused"],
-        30,
+        pace.scale(30),
         "the refusal to be logged",
     )
     assert refused[-1]["cid"] == 1 and refused[-1]["allowed"] == [2]
 
 
-def test_allow_cid_admits_the_loopback_peer(vm: GuestVM) -> None:
+def test_allow_cid_admits_the_loopback_peer(vm: GuestVM, pace: Pace) -> None:
     vm.exec(
         "/opt/guestagent/bin/guestagent serve --listen vsock://:1025 --allow-cid 1 "
         "</dev/null >/run/agent2.log 2>&1 & echo $! > /run/agent2.pid"
     )
     try:
+        starting = Deadline(pace.scale(90))
         result = wait_until(
             lambda: (
                 r
-                if (
-                    r := vm.exec(
-                        [GUESTCTL, "--target", "vsock://1:1025", "--json", "info"], check=False
-                    )
-                ).rc
+                if (r := guestctl(vm, "vsock://1:1025", "--json", "info", deadline=starting)).rc
                 == 0
                 else None
             ),
-            90,
+            starting.seconds,
             "the second agent to serve over vsock",
         )
         reported = int(json.loads(result.stdout)["system"]["mem_total_bytes"])
@@ -135,25 +133,23 @@ def test_a_second_agent_on_the_vsock_port_fails_naming_it(vm: GuestVM, agent: Ag
     assert agent.health("") == "SERVING"  # The first agent keeps its port.
 
 
-def test_relayed_calls_are_audited_with_the_vsock_cid_and_the_unix_uid(vm: GuestVM) -> None:
+def test_relayed_calls_are_audited_with_the_vsock_cid_and_the_unix_uid(
+    vm: GuestVM, pace: Pace
+) -> None:
     port = DEFAULT_VSOCK_PORT + 1
     vm.exec(
         f"{GUESTAGENT} serve --listen vsock://:{port} --listen unix:///run/agent3.sock "
         "--allow-cid 1 </dev/null >/run/agent3.log 2>&1 & echo $! > /run/agent3.pid"
     )
     try:
+        starting = Deadline(pace.scale(90))
         wait_until(
-            lambda: (
-                vm.exec(
-                    [GUESTCTL, "--target", f"vsock://1:{port}", "--timeout", "30", "compact"],
-                    check=False,
-                ).rc
-                == 0
-            ),
-            90,
+            lambda: guestctl(vm, f"vsock://1:{port}", "compact", deadline=starting).rc == 0,
+            starting.remaining(),
             "a Compact over vsock to the second agent",
         )
-        vm.exec([GUESTCTL, "--target", "unix:///run/agent3.sock", "--timeout", "30", "compact"])
+        done = guestctl(vm, "unix:///run/agent3.sock", "compact", deadline=Deadline(pace.scale(30)))
+        assert done.rc == 0, done.stderr
         lines = [
             json.loads(line)
             for line in vm.exec(["cat", "/run/agent3.log"]).stdout.splitlines()

@@ -1,13 +1,14 @@
 """The booted guest provides what the agent relies on, and the harness can observe it."""
 
 import socket
-import time
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from guestagent.vm.qemu import GuestVM
+from tests.vm.guest import wait_until
+from tests.vm.pace import Pace
 
 pytestmark = pytest.mark.vm
 
@@ -89,26 +90,27 @@ def test_host_sees_qemu_rss_and_sparse_disk(vm: GuestVM) -> None:
     assert vm.disk_allocated_bytes("data") >= 8 << 20
 
 
-def test_balloon_inflates_on_request(vm: GuestVM) -> None:
+def test_balloon_inflates_on_request(vm: GuestVM, pace: Pace) -> None:
     summary = vm.qmp("query-memory-size-summary")
     full = summary["base-memory"] + summary.get("plugged-memory", 0)
     assert vm.qmp("query-balloon")["actual"] == full
     target = full - (128 << 20)
     vm.balloon(target)
     try:
-        deadline = time.monotonic() + 60
-        while vm.qmp("query-balloon")["actual"] != target:
-            assert time.monotonic() < deadline, "guest did not inflate the balloon"
-            time.sleep(0.5)
+        wait_until(
+            lambda: vm.qmp("query-balloon")["actual"] == target,
+            pace.scale(60),
+            f"the guest to inflate the balloon by 128 MiB to {target} bytes",
+        )
     finally:
         vm.balloon(full)
 
 
-def test_agent_answers_grpc_health_check(vm: GuestVM) -> None:
+def test_agent_answers_grpc_health_check(vm: GuestVM, pace: Pace) -> None:
     host, port = vm.agent_target.removeprefix("tcp://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5):
         pass
     with grpc.insecure_channel(f"{host}:{port}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        response = stub.Check(health_pb2.HealthCheckRequest(), timeout=30)
+        response = stub.Check(health_pb2.HealthCheckRequest(), timeout=pace.scale(30))
     assert response.status == health_pb2.HealthCheckResponse.SERVING

@@ -4,7 +4,6 @@ while active. Each ends in a clear error or a consistent state that the agent re
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,10 +11,11 @@ import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.ops.swap import parse_proc_swaps
+from guestagent.linux.swaps import parse_proc_swaps
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot, read_guest, wait_until
+from tests.vm.pace import Pace
 
 pytestmark = pytest.mark.vm
 
@@ -29,12 +29,14 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
 
 
 def active_devices(vm: GuestVM) -> set[str]:
-    return {a.filename for a in parse_proc_swaps(read_guest(vm, "/proc/swaps"))}
+    return {a.filename for a in parse_proc_swaps(read_guest(vm, "/proc/swaps").encode())}
 
 
 def test_agent_killed_while_enabling_swap_restarts_into_the_truth(
-    vm: GuestVM, agent: AgentClient
+    vm: GuestVM, agent: AgentClient, pace: Pace
 ) -> None:
+    disk = vm.exec(["readlink", "-f", "/dev/disk/by-id/virtio-big0"]).stdout.strip()
+    rotational = f"/sys/block/{disk.removeprefix('/dev/')}/queue/rotational"
     outcome: dict[str, object] = {}
 
     def enable() -> None:
@@ -47,10 +49,20 @@ def test_agent_killed_while_enabling_swap_restarts_into_the_truth(
 
     caller = threading.Thread(target=enable)
     caller.start()
-    time.sleep(0.3)
-    vm.exec("pkill -KILL -x guestagent; true")
-    caller.join(timeout=120)
-    agent.wait_ready(120)  # init respawns it
+    # Kill it mid-way: once it has cleared the rotational flag, the step just before mkswap
+    # and swapon. The wait runs in the guest, so no host round trip lets the call finish
+    # first; a run of the call that does finish first is still a valid outcome below.
+    seconds = pace.scale(60)
+    killed = vm.exec(
+        f"timeout {seconds:.0f} sh -c 'until read -r r <{rotational} && [ $r = 0 ]; "
+        "do sleep 0.02; done' "
+        "&& pkill -KILL -x guestagent",
+        timeout=seconds + 10,
+        check=False,
+    )
+    assert killed.rc == 0, f"the agent never cleared {rotational} ({outcome}): {killed}"
+    caller.join(timeout=pace.scale(120))
+    agent.wait_ready(pace.scale(120))  # init respawns it
     # Whatever point the kill hit, the restarted agent reports what the kernel holds...
     listed = {a.device for a in agent.list_swaps()}
     assert listed == active_devices(vm), outcome
@@ -62,7 +74,7 @@ def test_agent_killed_while_enabling_swap_restarts_into_the_truth(
 
 
 def test_a_swap_disk_pulled_out_while_active(
-    vm: GuestVM, agent: AgentClient, tmp_path: Path
+    vm: GuestVM, agent: AgentClient, tmp_path: Path, pace: Pace
 ) -> None:
     backing = tmp_path / "pulled.raw"
     with open(backing, "wb") as f:
@@ -81,7 +93,9 @@ def test_a_swap_disk_pulled_out_while_active(
     )
     vm.qmp("device_del", id="pulldisk")
     wait_until(
-        lambda: vm.exec(["test", "-e", area.device], check=False).rc != 0, 60, "the node to go"
+        lambda: vm.exec(["test", "-e", area.device], check=False).rc != 0,
+        pace.scale(60),
+        f"{area.device} to go",
     )
     # The kernel keeps the area until swapoff; the agent reports it without failing.
     assert agent.info().system.swap_total_bytes > 0

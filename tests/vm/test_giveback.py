@@ -4,7 +4,6 @@ proactive reclaim, and hot-plugged memory onlined by the agent."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,9 @@ from tests.vm.guest import (
     start_filler,
     stop_filler,
     wait_until,
+    wait_until_steady,
 )
+from tests.vm.pace import Pace
 
 pytestmark = pytest.mark.vm
 
@@ -95,7 +96,9 @@ def test_freed_memory_goes_back_to_the_host(vm: GuestVM, agent: AgentClient) -> 
     assert figures["returned_fraction_of_hog"] > 0.6, figures
 
 
-def test_balloon_after_compact_takes_page_cache(vm: GuestVM, agent: AgentClient) -> None:
+def test_balloon_after_compact_takes_page_cache(
+    vm: GuestVM, agent: AgentClient, pace: Pace
+) -> None:
     # Page cache is not free, so reporting cannot hand it back: the balloon makes the guest
     # drop it, and QEMU releases the ballooned pages.
     device = vm.exec(["readlink", "-f", "/dev/disk/by-id/virtio-data0"]).stdout.strip()
@@ -108,9 +111,19 @@ def test_balloon_after_compact_takes_page_cache(vm: GuestVM, agent: AgentClient)
     target = full - 512 * MIB
     vm.balloon(target)
     try:
-        wait_until(lambda: vm.qmp("query-balloon")["actual"] == target, 180, "the balloon")
-        time.sleep(2)
-        ballooned = vm.qemu_rss_bytes()
+        wait_until(
+            lambda: vm.qmp("query-balloon")["actual"] == target,
+            pace.scale(180),
+            "the balloon to reach its target",
+        )
+        # QEMU drops each page as the guest hands it over; stragglers land just after.
+        ballooned = wait_until_steady(
+            vm.qemu_rss_bytes,
+            pace.scale(60),
+            "QEMU's RSS to hold still with the balloon inflated",
+            tolerance=4 * MIB,
+            window=pace.scale(2),
+        )
     finally:
         vm.balloon(full)
     RESULTS["balloon"] = {
@@ -121,12 +134,12 @@ def test_balloon_after_compact_takes_page_cache(vm: GuestVM, agent: AgentClient)
     assert cached - ballooned > 200 * MIB, RESULTS["balloon"]
 
 
-def test_reclaim_shrinks_a_cgroup(vm: GuestVM, agent: AgentClient) -> None:
+def test_reclaim_shrinks_a_cgroup(vm: GuestVM, agent: AgentClient, pace: Pace) -> None:
     agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
     make_cgroup(vm, "rc")
     marker = start_filler(vm, "rc", 128, name="rcfill")
     try:
-        wait_until(lambda: filler_ready(vm, marker), 300, "the 128 MiB allocation")
+        wait_until(lambda: filler_ready(vm, marker), pace.scale(300), "the 128 MiB allocation")
         result = agent.reclaim("rc", 64 * MIB)
     finally:
         stop_filler(vm, "rcfill")
@@ -138,12 +151,14 @@ def test_reclaim_shrinks_a_cgroup(vm: GuestVM, agent: AgentClient) -> None:
     assert result.current_before_bytes - result.current_after_bytes > 32 * MIB, RESULTS["reclaim"]
 
 
-def test_hot_plugged_memory_is_onlined_by_the_agent(vm: GuestVM, agent: AgentClient) -> None:
+def test_hot_plugged_memory_is_onlined_by_the_agent(
+    vm: GuestVM, agent: AgentClient, pace: Pace
+) -> None:
     before = agent.info().system.mem_total_bytes
     vm.hotplug_dimm(256)
     grown = wait_until(
         lambda: (total := agent.info().system.mem_total_bytes) - before >= 250 * MIB and total,
-        120,
+        pace.scale(120),
         "MemTotal to grow by the DIMM",
     )
     offline = vm.exec("grep -l offline /sys/devices/system/memory/memory*/state | wc -l").stdout

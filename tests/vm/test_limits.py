@@ -11,12 +11,21 @@ import pytest
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
-from tests.vm.guest import boot, filler_ready, read_guest, start_filler, stop_filler, wait_until
+from tests.vm.guest import (
+    boot,
+    filler_ready,
+    guestctl,
+    read_guest,
+    start_filler,
+    stop_filler,
+    wait_until,
+)
+from tests.vm.pace import Deadline, Pace
 
 pytestmark = pytest.mark.vm
 
 MIB = 1 << 20
-GUESTCTL = "/opt/guestagent/bin/guestctl"
+RB_SOCKET = "unix:///run/rb.sock"
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +65,14 @@ def test_pod_and_container_are_created_with_limits(vm: GuestVM, agent: AgentClie
     assert cgroup_file(vm, "pod/ctr", "memory.max") == str(64 * MIB)
 
 
-def test_a_container_over_its_limit_swaps_instead_of_dying(vm: GuestVM, agent: AgentClient) -> None:
+def test_a_container_over_its_limit_swaps_instead_of_dying(
+    vm: GuestVM, agent: AgentClient, pace: Pace
+) -> None:
     marker = start_filler(vm, "pod/ctr", 150, name="swapper")
     try:
-        wait_until(lambda: filler_ready(vm, marker), 300, "the filler to allocate 150 MiB")
+        wait_until(
+            lambda: filler_ready(vm, marker), pace.scale(300), "the filler to allocate 150 MiB"
+        )
         swapped = int(cgroup_file(vm, "pod/ctr", "memory.swap.current"))
         assert swapped > 64 * MIB
         assert events(vm, "pod/ctr")["oom_kill"] == 0
@@ -69,18 +82,22 @@ def test_a_container_over_its_limit_swaps_instead_of_dying(vm: GuestVM, agent: A
         stop_filler(vm, "swapper")
 
 
-def test_with_no_swap_allowed_it_is_oom_killed(vm: GuestVM, agent: AgentClient) -> None:
+def test_with_no_swap_allowed_it_is_oom_killed(vm: GuestVM, agent: AgentClient, pace: Pace) -> None:
     applied = agent.set_limits(
         "pod/strict", pb.LinuxMemory(limit=64 * MIB, swap=64 * MIB), create=True
     )
     assert applied.swap_max == "0"
     start_filler(vm, "pod/strict", 150, name="strict")
-    wait_until(lambda: events(vm, "pod/strict")["oom_kill"] >= 1, 300, "the OOM kill")
+    wait_until(lambda: events(vm, "pod/strict")["oom_kill"] >= 1, pace.scale(300), "the OOM kill")
     assert int(cgroup_file(vm, "pod/strict", "memory.swap.current")) == 0
-    wait_until(lambda: cgroup_file(vm, "pod/strict", "cgroup.procs") == "", 60, "the process to go")
+    wait_until(
+        lambda: cgroup_file(vm, "pod/strict", "cgroup.procs") == "",
+        pace.scale(60),
+        "the OOM-killed process to leave pod/strict",
+    )
 
 
-def test_a_failed_write_is_rolled_back(vm: GuestVM, agent: AgentClient) -> None:
+def test_a_failed_write_is_rolled_back(vm: GuestVM, agent: AgentClient, pace: Pace) -> None:
     # A real kernel refusal: memory.low made read-only, and a second agent without
     # CAP_DAC_OVERRIDE, so memory.swap.max and memory.max take the write and memory.low fails.
     agent.set_limits("pod/rb", pb.LinuxMemory(limit=-1), create=True)
@@ -94,30 +111,23 @@ def test_a_failed_write_is_rolled_back(vm: GuestVM, agent: AgentClient) -> None:
         "echo $! > /run/rb.pid"
     )
     try:
+        # guestctl fails at once while the socket is missing; once it is there, a call waits
+        # for the agent's SETTINGS frame up to what is left of the deadline.
+        starting = Deadline(pace.scale(90))
         wait_until(
-            lambda: (
-                vm.exec([GUESTCTL, "--target", "unix:///run/rb.sock", "health"], check=False).rc
-                == 0
-            ),
-            90,
-            "the unprivileged agent",
+            lambda: guestctl(vm, RB_SOCKET, "health", deadline=starting).rc == 0,
+            starting.seconds,
+            "the unprivileged agent to serve on /run/rb.sock",
         )
-        result = vm.exec(
-            [
-                GUESTCTL,
-                "--target",
-                "unix:///run/rb.sock",
-                "limits",
-                "--cgroup",
-                "pod/rb",
-                "--limit",
-                "96M",
-                "--swap",
-                "128M",
-                "--reservation",
-                "16M",
-            ],
-            check=False,
+        limits = ("--limit", "96M", "--swap", "128M", "--reservation", "16M")
+        result = guestctl(
+            vm,
+            RB_SOCKET,
+            "limits",
+            "--cgroup",
+            "pod/rb",
+            *limits,
+            deadline=Deadline(pace.scale(60)),
         )
     finally:
         vm.exec("kill $(cat /run/rb.pid); true")

@@ -14,14 +14,17 @@ import pytest
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from tests.vm import pace
 from tests.vm.guest import (
     boot,
     filler_ready,
+    kill_agent,
     make_cgroup,
     read_guest,
     start_filler,
     stop_filler,
     wait_until,
+    wait_until_steady,
 )
 
 pytestmark = pytest.mark.vm
@@ -32,6 +35,9 @@ DISKS = (
     Disk("swapnd", 1 << 30, serial="swap1"),
     Disk("ext", 64 * MIB, serial="ext0"),
     Disk("tiny", 32 * 1024, serial="tiny0"),
+    Disk("text", 64 * MIB, serial="text0"),
+    Disk("mid", 64 * MIB, serial="mid0"),
+    Disk("big", 8 << 30, serial="big0"),
 )
 FILL_MIB = 300
 RESULTS: dict[str, object] = {}
@@ -53,6 +59,12 @@ def node_of(vm: GuestVM, serial: str) -> str:
 def rotational(vm: GuestVM, serial: str) -> str:
     name = node_of(vm, serial).removeprefix("/dev/")
     return read_guest(vm, f"/sys/block/{name}/queue/rotational").strip()
+
+
+def uevent_listeners(vm: GuestVM) -> int:
+    """Netlink sockets bound to uevent groups (protocol 15, NETLINK_KOBJECT_UEVENT)."""
+    rows = (line.split() for line in read_guest(vm, "/proc/net/netlink").splitlines()[1:])
+    return sum(row[1] == "15" and int(row[3], 16) != 0 for row in rows)
 
 
 def enable(agent: AgentClient, **kwargs: object) -> pb.SwapArea:
@@ -89,9 +101,8 @@ def test_second_enable_changes_nothing(vm: GuestVM, agent: AgentClient) -> None:
 
 
 def test_restarted_agent_rediscovers_the_area(vm: GuestVM, agent: AgentClient) -> None:
-    vm.exec("pkill -KILL -x guestagent; true")
-    time.sleep(1)
-    agent.wait_ready(90)  # init respawns it
+    kill_agent(vm)  # init respawns it
+    agent.wait_ready(pace.of(vm).scale(90))
     areas = {a.device: a for a in agent.list_swaps()}
     area = areas[node_of(vm, "swap0")]
     assert area.priority == 10 and area.discard == pb.DISCARD_BOTH and not area.rotational
@@ -99,15 +110,28 @@ def test_restarted_agent_rediscovers_the_area(vm: GuestVM, agent: AgentClient) -
 
 def fill_and_release(vm: GuestVM, disk: str) -> dict[str, float]:
     """Push FILL_MIB through a 64 MiB cgroup into swap, end it, and watch the host's file."""
+    speed = pace.of(vm)
     make_cgroup(vm, "fill", memory_max="64M")
     before = vm.disk_allocated_bytes(disk)
     marker = start_filler(vm, "fill", FILL_MIB)
-    wait_until(lambda: filler_ready(vm, marker), 600, "the filler to allocate")
+    wait_until(lambda: filler_ready(vm, marker), speed.scale(600), "the filler to allocate")
     swapped = int(read_guest(vm, "/sys/fs/cgroup/fill/memory.swap.current"))
     peak = vm.disk_allocated_bytes(disk)
     stop_filler(vm)
-    time.sleep(8)  # Discards are issued as clusters free, by a kernel worker.
-    after = vm.disk_allocated_bytes(disk)
+    # Discards are issued as clusters free, by a kernel worker: once the guest has freed
+    # the swap, wait for the host's file to stop shrinking.
+    wait_until(
+        lambda: int(read_guest(vm, "/sys/fs/cgroup/fill/memory.swap.current")) <= swapped / 10,
+        speed.scale(60),
+        f"the guest to free most of the filler's {swapped // MIB} MiB of swap",
+    )
+    after = wait_until_steady(
+        lambda: vm.disk_allocated_bytes(disk),
+        speed.scale(120),
+        f"the host's {disk} file to stop shrinking",
+        tolerance=MIB,
+        window=speed.scale(2.5),
+    )
     released = (peak - after) / peak if peak else 0.0
     return {
         "swapped_mib": round(swapped / MIB, 1),
@@ -200,8 +224,9 @@ def test_a_failed_mkswap_leaves_the_disk_as_found(vm: GuestVM, agent: AgentClien
     device = node_of(vm, "tiny0")
     vm.exec(f"printf 'keep me' | dd of={device} bs=512 seek=2 conv=notrunc status=none && sync")
     checksum = vm.exec(f"sha256sum {device}").stdout.split()[0]
+    # force: without it the text is unknown data and nothing would reach mkswap.
     details = expect_error(
-        lambda: enable(agent, device=pb.DeviceSelector(serial="tiny0")),
+        lambda: enable(agent, device=pb.DeviceSelector(serial="tiny0"), force=True),
         grpc.StatusCode.ABORTED,
         device,
         "mkswap exited",
@@ -222,9 +247,15 @@ def test_a_hot_plugged_disk_is_waited_for(vm: GuestVM, agent: AgentClient, tmp_p
         except grpc.RpcError as e:
             result["error"] = e
 
+    listening = uevent_listeners(vm)
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(2)
+    # Plug the disk only once the agent listens for its udev event, so the wait is tested.
+    wait_until(
+        lambda: uevent_listeners(vm) > listening or "error" in result,
+        pace.of(vm).scale(60),
+        "the agent to listen for udev events",
+    )
     vm.qmp(
         "blockdev-add",
         **{
@@ -235,9 +266,92 @@ def test_a_hot_plugged_disk_is_waited_for(vm: GuestVM, agent: AgentClient, tmp_p
         },
     )
     vm.qmp("device_add", driver="virtio-blk-pci", drive="hot0", serial="hot0", id="hotdisk")
-    caller.join(timeout=120)
+    caller.join(timeout=pace.of(vm).scale(120))
     assert "error" not in result, result
     area = result["area"]
     assert isinstance(area, pb.SwapArea)
     assert area.formatted and area.size_bytes > 200 * MIB and not area.rotational
     agent.disable_swap(pb.DeviceSelector(serial="hot0"))
+
+
+def write_guest_disk(vm: GuestVM, serial: str, command: str, seek_mib: int) -> str:
+    """Write what `command` prints to a disk at seek_mib, synced, with udev done looking."""
+    device = node_of(vm, serial)
+    vm.exec(
+        f"{command} | dd of={device} bs=1M seek={seek_mib} iflag=fullblock conv=notrunc,fsync "
+        "status=none && udevadm settle"
+    )
+    return device
+
+
+def test_unknown_data_is_refused_naming_the_offset(vm: GuestVM, agent: AgentClient) -> None:
+    device = write_guest_disk(vm, "text0", "printf 'sixteen bytes!!!'", 0)
+    write_guest_disk(vm, "text0", "head -c 4M /dev/urandom", 1)
+    checksum = vm.exec(f"sha256sum {device}").stdout.split()[0]
+    expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(serial="text0")),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"{device} is neither blank nor swap: it has data at byte offset 0;",
+        "pass force",
+    )
+    assert vm.exec(f"sha256sum {device}").stdout.split()[0] == checksum
+    assert rotational(vm, "text0") == "1"
+    assert "text0" not in read_guest(vm, "/proc/swaps") and device not in read_guest(
+        vm, "/proc/swaps"
+    )
+
+
+def test_data_only_in_the_middle_is_found(vm: GuestVM, agent: AgentClient) -> None:
+    device = write_guest_disk(vm, "mid0", "head -c 1M /dev/urandom", 40)
+    expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(serial="mid0")),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"{device} is neither blank nor swap: it has data at byte offset {40 * MIB};",
+    )
+    assert device not in read_guest(vm, "/proc/swaps")
+
+
+def test_force_still_formats_unknown_data(vm: GuestVM, agent: AgentClient) -> None:
+    area = enable(agent, device=pb.DeviceSelector(serial="text0"), force=True)
+    assert area.formatted and area.device == node_of(vm, "text0")
+    assert "TYPE=swap" in vm.exec(["blkid", "-o", "export", area.device]).stdout
+    agent.disable_swap(pb.DeviceSelector(serial="text0"))
+
+
+# The blank check alone, run in the guest on a cold page cache: what EnableSwap adds.
+SCAN = """
+import os, sys, time
+from guestagent.linux.blockdev import first_data_offset
+fd = os.open(sys.argv[1], os.O_RDONLY)
+started = time.monotonic()
+found = first_data_offset(fd)
+print(found, time.monotonic() - started)
+"""
+
+
+def test_an_8gib_blank_disk_is_checked_quickly(vm: GuestVM, agent: AgentClient) -> None:
+    vm.exec("echo 3 > /proc/sys/vm/drop_caches")
+    found, seconds = vm.exec(
+        ["/opt/guestagent/bin/python", "-c", SCAN, node_of(vm, "big0")]
+    ).stdout.split()
+    assert found == "None"
+    RESULTS["blank_check_8gib_seconds"] = round(float(seconds), 3)
+    print(f"8 GiB blank disk: the blank check alone took {float(seconds):.3f} s")
+    # Data in the last MiB only: the refusal reads the whole sampling plan first.
+    device = write_guest_disk(vm, "big0", "printf 'the end'", (8 << 10) - 1)
+    started = time.monotonic()
+    expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(serial="big0")),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"{device} is neither blank nor swap: it has data at byte offset {(8 << 30) - MIB};",
+    )
+    refused = time.monotonic() - started
+    write_guest_disk(vm, "big0", "head -c 1M /dev/zero", (8 << 10) - 1)
+    started = time.monotonic()
+    area = enable(agent, device=pb.DeviceSelector(serial="big0"), discard=pb.DISCARD_NONE)
+    enabled = time.monotonic() - started
+    RESULTS["blank_check_8gib_refusal_seconds"] = round(refused, 3)
+    RESULTS["enable_8gib_blank_seconds"] = round(enabled, 3)
+    print(f"8 GiB disk: refusal after the full blank check {refused:.3f} s, enable {enabled:.3f} s")
+    assert area.formatted and area.size_bytes > 7 << 30
+    agent.disable_swap(pb.DeviceSelector(serial="big0"))

@@ -8,6 +8,7 @@ import errno
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import NoReturn
 
 import grpc
@@ -15,6 +16,8 @@ import pytest
 
 from guestagent import errors
 from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_for
+from guestagent.errors import kernel_error
+from guestagent.linux.fs import KernelFS
 from guestagent.ops.hotplug import HotplugWatcher
 from guestagent.ops.swap import SwapManager
 from guestagent.transport import PeerTable
@@ -191,10 +194,10 @@ async def test_a_failed_write_is_audited_as_aborted(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def busy(path: object, value: str) -> NoReturn:
-        raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+    def busy(fs: KernelFS, path: Path, value: str) -> NoReturn:
+        raise kernel_error("write", path, value, OSError(errno.EBUSY, os.strerror(errno.EBUSY)))
 
-    monkeypatch.setattr("guestagent.ops.limits.write_cgroup_file", busy)
+    monkeypatch.setattr(KernelFS, "write", busy)
     context = FakeContext()
     request = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=1 << 30))
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):

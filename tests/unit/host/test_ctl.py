@@ -3,22 +3,202 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 
 from guestagent.host import ctl
+from guestagent.host.ctl import main as ctl_main
+from guestagent.host.sizing import MIB, fit_model, model_to_dict
+from tests.fakes.sizing import sample
 
 
-def test_measure_overhead_without_the_vm_extra_says_what_to_install(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["limits", "--cgroup", "a", "--limit", "512Mi"], {"limit": 512 * MIB}),
+        (["limits", "--cgroup", "a", "--limit", "512M", "--swap", "1G"], {"swap": 1 << 30}),
+        (["limits", "--cgroup", "a", "--limit", "-1", "--swap", "max"], {"swap": -1}),
+        (["limits", "--cgroup", "a", "--reservation", "64KiB"], {"reservation": 64 << 10}),
+        (["reclaim", "--cgroup", "a", "--bytes", "512Mi"], {"bytes": 512 * MIB}),
+        (["plan", "--pod-limit", "max"], {"pod_limit": None}),
+        (["plan", "--pod-limit", "2Gi", "--host-memory", "8G"], {"host_memory": 8 << 30}),
+        (["plan", "--pod-limit", "1G", "--container", "limit=512M"], {"pod_limit": 1 << 30}),
+        (["swap", "enable", "--serial", "swap0"], {"swap_command": "enable", "serial": "swap0"}),
+        (["swap", "list"], {"command": "swap", "swap_command": "list"}),
+        (["watch", "--count", "3"], {"count": 3, "interval_ms": 0}),
+    ],
+)
+def test_arguments(argv: list[str], expected: dict[str, object]) -> None:
+    args = ctl.build_parser().parse_args(argv)
+    assert {key: getattr(args, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["limits", "--cgroup", "a", "--limit", "12X"], "size '12X' is not"),
+        (["reclaim", "--cgroup", "a", "--bytes", "-1"], "size '-1' is not"),
+        (["plan", "--pod-limit", "1G", "--container", "limit=1.5G"], "size '1.5G' is not"),
+        (["plan", "--pod-limit", "1G", "--container", "cpu=1"], "'cpu=1' is not name="),
+        (["measure-overhead", "--sizes", "306,0"], "'306,0' is not a list of MiB"),
+        (["swap", "enable"], "one of the arguments --device --serial is required"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_value(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ctl.build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_every_command_is_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ctl_main(["--help"])
+    out = capsys.readouterr().out
+    for name in ctl.COMMANDS:
+        assert name.split(" ")[0] in out
+    assert "1024-based" in out
+
+
+@pytest.mark.parametrize("name", sorted(ctl.COMMANDS))
+def test_every_command_has_its_own_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ctl_main([*name.split(" "), "--help"])
+    assert exit_info.value.code == 0
+    assert f"usage: guestctl {name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "missing", "extra"),
+    [
+        (["measure-overhead", "--sizes", "256"], "qemu", "vm"),
+        (
+            ["--target", "unix:///x", "metrics", "--listen", "127.0.0.1:0"],
+            "prometheus_client",
+            "host",
+        ),
+    ],
+)
+def test_a_missing_extra_exits_2_saying_what_to_install(
+    argv: list[str],
+    missing: str,
+    extra: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     real_find_spec = importlib.util.find_spec
 
-    def no_qemu(name: str, package: str | None = None):  # type: ignore[no-untyped-def]
-        return None if name.split(".")[0] == "qemu" else real_find_spec(name, package)
+    def without(name: str, package: str | None = None):  # type: ignore[no-untyped-def]
+        return None if name.split(".")[0] == missing else real_find_spec(name, package)
 
-    monkeypatch.setattr(importlib.util, "find_spec", no_qemu)
-    assert ctl.main(["measure-overhead", "--sizes", "256"]) == 2
+    monkeypatch.setattr(importlib.util, "find_spec", without)
+    assert ctl.main(argv) == 2
     err = capsys.readouterr().err
-    assert "pip install 'guestagent[vm]'" in err
+    assert f"pip install 'guestagent[{extra}]'" in err
     assert err.count("\n") == 1  # one line, no traceback
+
+
+@pytest.mark.parametrize(
+    ("listen", "host", "port"),
+    [("127.0.0.1:9464", "127.0.0.1", 9464), ("[::]:0", "::", 0), ("localhost:80", "localhost", 80)],
+)
+def test_metrics_listen(listen: str, host: str, port: int) -> None:
+    args = ctl.build_parser().parse_args(["metrics", "--listen", listen])
+    assert (args.listen.host, args.listen.port) == (host, port)
+    assert (args.interval_ms, args.cgroup) == (5000, [])
+
+
+@pytest.mark.parametrize(
+    ("listen", "message"),
+    [("9464", "has no port"), (":9464", "has no host"), ("h:70000", "out of range")],
+)
+def test_metrics_listen_refused(
+    listen: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        ctl.build_parser().parse_args(["metrics", "--listen", listen])
+    err = capsys.readouterr().err
+    assert f"argument --listen: {listen!r} is not HOST:PORT" in err and message in err
+
+
+def test_metrics_needs_a_target(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ctl_main(["metrics", "--listen", "127.0.0.1:0"])
+    assert exit_info.value.code == 2
+    assert "metrics needs --target" in capsys.readouterr().err
+
+
+def run_plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = ctl_main(["plan", "--host-memory", "31753Mi", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_guestctl_plan_clamps_the_issue_pod(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_plan(capsys, "--container", "limit=1024000Mi", "--pod-limit", "1024200Mi")
+    assert code == 0
+    assert "hotplug      29696 MiB (clamped from 1024000 MiB)" in out
+    assert "warning: clamped:" in out and "preflight ok" in out
+    assert "RuntimeClass overhead to declare:" in out
+
+
+def test_guestctl_plan_fails_a_pod_limit_below_the_vm(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_plan(capsys, "--container", "limit=1Gi", "--pod-limit", "1184Mi")
+    assert code == 1
+    assert "preflight FAILED: pod limit 1184 MiB is below VM 3072 MiB" in out
+    assert "short by" in out
+
+
+def test_guestctl_plan_json_with_a_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    model_file = tmp_path / "model.json"
+    model = fit_model([sample(m) for m in (306, 756, 1280)], "synthetic")
+    model_file.write_text(json.dumps(model_to_dict(model)))
+    code = ctl_main(
+        [
+            "--json",
+            "plan",
+            "--host-memory", "8G",
+            "--default-memory", "256",
+            "--container", "limit=512Mi,request=256Mi,name=app",
+            "--container", "request=64Mi,name=sidecar",
+            "--pod-limit", "2G",
+            "--model", str(model_file),
+        ]
+    )  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["ok"]
+    assert result["vm_size"] == 768 * MIB
+    assert result["model_source"] == "synthetic"
+    assert result["vmm"] == model.vmm.at(768 * MIB)
+    assert any("'sidecar' requests 64 MiB" in w for w in result["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("model_text", "message"), [("{", "model"), ('{"format": "x"}', "format is 'x'")]
+)
+def test_guestctl_plan_bad_model_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model_text: str, message: str
+) -> None:
+    (tmp_path / "model.json").write_text(model_text)
+    code, _, err = run_plan(capsys, "--pod-limit", "1G", "--model", str(tmp_path / "model.json"))
+    assert code == 2 and message in err
+
+
+def test_guestctl_plan_invalid_pod_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_plan(capsys, "--container", "limit=1M,request=2M", "--pod-limit", "1G")
+    assert code == 2 and "above its limit" in err
+
+
+def test_guestctl_commands_that_reach_an_agent_still_need_a_target(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ctl_main(["info"])
+    assert exit_info.value.code == 2
+    assert "info needs --target" in capsys.readouterr().err

@@ -1,16 +1,27 @@
+import os
 import struct
+from itertools import pairwise
+from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from guestagent.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux.blockdev import (
-    BlockDevice,
+    BLANK_EDGE_BYTES,
+    BLANK_SAMPLE_BYTES,
+    BLANK_SAMPLES,
     DeviceSelector,
+    blank_check_plan,
+    first_data_offset,
+    first_nonzero,
     parse_mountinfo,
     probe_signatures,
     refuse_unsafe_device,
     resolve_device,
 )
+from tests.fakes.devices import VDB, FakeFinder
 from tests.fakes.root import FakeRoot
 
 PAGE = 4096
@@ -77,30 +88,6 @@ def test_selector_refusals(kwargs: dict[str, str], reason: str) -> None:
         DeviceSelector(**kwargs)
 
 
-class FakeFinder:
-    def __init__(self, devices: list[BlockDevice], appear: BlockDevice | None = None) -> None:
-        self.devices = devices
-        self.appear = appear
-        self.waited: float | None = None
-
-    def find(self, selector: DeviceSelector) -> BlockDevice | None:
-        return next(
-            (
-                d
-                for d in self.devices
-                if selector.serial in (d.serial,) or selector.path == d.devnode
-            ),
-            None,
-        )
-
-    def wait(self, selector: DeviceSelector, timeout_s: float) -> BlockDevice | None:
-        self.waited = timeout_s
-        return self.appear
-
-
-VDB = BlockDevice("/dev/vdb", "vdb", "disk", 254, 16, "swap0")
-
-
 def test_resolve_waits_for_a_hot_plugged_disk() -> None:
     finder = FakeFinder([], appear=VDB)
     assert resolve_device(finder, DeviceSelector(serial="swap0"), 2500) == VDB
@@ -121,3 +108,89 @@ def test_a_regular_file_is_not_a_block_device(fake_root: FakeRoot) -> None:
     fake_root.write("dev/vdb", "data")
     with pytest.raises(FailedPrecondition, match="/dev/vdb is not a block device"):
         refuse_unsafe_device(fake_root.fs, VDB)
+
+
+MiB = 1 << 20
+GiB = 1 << 30
+# Most the blank check reads, whatever the disk's size.
+PLAN_BYTES = 2 * BLANK_EDGE_BYTES + BLANK_SAMPLES * BLANK_SAMPLE_BYTES
+
+
+@pytest.mark.parametrize(
+    ("size", "reads"),
+    [
+        (0, ()),
+        (4096, ((0, 4096),)),
+        (PLAN_BYTES, ((0, PLAN_BYTES),)),
+        (64 * MiB, None),
+        (8 * GiB, None),
+    ],
+)
+def test_blank_check_plan(size: int, reads: tuple[tuple[int, int], ...] | None) -> None:
+    plan = blank_check_plan(size)
+    if reads is not None:
+        assert plan == reads
+        return
+    assert len(plan) == BLANK_SAMPLES + 2
+    assert plan[0] == (0, MiB) and plan[-1] == (size - MiB, MiB)
+    samples = plan[1:-1]
+    assert all(length == 4096 and offset % 4096 == 0 for offset, length in samples)
+    # Evenly spaced: the gaps differ by at most one alignment step.
+    gaps = {b[0] - a[0] for a, b in pairwise(samples)}
+    assert max(gaps) - min(gaps) <= 4096
+
+
+@given(size=st.integers(0, 1 << 44))
+def test_blank_check_plan_covers_both_ends_in_order(size: int) -> None:
+    plan = blank_check_plan(size)
+    assert sum(length for _, length in plan) <= PLAN_BYTES
+    if size == 0:
+        assert plan == ()
+        return
+    assert plan[0][0] == 0 and plan[-1][0] + plan[-1][1] == size
+    for (offset, length), (next_offset, _) in pairwise(plan):
+        assert length > 0 and offset + length <= next_offset
+
+
+@pytest.mark.parametrize(
+    ("offset", "data", "found"),
+    [
+        (0, b"", None),
+        (0, bytes(4096), None),
+        (0, b"x" + bytes(10), 0),
+        (MiB, bytes(100) + b"\x01", MiB + 100),
+    ],
+)
+def test_first_nonzero(offset: int, data: bytes, found: int | None) -> None:
+    assert first_nonzero(offset, data) == found
+
+
+def disk_with(path: Path, size: int, *writes: tuple[int, bytes]) -> int:
+    with open(path, "wb") as f:
+        f.truncate(size)  # Sparse, as a runtime's swap disk is.
+        for offset, data in writes:
+            f.seek(offset)
+            f.write(data)
+    return os.open(path, os.O_RDONLY)
+
+
+@pytest.mark.parametrize(
+    ("writes", "found"),
+    [
+        ((), None),
+        # 16 bytes of text at 0 and 4 MiB of random bytes at 1 MiB: issue 13's example.
+        (((0, b"precious text 16"), (MiB, os.urandom(4 * MiB))), 0),
+        (((40 * MiB, os.urandom(MiB)),), 40 * MiB),
+        (((63 * MiB + 5, b"tail"),), 63 * MiB + 5),
+        # Between two samples, not reaching the next: sampling misses it, by design.
+        (((40 * MiB + 8, b"x" * 16),), None),
+    ],
+)
+def test_first_data_offset(
+    tmp_path: Path, writes: tuple[tuple[int, bytes], ...], found: int | None
+) -> None:
+    fd = disk_with(tmp_path / "disk", 64 * MiB, *writes)
+    try:
+        assert first_data_offset(fd) == found
+    finally:
+        os.close(fd)

@@ -4,19 +4,20 @@ import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, errno_text
-from guestagent.linux import cgroups
-from guestagent.linux.cgroups import (
-    cgroup_dir,
-    create_cgroup,
-    undo_create,
-    validate_cgroup_name,
-    write_cgroup_file,
+from guestagent.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    errno_text,
+    kernel_error,
 )
+from guestagent.linux import cgroups
+from guestagent.linux.cgroups import cgroup_dir, create_cgroup, undo_create, validate_cgroup_name
+from guestagent.linux.fs import KernelFS
 from tests.fakes.root import MEMORY_EVENTS, MEMORY_STAT, FakeRoot
 
 
@@ -34,27 +35,26 @@ class FakeCgroupKernel:
     fail_mkdir: str | None = None  # A directory name whose mkdir fails with ENOSPC.
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupKernel:
-        original_mkdir, original_rmdir = Path.mkdir, Path.rmdir
+        original_mkdir, original_rmdir = KernelFS.mkdir, KernelFS.rmdir
 
-        def mkdir(
-            path: Path, mode: int = 0o777, parents: bool = False, exist_ok: bool = False
-        ) -> None:
+        def mkdir(fs: KernelFS, path: Path, mode: int = 0o755) -> None:
             existed = path.is_dir()
             if self._inside(path) and path.name == self.fail_mkdir:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-            original_mkdir(path, mode, parents, exist_ok)
+                error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                raise kernel_error("make directory", path, None, error)
+            original_mkdir(fs, path, mode)
             if self._inside(path) and not existed:
                 self._populate(path)
 
-        def rmdir(path: Path) -> None:
+        def rmdir(fs: KernelFS, path: Path) -> None:
             if self._inside(path):
                 for entry in path.iterdir():
                     if entry.is_file():
                         entry.unlink()
-            original_rmdir(path)
+            original_rmdir(fs, path)
 
-        monkeypatch.setattr(Path, "mkdir", mkdir)
-        monkeypatch.setattr(Path, "rmdir", rmdir)
+        monkeypatch.setattr(KernelFS, "mkdir", mkdir)
+        monkeypatch.setattr(KernelFS, "rmdir", rmdir)
         return self
 
     def _inside(self, path: Path) -> bool:
@@ -139,50 +139,15 @@ def test_errno_text_names_the_errno_and_its_words() -> None:
     assert errno_text(OSError(errno.EINVAL, None)) == f"EINVAL ({os.strerror(errno.EINVAL)})"
 
 
-def test_write_replaces_the_value_in_one_write(
-    fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = fake_root.write("sys/fs/cgroup/memory.max", "536870912\n")
-    calls: list[bytes] = []
-    real_write = os.write
-
-    def counting_write(fd: int, data: Any) -> int:
-        calls.append(bytes(data))
-        return real_write(fd, data)
-
-    monkeypatch.setattr(os, "write", counting_write)
-    write_cgroup_file(path, "max")
-    assert path.read_text() == "max"
-    assert calls == [b"max"]
-
-
-def test_write_never_creates_a_missing_file(fake_root: FakeRoot) -> None:
-    path = cgroup_path(fake_root, "memory.swap.max")
-    with pytest.raises(FileNotFoundError):
-        write_cgroup_file(path, "max")
-    assert not path.exists()
-
-
-def test_short_write_is_an_error(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = fake_root.write("sys/fs/cgroup/memory.max", "max\n")
-    monkeypatch.setattr(os, "write", lambda fd, data: 1)
-    with pytest.raises(OSError, match="short write, 1 of 9 bytes") as raised:
-        write_cgroup_file(path, "536870912")
-    assert raised.value.errno == errno.EIO
-
-
 def test_create_makes_each_level_and_enables_memory_top_down(
     fake_root: FakeRoot, kernel: FakeCgroupKernel
 ) -> None:
     fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu io\n")
     created = create_cgroup(fake_root.fs, "pod/ctr")
     pod, ctr = cgroup_path(fake_root, "pod"), cgroup_path(fake_root, "pod/ctr")
-    assert created.made == (pod.resolve(), ctr.resolve())
+    assert created.made == (pod, ctr)
     root_control = fake_root.root / "sys/fs/cgroup/cgroup.subtree_control"
-    assert created.enabled == (
-        root_control.resolve(),
-        (pod / "cgroup.subtree_control").resolve(),
-    )
+    assert created.enabled == (root_control, pod / "cgroup.subtree_control")
     # On the fake tree the control files just receive the text the kernel would parse.
     assert root_control.read_text() == "+memory"
     assert (pod / "cgroup.subtree_control").read_text() == "+memory"
@@ -210,9 +175,9 @@ def test_create_leaves_an_existing_cgroup_alone(
 
 def test_create_under_an_existing_parent(fake_root: FakeRoot, kernel: FakeCgroupKernel) -> None:
     pod = cgroup_path(fake_root, "pod")
-    pod.mkdir()
+    fake_root.fs.mkdir(pod)  # Through the fake kernel, which adds the interface files.
     created = create_cgroup(fake_root.fs, "pod/ctr")
-    assert created.made == ((pod / "ctr").resolve(),)
+    assert created.made == (pod / "ctr",)
     assert (pod / "cgroup.subtree_control").read_text() == "+memory"
 
 
@@ -221,7 +186,7 @@ def test_create_failing_midway_removes_what_it_made(
 ) -> None:
     fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "")
     kernel.fail_mkdir = "ctr"
-    with pytest.raises(Aborted, match=r"making .*ctr: ENOSPC") as raised:
+    with pytest.raises(Aborted, match=r"make directory .*ctr: ENOSPC") as raised:
         create_cgroup(fake_root.fs, "pod/ctr")
     assert not cgroup_path(fake_root, "pod").exists()
     assert "removed" in str(raised.value)
@@ -232,15 +197,16 @@ def test_create_failing_midway_removes_what_it_made(
 def test_create_failing_to_enable_names_the_control_file(
     fake_root: FakeRoot, kernel: FakeCgroupKernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = cgroups.write_cgroup_file
+    real_write = KernelFS.write
 
-    def busy_pod(path: Path, value: str) -> None:
+    def busy_pod(fs: KernelFS, path: Path, value: str) -> None:
         if path.parent.name == "pod":
-            raise OSError(errno.EBUSY, "Device or resource busy")
-        real_write(path, value)
+            busy = OSError(errno.EBUSY, "Device or resource busy")
+            raise kernel_error("write", path, value, busy)
+        real_write(fs, path, value)
 
-    monkeypatch.setattr(cgroups, "write_cgroup_file", busy_pod)
-    with pytest.raises(Aborted, match=r"writing '\+memory' to .*pod/cgroup.subtree_control") as e:
+    monkeypatch.setattr(KernelFS, "write", busy_pod)
+    with pytest.raises(Aborted, match=r"write '\+memory' to .*pod/cgroup.subtree_control") as e:
         create_cgroup(fake_root.fs, "pod/ctr")
     assert "EBUSY" in str(e.value)
     assert "removed" in str(e.value)
@@ -279,24 +245,25 @@ def test_create_refuses_a_symlink_out_of_the_mount(
     assert not (outside / "new").exists()
 
 
-def test_create_follows_a_symlink_inside_the_mount(
+def test_create_refuses_even_a_symlink_inside_the_mount(
     fake_root: FakeRoot, kernel: FakeCgroupKernel
 ) -> None:
+    # cgroupfs cannot hold a symlink, so one in the path is someone else's doing.
     real = cgroup_path(fake_root, "real")
     real.mkdir()
     os.symlink(real, cgroup_path(fake_root, "alias"))
-    created = create_cgroup(fake_root.fs, "alias/ctr")
-    assert created.made == ((real / "ctr").resolve(),)
-    assert (real / "cgroup.subtree_control").read_text() == "+memory"
+    with pytest.raises(InvalidArgument, match="alias"):
+        create_cgroup(fake_root.fs, "alias/ctr")
+    assert not (real / "ctr").exists()
 
 
 def test_undo_of_nothing(fake_root: FakeRoot) -> None:
     created = cgroups.CreatedCgroup(cgroup_path(fake_root, "pod"))
-    assert undo_create(created) == "nothing had been created"
+    assert undo_create(fake_root.fs, created) == "nothing had been created"
 
 
 def test_undo_says_what_it_could_not_remove(fake_root: FakeRoot) -> None:
     pod = fake_root.add_cgroup("pod")  # Holds files, so a plain rmdir fails.
     created = cgroups.CreatedCgroup(pod, made=(pod,))
-    assert "could not remove" in undo_create(created)
-    assert "ENOTEMPTY" in undo_create(created)
+    assert "could not remove" in undo_create(fake_root.fs, created)
+    assert "ENOTEMPTY" in undo_create(fake_root.fs, created)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
-from guestagent.linux import cgroups
+from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, kernel_error
+from guestagent.linux.fs import KernelFS
 from guestagent.ops.limits import (
     INT64_MAX,
     AppliedLimits,
@@ -165,13 +165,13 @@ def test_writes_and_reads_back(fake_root: FakeRoot, ctr: Path) -> None:
 def test_reports_what_the_kernel_holds(
     fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = cgroups.write_cgroup_file
+    real_write = KernelFS.write
 
-    def rounding_write(path: Path, value: str) -> None:
+    def rounding_write(fs: KernelFS, path: Path, value: str) -> None:
         # The kernel keeps whole pages: 1000 bytes reads back as 0.
-        real_write(path, str(int(value) // 4096 * 4096) if value.isdigit() else value)
+        real_write(fs, path, str(int(value) // 4096 * 4096) if value.isdigit() else value)
 
-    monkeypatch.setattr("guestagent.ops.limits.write_cgroup_file", rounding_write)
+    monkeypatch.setattr(KernelFS, "write", rounding_write)
     applied = apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=4096 + 1000))
     assert applied.memory_max == "4096"
 
@@ -276,17 +276,17 @@ def test_no_swap_accounting_refuses_a_swap_size(fake_root: FakeRoot) -> None:
 
 def failing_write(monkeypatch: pytest.MonkeyPatch, fails: dict[str, int]) -> list[tuple[str, str]]:
     """Make writes to the named files fail with the given errno; record the ones that pass."""
-    real_write = cgroups.write_cgroup_file
+    real_write = KernelFS.write
     written: list[tuple[str, str]] = []
 
-    def write(path: Path, value: str) -> None:
+    def write(fs: KernelFS, path: Path, value: str) -> None:
         if path.name in fails:
             number = fails[path.name]
-            raise OSError(number, os.strerror(number), str(path))
-        real_write(path, value)
+            raise kernel_error("write", path, value, OSError(number, os.strerror(number)))
+        real_write(fs, path, value)
         written.append((path.name, value))
 
-    monkeypatch.setattr("guestagent.ops.limits.write_cgroup_file", write)
+    monkeypatch.setattr(KernelFS, "write", write)
     return written
 
 
@@ -297,7 +297,7 @@ def test_failed_memory_max_restores_swap(
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
     message = str(raised.value)
-    assert f"writing {512 * MiB} to memory.max of cgroup 'pod/ctr' failed" in message
+    assert f"cgroup 'pod/ctr' failed: write '{512 * MiB}' to {ctr / 'memory.max'}:" in message
     assert "EBUSY (Device or resource busy)" in message
     assert "restored memory.swap.max to max" in message
     assert (ctr / "memory.swap.max").read_text() == "max"
@@ -332,19 +332,20 @@ def test_failed_first_write_had_nothing_to_restore(
 def test_failed_restore_is_reported(
     fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = cgroups.write_cgroup_file
+    real_write = KernelFS.write
     calls: list[str] = []
 
-    def write(path: Path, value: str) -> None:
+    def write(fs: KernelFS, path: Path, value: str) -> None:
         calls.append(path.name)
         if path.name == "memory.max" or len(calls) > 2:
-            raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
-        real_write(path, value)
+            raise kernel_error("write", path, value, OSError(errno.EIO, os.strerror(errno.EIO)))
+        real_write(fs, path, value)
 
-    monkeypatch.setattr("guestagent.ops.limits.write_cgroup_file", write)
+    monkeypatch.setattr(KernelFS, "write", write)
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
-    assert "could not restore memory.swap.max to max: EIO" in str(raised.value)
+    assert "could not restore memory.swap.max: write 'max' to" in str(raised.value)
+    assert str(raised.value).endswith("memory.swap.max: EIO (Input/output error)")
 
 
 def test_create_makes_the_cgroup_and_enables_memory_in_parents(

@@ -1,9 +1,10 @@
-import uuid
+import os
+from pathlib import Path
 
 import pytest
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
-from guestagent.linux.blockdev import DeviceSelector
+from guestagent.linux.blockdev import BlockDevice, DeviceSelector
 from guestagent.ops.swap import (
     SWAP_FLAG_DISCARD,
     SWAP_FLAG_DISCARD_ONCE,
@@ -12,33 +13,18 @@ from guestagent.ops.swap import (
     DiscardPolicy,
     EnableSwapSpec,
     SwapManager,
-    parse_proc_swaps,
-    parse_swap_header,
     swapon_flags,
 )
+from tests.fakes.devices import VDB, FakeFinder
 from tests.fakes.root import FakeRoot
-from tests.unit.linux.test_blockdev import VDB, FakeFinder
 
 PAGE = 4096
 SWAPS = (
     "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
     "/dev/vdb                                partition\t1048572\t\t2048\t\t10\n"
     "/swap\\040file                           file\t\t65532\t\t0\t\t-2\n"
-    "/dev/vdc (deleted)                      partition\t262140\t\t0\t\t-3\n"
+    "/dev/vdc\\040(deleted)                    partition\t262140\t\t0\t\t-3\n"
 )
-
-
-def test_parse_proc_swaps() -> None:
-    vdb, spaced, deleted = parse_proc_swaps(SWAPS)
-    assert deleted.filename == "/dev/vdc (deleted)" and deleted.size_bytes == 262140 * 1024
-    assert (vdb.filename, vdb.kind, vdb.size_bytes, vdb.used_bytes, vdb.priority) == (
-        "/dev/vdb",
-        "partition",
-        1048572 * 1024,
-        2048 * 1024,
-        10,
-    )
-    assert spaced.filename == "/swap file" and spaced.priority == -2
 
 
 @pytest.mark.parametrize(
@@ -70,18 +56,6 @@ def test_spec_refusals(kwargs: dict[str, object], reason: str) -> None:
         EnableSwapSpec(DeviceSelector(serial="swap0"), **kwargs)  # type: ignore[arg-type]
 
 
-def test_swap_header_uuid_and_label() -> None:
-    ident = uuid.uuid4()
-    head = bytearray(PAGE)
-    head[1036:1052] = ident.bytes
-    head[1052:1068] = b"guestagent-swap\0"
-    head[PAGE - 10 :] = b"SWAPSPACE2"
-    header = parse_swap_header(bytes(head), PAGE)
-    assert header is not None
-    assert (header.uuid, header.label) == (str(ident), "guestagent-swap")
-    assert parse_swap_header(bytes(PAGE), PAGE) is None
-
-
 def test_an_active_area_is_reported_and_left_alone(fake_root: FakeRoot) -> None:
     fake_root.write("proc/swaps", SWAPS)
     fake_root.write("sys/class/block/vdb/queue/rotational", "0\n")
@@ -109,3 +83,88 @@ def test_disable_of_an_inactive_device_is_not_found(fake_root: FakeRoot) -> None
     manager = SwapManager(fake_root.fs, FakeFinder([VDB]))
     with pytest.raises(NotFound, match="/dev/vdb is not an active swap area"):
         manager.disable(DeviceSelector(serial="swap0"))
+
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def disk_manager(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> SwapManager:
+    """A manager over a fake tree whose /dev/vdb is a regular file, past the safety checks."""
+    fake_root.write("proc/swaps", SWAPS.splitlines()[0] + "\n")
+    fake_root.write("sys/class/block/vdb/queue/rotational", "1\n")
+    monkeypatch.setattr("guestagent.ops.swap.refuse_unsafe_device", lambda fs, device: None)
+    monkeypatch.setattr("guestagent.ops.swap.blkid_signatures", lambda devnode: [])
+    return SwapManager(fake_root.fs, FakeFinder([VDB]))
+
+
+def write_disk(fake_root: FakeRoot, size: int, *writes: tuple[int, bytes]) -> Path:
+    path = fake_root.root / "dev/vdb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for offset, data in writes:
+            f.seek(offset)
+            f.write(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("writes", "offset"),
+    [
+        (((0, b"sixteen bytes!!!"), (MiB, os.urandom(4 * MiB))), 0),
+        (((40 * MiB, os.urandom(MiB)),), 40 * MiB),
+    ],
+)
+def test_unknown_data_is_refused_and_left_alone(
+    fake_root: FakeRoot,
+    disk_manager: SwapManager,
+    writes: tuple[tuple[int, bytes], ...],
+    offset: int,
+) -> None:
+    path = write_disk(fake_root, 64 * MiB, *writes)
+    before = path.read_bytes()
+    with pytest.raises(FailedPrecondition) as raised:
+        disk_manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0")))
+    assert str(raised.value) == (
+        f"/dev/vdb is neither blank nor swap: it has data at byte offset {offset}; "
+        "pass force to format it anyway"
+    )
+    assert path.read_bytes() == before
+    assert (fake_root.root / "sys/class/block/vdb/queue/rotational").read_text() == "1\n"
+
+
+def test_a_blank_disk_goes_on_to_be_formatted(
+    fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_disk(fake_root, 64 * MiB)
+    formatted: list[str] = []
+
+    def prepare(device: BlockDevice, spec: EnableSwapSpec, reusable: object) -> None:
+        formatted.append(device.devnode)
+        raise RuntimeError("stop before swapon")
+
+    monkeypatch.setattr(disk_manager, "_prepare_and_swapon", prepare)
+    with pytest.raises(Exception, match="stop before swapon"):
+        disk_manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0")))
+    assert formatted == ["/dev/vdb"]
+
+
+def test_force_skips_the_blank_check(
+    fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_disk(fake_root, 64 * MiB, (0, b"data"))
+    formatted: list[bool] = []
+
+    def must_not_read(fd: int) -> int | None:
+        raise AssertionError("force must not read the disk")
+
+    def prepare(device: BlockDevice, spec: EnableSwapSpec, reusable: object) -> None:
+        formatted.append(reusable is None)
+        raise RuntimeError("stop before swapon")
+
+    monkeypatch.setattr("guestagent.ops.swap.first_data_offset", must_not_read)
+    monkeypatch.setattr(disk_manager, "_prepare_and_swapon", prepare)
+    with pytest.raises(Exception, match="stop before swapon"):
+        disk_manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0"), force=True))
+    assert formatted == [True]

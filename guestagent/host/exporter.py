@@ -1,0 +1,92 @@
+"""`guestctl metrics`: serve an agent's memory report over HTTP in Prometheus text format.
+
+The only module that imports prometheus_client (the `host` extra); guestctl imports it when
+the command runs. The figures come from host/metrics.py over the feed's latest report.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from http.server import ThreadingHTTPServer
+from types import FrameType
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import MetricsHandler
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from guestagent.host.client import AgentClient
+from guestagent.host.feed import WatchFeed
+from guestagent.host.metrics import Family, Snapshot, families
+from guestagent.transport import TcpAddress, grpc_target
+
+
+def to_prometheus(family: Family) -> Metric:
+    metric: GaugeMetricFamily | CounterMetricFamily
+    if family.kind == "counter":
+        # CounterMetricFamily takes the name without _total and adds it to each sample.
+        metric = CounterMetricFamily(
+            family.name.removesuffix("_total"), family.help, labels=family.label_names
+        )
+    else:
+        metric = GaugeMetricFamily(family.name, family.help, labels=family.label_names)
+    for sample in family.samples:
+        metric.add_metric(list(sample.label_values), sample.value)
+    return metric
+
+
+class FeedCollector(Collector):
+    """Builds the families at each scrape from what the feed holds then."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        for family in families(self._snapshot()):
+            yield to_prometheus(family)
+
+
+class MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True  # a scrape in flight does not hold up exit
+
+    def __init__(self, address: TcpAddress, registry: CollectorRegistry) -> None:
+        # An IPv6 address (`[::]:9464`) needs an AF_INET6 socket; http.server defaults to IPv4.
+        self.address_family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+        super().__init__((address.host, address.port), MetricsHandler.factory(registry))
+
+
+class _Stop(Exception):
+    """SIGTERM, raised in the main thread to leave serve_forever."""
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def serve_metrics(target: str, listen: TcpAddress, cgroups: Sequence[str], interval_ms: int) -> int:
+    """Serve until SIGTERM or SIGINT; a listen address that cannot be bound raises OSError."""
+    with AgentClient(target) as client:
+        registry = CollectorRegistry(auto_describe=False)
+        feed = WatchFeed(client, cgroups, interval_ms)
+        registry.register(FeedCollector(feed.snapshot))
+        server = MetricsServer(listen, registry)
+        # The port actually bound: --listen may say 0.
+        bound = grpc_target(TcpAddress(listen.host, server.server_port))
+        print(
+            f"guestctl: metrics of {target} on http://{bound}/metrics",
+            file=sys.stderr,
+            flush=True,
+        )
+        previous = signal.signal(signal.SIGTERM, _raise_stop)
+        feed.start()
+        try:
+            server.serve_forever()
+        except (_Stop, KeyboardInterrupt):
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            server.server_close()
+            feed.stop()
+    return 0

@@ -1,0 +1,200 @@
+"""The memory report as Prometheus metric families: a pure conversion, no HTTP, no client.
+
+Names follow Prometheus conventions: base units (`_bytes`, `_seconds`), counters end in
+`_total`, one family per quantity with the cgroup and the PSI line as labels. An unlimited
+cgroup limit is +Inf, as `max` compares in PromQL. A kernel feature that is off is absent,
+not zero, as in the report: no PSI, no pressure families; no swap accounting, no cgroup
+swap samples.
+
+The families come from the latest WatchMemory message, not a call per scrape; while the
+stream is down only the exporter's own families are served (`guestagent_up` 0), so stale
+figures never look current.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from guestagent.v1 import agent_pb2 as pb
+
+US_PER_SECOND = 1_000_000
+
+
+@dataclass(frozen=True)
+class Sample:
+    label_values: tuple[str, ...]
+    value: float
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # as exposed: a counter's name ends in _total
+    kind: Literal["gauge", "counter"]
+    help: str
+    label_names: tuple[str, ...]
+    samples: tuple[Sample, ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the exporter knows at a scrape: the latest report and the stream's state."""
+
+    report: pb.MemoryInfo | None  # the last message received, if any ever was
+    up: bool  # the stream is open and has delivered a report recently
+    report_age_seconds: float | None  # since the last message arrived, on the host's clock
+    reconnects: int
+
+
+def limit_value(limit: pb.Limit) -> float:
+    return math.inf if limit.unlimited else float(limit.bytes)
+
+
+def _gauge(name: str, help_: str, value: float) -> Family:
+    return Family(name, "gauge", help_, (), (Sample((), value),))
+
+
+# (metric name, help, field of SystemMemory): one gauge each.
+SYSTEM_GAUGES = (
+    ("guestagent_memory_total_bytes", "MemTotal from /proc/meminfo", "mem_total_bytes"),
+    ("guestagent_memory_free_bytes", "MemFree from /proc/meminfo", "mem_free_bytes"),
+    (
+        "guestagent_memory_available_bytes",
+        "MemAvailable from /proc/meminfo",
+        "mem_available_bytes",
+    ),
+    ("guestagent_memory_buffers_bytes", "Buffers from /proc/meminfo", "buffers_bytes"),
+    ("guestagent_memory_cached_bytes", "Cached from /proc/meminfo", "cached_bytes"),
+    ("guestagent_memory_shmem_bytes", "Shmem from /proc/meminfo", "shmem_bytes"),
+    ("guestagent_swap_total_bytes", "SwapTotal from /proc/meminfo", "swap_total_bytes"),
+    ("guestagent_swap_free_bytes", "SwapFree from /proc/meminfo", "swap_free_bytes"),
+)
+
+# (metric name suffix, help, value of a cgroup): one gauge family, a sample per cgroup.
+CGROUP_GAUGES: tuple[tuple[str, str, Callable[[pb.CgroupMemory], float | None]], ...] = (
+    ("current_bytes", "memory.current", lambda c: c.current_bytes),
+    ("max_bytes", "memory.max (+Inf: max)", lambda c: limit_value(c.max)),
+    ("high_bytes", "memory.high (+Inf: max)", lambda c: limit_value(c.high)),
+    ("low_bytes", "memory.low", lambda c: c.low_bytes),
+    ("anon_bytes", "anon from memory.stat", lambda c: c.anon_bytes),
+    ("file_bytes", "file from memory.stat", lambda c: c.file_bytes),
+    (
+        "swap_current_bytes",
+        "memory.swap.current (absent without swap accounting)",
+        lambda c: c.swap_current_bytes if c.HasField("swap_current_bytes") else None,
+    ),
+    (
+        "swap_max_bytes",
+        "memory.swap.max (+Inf: max; absent without swap accounting)",
+        lambda c: limit_value(c.swap_max) if c.HasField("swap_max") else None,
+    ),
+)
+EVENTS = ("low", "high", "max", "oom", "oom_kill")
+PSI_KINDS = ("some", "full")
+
+
+def pressure_samples(pressure: pb.Pressure, *labels: str) -> list[Sample]:
+    return [
+        Sample((*labels, kind), getattr(pressure, kind).total_us / US_PER_SECOND)
+        for kind in PSI_KINDS
+    ]
+
+
+def system_families(report: pb.MemoryInfo) -> list[Family]:
+    families = [
+        _gauge(name, help_, float(getattr(report.system, field)))
+        for name, help_, field in SYSTEM_GAUGES
+    ]
+    if report.HasField("pressure"):
+        families.append(
+            Family(
+                "guestagent_memory_pressure_stall_seconds_total",
+                "counter",
+                "time tasks stalled on memory, from /proc/pressure/memory (some: at least one "
+                "task, full: all non-idle tasks)",
+                ("kind",),
+                tuple(pressure_samples(report.pressure)),
+            )
+        )
+    return families
+
+
+def cgroup_families(cgroups: Iterable[pb.CgroupMemory]) -> list[Family]:
+    cgroups = list(cgroups)
+    if not cgroups:
+        return []
+    families = []
+    for suffix, help_, value_of in CGROUP_GAUGES:
+        samples = tuple(
+            Sample((c.path,), float(value)) for c in cgroups if (value := value_of(c)) is not None
+        )
+        if samples:
+            name = f"guestagent_cgroup_memory_{suffix}"
+            families.append(Family(name, "gauge", help_, ("cgroup",), samples))
+    families.append(
+        Family(
+            "guestagent_cgroup_memory_events_total",
+            "counter",
+            "memory.events counters",
+            ("cgroup", "event"),
+            tuple(
+                Sample((c.path, event), float(getattr(c.events, event)))
+                for c in cgroups
+                for event in EVENTS
+            ),
+        )
+    )
+    pressure = tuple(
+        sample
+        for c in cgroups
+        if c.HasField("pressure")
+        for sample in pressure_samples(c.pressure, c.path)
+    )
+    if pressure:
+        families.append(
+            Family(
+                "guestagent_cgroup_memory_pressure_stall_seconds_total",
+                "counter",
+                "time the cgroup's tasks stalled on memory, from memory.pressure",
+                ("cgroup", "kind"),
+                pressure,
+            )
+        )
+    return families
+
+
+def exporter_families(snapshot: Snapshot) -> list[Family]:
+    families = [
+        _gauge(
+            "guestagent_up",
+            "1 while the WatchMemory stream is open and delivering reports, else 0",
+            1.0 if snapshot.up else 0.0,
+        ),
+        Family(
+            "guestagent_watch_reconnects_total",
+            "counter",
+            "WatchMemory streams opened again after the first (each attempt counts)",
+            (),
+            (Sample((), float(snapshot.reconnects)),),
+        ),
+    ]
+    if snapshot.report_age_seconds is not None:
+        families.append(
+            _gauge(
+                "guestagent_report_age_seconds",
+                "seconds since the last WatchMemory message arrived",
+                snapshot.report_age_seconds,
+            )
+        )
+    return families
+
+
+def families(snapshot: Snapshot) -> list[Family]:
+    """Every family a scrape serves, the exporter's own first."""
+    found = exporter_families(snapshot)
+    if snapshot.up and snapshot.report is not None:
+        found += system_families(snapshot.report)
+        found += cgroup_families(snapshot.report.cgroups)
+    return found

@@ -1,0 +1,162 @@
+"""The overhead model: what a VM of a given size costs beyond its containers' limits.
+
+Three lines in the VM size (kernel reserve, guest daemons, the VMM's own memory), either the
+built-in conservative default or fitted to boots measured by `guestctl measure-overhead`,
+and the JSON file format `plan --model` reads. Pure functions over frozen dataclasses, in
+bytes; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from guestagent.errors import InvalidArgument
+
+MIB = 1 << 20
+MODEL_FORMAT = "guestagent-overhead-model/1"
+
+
+def ceil_mib(value: float) -> int:
+    return math.ceil(value / MIB)
+
+
+def mib_text(value: int) -> str:
+    """Rounded up, so a figure the text shows is never below what the plan needs."""
+    return f"{ceil_mib(value)} MiB"
+
+
+@dataclass(frozen=True)
+class Line:
+    """overhead = intercept + slope * vm_size, in bytes; never below zero."""
+
+    intercept: float
+    slope: float
+
+    def at(self, vm_size: int) -> int:
+        return max(0, math.ceil(self.intercept + self.slope * vm_size))
+
+
+@dataclass(frozen=True)
+class OverheadSample:
+    """One measured boot: what the guest and the host saw at one VM size."""
+
+    vm_size: int  # configured (-m)
+    present: int  # online memory blocks x block size, as the agent counts them
+    mem_total: int
+    mem_free: int
+    used: int  # MemTotal - MemAvailable - workloads: the guest's own daemons and kernel
+    agent_rss: int
+    qemu_rss: int
+    guest_resident: int  # guest RAM pages resident in the QEMU process
+    guest_resident_method: str  # "smaps" (counted) or "estimate" (from the guest's meminfo)
+    accel: str = ""
+
+    @property
+    def kernel(self) -> int:
+        # The agent counts whole blocks, so a VM whose size is not a multiple of the block
+        # (306 MiB: three 128 MiB blocks) has present > size; the tail is not RAM.
+        return max(0, min(self.present, self.vm_size) - self.mem_total)
+
+    @property
+    def vmm(self) -> int:
+        return max(0, self.qemu_rss - self.guest_resident)
+
+
+@dataclass(frozen=True)
+class OverheadModel:
+    kernel: Line
+    daemons: Line
+    vmm: Line
+    source: str
+    samples: tuple[OverheadSample, ...] = ()
+
+
+# Used when plan gets no --model. Upper bounds, with margin, on what measure-overhead saw for
+# this image from 306 MiB to 4.5 GiB: kernel 41 MiB + ~1.8 % (memmap), and 64 MiB more once
+# RAM reaches above 4 GiB (swiotlb); used outside workloads 55-219 MiB (the daemons, slab,
+# and the free-page reserve, which THP raises above 512 MiB). The VMM line is for QEMU with
+# KVM (process ~90 MiB, page tables ~0.2 %); under TCG the translation cache alone is
+# 300 MiB to 1 GiB, so measure there.
+DEFAULT_MODEL = OverheadModel(
+    kernel=Line(96 * MIB, 0.02),
+    daemons=Line(160 * MIB, 0.015),
+    vmm=Line(128 * MIB, 0.01),
+    source="built-in conservative default",
+)
+
+
+def fit_line(points: Sequence[tuple[int, int]]) -> Line:
+    """Least squares over (vm_size, overhead), then the intercept raised until no point lies
+    above the line: plan must not declare less than was measured. A negative slope is
+    noise (no overhead shrinks as the VM grows), so that case becomes the largest value."""
+    if not points:
+        raise InvalidArgument("no samples to fit")
+    xs = [float(x) for x, _ in points]
+    ys = [float(y) for _, y in points]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = (
+        sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+        if spread
+        else 0.0
+    )
+    if slope <= 0:
+        return Line(max(ys), 0.0)
+    intercept = mean_y - slope * mean_x
+    intercept += max(0.0, *(y - (intercept + slope * x) for x, y in zip(xs, ys, strict=True)))
+    return Line(intercept, slope)
+
+
+def fit_model(samples: Sequence[OverheadSample], source: str) -> OverheadModel:
+    return OverheadModel(
+        kernel=fit_line([(s.vm_size, s.kernel) for s in samples]),
+        daemons=fit_line([(s.vm_size, s.used) for s in samples]),
+        vmm=fit_line([(s.vm_size, s.vmm) for s in samples]),
+        source=source,
+        samples=tuple(samples),
+    )
+
+
+def model_to_dict(model: OverheadModel) -> dict[str, Any]:
+    def line(value: Line) -> dict[str, float]:
+        return {"intercept_bytes": value.intercept, "slope": value.slope}
+
+    return {
+        "format": MODEL_FORMAT,
+        "source": model.source,
+        "kernel": line(model.kernel),
+        "daemons": line(model.daemons),
+        "vmm": line(model.vmm),
+        "samples": [{**asdict(s), "kernel": s.kernel, "vmm": s.vmm} for s in model.samples],
+    }
+
+
+def model_from_dict(data: Mapping[str, Any]) -> OverheadModel:
+    """The inverse of model_to_dict; derived sample fields (kernel, vmm) are recomputed."""
+    if data.get("format") != MODEL_FORMAT:
+        raise InvalidArgument(f"format is {data.get('format')!r}, not {MODEL_FORMAT!r}")
+
+    def line(name: str) -> Line:
+        try:
+            return Line(float(data[name]["intercept_bytes"]), float(data[name]["slope"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidArgument(f"{name}: no intercept_bytes and slope ({e})") from None
+
+    fields = OverheadSample.__dataclass_fields__
+    try:
+        samples = tuple(
+            OverheadSample(**{k: v for k, v in s.items() if k in fields})
+            for s in data.get("samples", ())
+        )
+    except TypeError as e:
+        raise InvalidArgument(f"samples: {e}") from None
+    return OverheadModel(
+        kernel=line("kernel"),
+        daemons=line("daemons"),
+        vmm=line("vmm"),
+        source=str(data.get("source", "")),
+        samples=samples,
+    )

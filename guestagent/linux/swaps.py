@@ -1,0 +1,78 @@
+"""What the kernel says about swap: /proc/swaps, and a swap area's on-disk header.
+
+Pure functions over bytes. A swap area's name is a path, and a path may hold any byte but
+NUL: the kernel writes space, tab, newline and backslash in it as \\ooo octal escapes
+(seq_file_path with " \\t\\n\\\\"), and every other byte as it is. The name is decoded exactly
+that way, then as UTF-8 with surrogateescape, so a name that is not UTF-8 still round-trips
+to the same bytes through os.fsencode (for swapoff).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from guestagent.errors import KernelFormat
+
+_OCTAL_ESCAPE = re.compile(rb"\\([0-3][0-7]{2})")
+# Only the separators the kernel writes: a name keeps a raw \v, \f or \r, which bytes.split()
+# would take for whitespace.
+_SEPARATORS = re.compile(rb"[ \t]+")
+# The columns after the name: Type, Size and Used (KiB), Priority.
+_COLUMNS_AFTER_NAME = 4
+
+
+@dataclass(frozen=True)
+class ActiveSwap:
+    filename: str
+    kind: str  # "partition" for a block device, "file" for a swap file.
+    size_bytes: int
+    used_bytes: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class SwapHeader:
+    uuid: str
+    label: str
+
+
+def unescape_name(raw: bytes) -> str:
+    """A /proc/swaps name as the path it stands for."""
+    unescaped = _OCTAL_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), raw)
+    return unescaped.decode("utf-8", errors="surrogateescape")
+
+
+def parse_proc_swaps(data: bytes) -> list[ActiveSwap]:
+    """The active areas, from /proc/swaps (a header line, then one line per area)."""
+    areas: list[ActiveSwap] = []
+    for line in data.split(b"\n")[1:]:
+        fields = [field for field in _SEPARATORS.split(line) if field]
+        if not fields:
+            continue
+        if len(fields) <= _COLUMNS_AFTER_NAME:
+            raise KernelFormat(f"/proc/swaps line {line!r} has too few fields")
+        # The name is all but the last four fields. Its own spaces are escaped, but a kernel
+        # that printed " (deleted)" after a removed device node unescaped would split it; the
+        # fields are rejoined with the one space that was most likely there.
+        name, (kind, size_kib, used_kib, priority) = (
+            b" ".join(fields[:-_COLUMNS_AFTER_NAME]),
+            fields[-_COLUMNS_AFTER_NAME:],
+        )
+        try:
+            sizes = int(size_kib) * 1024, int(used_kib) * 1024, int(priority)
+        except ValueError:
+            raise KernelFormat(f"/proc/swaps line {line!r} is malformed") from None
+        areas.append(ActiveSwap(unescape_name(name), kind.decode("ascii", "replace"), *sizes))
+    return areas
+
+
+def parse_swap_header(head: bytes, page_size: int) -> SwapHeader | None:
+    """UUID and label of a version 1 swap header (struct swap_header_v1_2)."""
+    if head[page_size - 10 : page_size] != b"SWAPSPACE2":
+        return None
+    raw_uuid, raw_label = head[1036:1052], head[1052:1068]
+    return SwapHeader(
+        str(uuid.UUID(bytes=raw_uuid)), raw_label.split(b"\0")[0].decode(errors="replace")
+    )

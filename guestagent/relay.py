@@ -1,0 +1,298 @@
+"""A byte relay between sockets: one thread and one epoll for every connection.
+
+The agent relays vsock to its own gRPC unix socket (PyPI's grpcio cannot listen on vsock),
+and the host client does the mirror image. A thread per direction per connection would cost
+two threads and their stacks for every connection a runtime opens, so one loop multiplexes
+them all. Bytes move with splice(2) through a pipe per direction (never copied into Python);
+a socket family that cannot splice falls back to a buffer, per direction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import select
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from guestagent.jsonlog import EventLog
+
+log = EventLog("guestagent.relay")
+
+CHUNK = 256 * 1024
+_AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
+# A reset, or a peer gone, ends the whole connection, not only one direction.
+_GONE = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ESHUTDOWN, errno.ETIMEDOUT)
+
+
+class _Direction:
+    """Bytes from src to dst: spliced into a pipe, then out of it (or through a buffer when
+    src cannot splice: sock_splice_read is EINVAL for families without splice_read)."""
+
+    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
+        self.src, self.dst = src, dst
+        self.read_end, self.write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # A smaller pipe only means more splice calls.
+            fcntl.fcntl(self.write_end, fcntl.F_SETPIPE_SZ, CHUNK)
+        self.capacity = fcntl.fcntl(self.write_end, fcntl.F_GETPIPE_SZ)
+        self.pending = 0  # Bytes read from src, not yet written to dst.
+        self.buffer: bytearray | None = None
+        self.eof = False  # src has ended: dst gets SHUT_WR once pending is written.
+        self.done = False
+
+    @property
+    def wants_read(self) -> bool:
+        return not self.eof and self.pending < self.capacity
+
+    @property
+    def wants_write(self) -> bool:
+        return self.pending > 0
+
+    def read(self) -> None:
+        try:
+            if self.buffer is None:
+                moved = self._splice_in()
+            else:
+                chunk = self.src.recv(self.capacity - self.pending)
+                self.buffer += chunk
+                moved = len(chunk)
+        except BlockingIOError:
+            return
+        self.pending += moved
+        if moved == 0:
+            self.eof = True
+            self._finish_if_drained()
+
+    def _splice_in(self) -> int:
+        flags = os.SPLICE_F_NONBLOCK | os.SPLICE_F_MOVE
+        try:
+            return os.splice(
+                self.src.fileno(), self.write_end, self.capacity - self.pending, flags=flags
+            )
+        except OSError as e:
+            if e.errno in _AGAIN:
+                raise BlockingIOError from e
+            if e.errno != errno.EINVAL or self.pending:
+                raise
+        # This socket cannot splice; nothing is in the pipe yet, so switch to a buffer.
+        self.buffer = bytearray()
+        chunk = self.src.recv(self.capacity)
+        self.buffer += chunk
+        return len(chunk)
+
+    def write(self) -> None:
+        try:
+            if self.buffer is None:
+                flags = os.SPLICE_F_NONBLOCK | os.SPLICE_F_MOVE
+                moved = os.splice(self.read_end, self.dst.fileno(), self.pending, flags=flags)
+            else:
+                moved = self.dst.send(self.buffer)
+                del self.buffer[:moved]
+        except BlockingIOError:
+            return
+        except OSError as e:
+            if e.errno in _AGAIN:
+                return
+            raise
+        self.pending -= moved
+        self._finish_if_drained()
+
+    def _finish_if_drained(self) -> None:
+        if self.eof and self.pending == 0 and not self.done:
+            self.done = True
+            with contextlib.suppress(OSError):
+                self.dst.shutdown(socket.SHUT_WR)  # The far side sees EOF too.
+
+    def abandon(self) -> None:
+        """dst is gone: what is pending can never arrive, and nothing more is read."""
+        self.eof = self.done = True
+        self.pending = 0
+
+    def close(self) -> None:
+        os.close(self.read_end)
+        os.close(self.write_end)
+
+
+class _Connection:
+    def __init__(
+        self, a: socket.socket, b: socket.socket, release: Callable[[], None] | None
+    ) -> None:
+        self.sockets = (a, b)
+        self.release = release
+        self.forward, self.back = _Direction(a, b), _Direction(b, a)
+        # The epoll mask each socket is registered with; None once it is unregistered.
+        self.masks: dict[int, int | None] = {a.fileno(): 0, b.fileno(): 0}
+
+    def directions(self, sock: socket.socket) -> tuple[_Direction, _Direction]:
+        """(from sock, to sock)."""
+        return (self.forward, self.back) if sock is self.sockets[0] else (self.back, self.forward)
+
+    def mask_of(self, sock: socket.socket) -> int:
+        outgoing, incoming = self.directions(sock)
+        return (select.EPOLLIN if outgoing.wants_read else 0) | (
+            select.EPOLLOUT if incoming.wants_write else 0
+        )
+
+    def on_event(self, sock: socket.socket, events: int) -> bool:
+        """Move what can move. True if sock is hung up for good and must leave the epoll:
+        epoll reports EPOLLHUP whatever the mask, so keeping it would spin the loop."""
+        outgoing, incoming = self.directions(sock)
+        if events & select.EPOLLERR:
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) or errno.EPIPE
+            raise OSError(code, os.strerror(code))
+        if events & select.EPOLLOUT and incoming.wants_write:
+            incoming.write()
+        if events & (select.EPOLLIN | select.EPOLLHUP) and outgoing.wants_read:
+            outgoing.read()
+            if outgoing.wants_write:  # The other side can usually take it at once.
+                outgoing.write()
+        if events & select.EPOLLHUP and outgoing.eof:
+            incoming.abandon()
+            return True
+        return False
+
+    @property
+    def finished(self) -> bool:
+        return self.forward.done and self.back.done
+
+    def close(self) -> None:
+        for part in (self.forward, self.back):
+            part.close()
+        for sock in self.sockets:
+            sock.close()
+        if self.release is not None:
+            self.release()
+
+
+Upstream = tuple[socket.socket, Callable[[], None] | None]
+
+
+class SocketRelay:
+    """Accepts on a listener and joins each admitted connection to a freshly dialled one.
+
+    The dial runs on the loop's thread: the agent dials its own unix socket, which answers
+    at once, and the host client has one caller.
+    """
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        dial: Callable[[], socket.socket],
+        admit: Callable[[Any], bool] = lambda peer: True,
+        name: str = "relay",
+    ) -> None:
+        self.listener = listener
+        self._dial = dial
+        self._admit = admit
+        self._name = name
+        self._epoll = select.epoll()
+        self._wake_read, self._wake_write = os.pipe2(os.O_CLOEXEC)
+        self._by_fd: dict[int, tuple[_Connection, socket.socket]] = {}
+        self._accepting = True
+        self._stopped_accepting = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    @property
+    def connections(self) -> int:
+        """Connections being relayed now (read from another thread: a snapshot)."""
+        return len(self._by_fd) // 2
+
+    def start(self) -> SocketRelay:
+        self._epoll.register(self.listener.fileno(), select.EPOLLIN)
+        self._epoll.register(self._wake_read, select.EPOLLIN)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting. Connections already relayed run on until their peers end them, so
+        a call in flight at shutdown still gets its answer; then the loop ends."""
+        with contextlib.suppress(OSError):  # The loop has already ended.
+            os.write(self._wake_write, b"x")
+        self._stopped_accepting.wait(timeout=5)
+
+    def _loop(self) -> None:
+        try:
+            while self._accepting or self._by_fd:
+                for fd, events in self._epoll.poll():
+                    if fd == self._wake_read:
+                        self._stop_accepting()
+                    elif fd == self.listener.fileno() and self._accepting:
+                        self._accept()
+                    elif fd in self._by_fd:
+                        self._service(fd, events)
+        finally:
+            for connection in {connection for connection, _ in self._by_fd.values()}:
+                connection.close()
+            self._by_fd.clear()
+            self._epoll.close()
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+
+    def _stop_accepting(self) -> None:
+        self._epoll.unregister(self._wake_read)
+        self._epoll.unregister(self.listener.fileno())
+        self.listener.close()
+        self._accepting = False
+        self._stopped_accepting.set()
+
+    def _accept(self) -> None:
+        try:
+            conn, peer = self.listener.accept()
+        except OSError as e:
+            log.warning("relay_accept_failed", relay=self._name, errno=e.errno, error=str(e))
+            return
+        if not self._admit(peer):
+            conn.close()
+            return
+        try:
+            upstream, release = self.open_upstream(conn, peer)
+        except OSError as e:
+            log.warning("relay_dial_failed", relay=self._name, peer=str(peer), error=str(e))
+            conn.close()
+            return
+        connection = _Connection(conn, upstream, release)
+        for sock in connection.sockets:
+            sock.setblocking(False)
+            self._by_fd[sock.fileno()] = (connection, sock)
+            self._epoll.register(sock.fileno(), 0)
+        self._update(connection)
+
+    def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
+        """The far side for an admitted caller, and what to call when the pair closes."""
+        return self._dial(), None
+
+    def _service(self, fd: int, events: int) -> None:
+        connection, sock = self._by_fd[fd]
+        try:
+            hung_up = connection.on_event(sock, events)
+        except OSError as e:
+            if e.errno not in _GONE:
+                log.warning("relay_failed", relay=self._name, errno=e.errno, error=str(e))
+            self._drop(connection)
+            return
+        if hung_up:
+            self._epoll.unregister(fd)
+            connection.masks[fd] = None
+        if connection.finished:
+            self._drop(connection)
+        else:
+            self._update(connection)
+
+    def _update(self, connection: _Connection) -> None:
+        for sock in connection.sockets:
+            registered = connection.masks[sock.fileno()]
+            mask = connection.mask_of(sock)
+            if registered is not None and mask != registered:
+                self._epoll.modify(sock.fileno(), mask)
+                connection.masks[sock.fileno()] = mask
+
+    def _drop(self, connection: _Connection) -> None:
+        for sock in connection.sockets:
+            if connection.masks[sock.fileno()] is not None:
+                self._epoll.unregister(sock.fileno())
+            del self._by_fd[sock.fileno()]
+        connection.close()

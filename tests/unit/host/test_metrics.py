@@ -1,0 +1,202 @@
+"""The memory report as Prometheus families: names, labels, units, and what is left out."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from guestagent.host.metrics import Family, Snapshot, families, limit_value
+from guestagent.v1 import agent_pb2 as pb
+
+MIB = 1 << 20
+
+
+def report(*cgroups: pb.CgroupMemory, psi: bool = True) -> pb.MemoryInfo:
+    info = pb.MemoryInfo(
+        system=pb.SystemMemory(
+            mem_total_bytes=1024 * MIB,
+            mem_free_bytes=300 * MIB,
+            mem_available_bytes=600 * MIB,
+            buffers_bytes=2 * MIB,
+            cached_bytes=200 * MIB,
+            swap_total_bytes=512 * MIB,
+            swap_free_bytes=500 * MIB,
+            shmem_bytes=MIB,
+        ),
+        cgroups=list(cgroups),
+    )
+    if psi:
+        info.pressure.CopyFrom(
+            pb.Pressure(
+                some=pb.PressureLine(avg10=1.5, total_us=2_500_000),
+                full=pb.PressureLine(total_us=1_000),
+            )
+        )
+    return info
+
+
+def cgroup(path: str, swap: bool = True, psi: bool = True) -> pb.CgroupMemory:
+    memory = pb.CgroupMemory(
+        path=path,
+        current_bytes=64 * MIB,
+        max=pb.Limit(bytes=128 * MIB),
+        high=pb.Limit(unlimited=True),
+        low_bytes=8 * MIB,
+        events=pb.MemoryEvents(high=3, max=2, oom=1, oom_kill=1),
+        anon_bytes=40 * MIB,
+        file_bytes=20 * MIB,
+    )
+    if swap:
+        memory.swap_current_bytes = 4096
+        memory.swap_max.CopyFrom(pb.Limit(unlimited=True))
+    if psi:
+        memory.pressure.CopyFrom(pb.Pressure(some=pb.PressureLine(total_us=750_000)))
+    return memory
+
+
+def up(info: pb.MemoryInfo | None, reconnects: int = 0) -> Snapshot:
+    return Snapshot(report=info, up=True, report_age_seconds=0.25, reconnects=reconnects)
+
+
+def by_name(found: list[Family]) -> dict[str, Family]:
+    named = {family.name: family for family in found}
+    assert len(named) == len(found), "a family name appears twice"
+    return named
+
+
+def values(family: Family) -> dict[tuple[str, ...], float]:
+    return {sample.label_values: sample.value for sample in family.samples}
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("guestagent_up", 1.0),
+        ("guestagent_watch_reconnects_total", 2.0),
+        ("guestagent_report_age_seconds", 0.25),
+        ("guestagent_memory_total_bytes", 1024 * MIB),
+        ("guestagent_memory_free_bytes", 300 * MIB),
+        ("guestagent_memory_available_bytes", 600 * MIB),
+        ("guestagent_memory_buffers_bytes", 2 * MIB),
+        ("guestagent_memory_cached_bytes", 200 * MIB),
+        ("guestagent_memory_shmem_bytes", MIB),
+        ("guestagent_swap_total_bytes", 512 * MIB),
+        ("guestagent_swap_free_bytes", 500 * MIB),
+    ],
+)
+def test_system_gauges(name: str, expected: float) -> None:
+    family = by_name(families(up(report(), reconnects=2)))[name]
+    assert values(family) == {(): expected}
+    assert family.label_names == ()
+
+
+def test_pressure_is_seconds_of_stall_as_a_counter_with_a_kind_label() -> None:
+    family = by_name(families(up(report())))["guestagent_memory_pressure_stall_seconds_total"]
+    assert (family.kind, family.label_names) == ("counter", ("kind",))
+    assert values(family) == {("some",): 2.5, ("full",): 0.001}
+
+
+@pytest.mark.parametrize(
+    ("name", "a", "b"),
+    [
+        ("guestagent_cgroup_memory_current_bytes", 64 * MIB, 64 * MIB),
+        ("guestagent_cgroup_memory_max_bytes", 128 * MIB, 128 * MIB),
+        ("guestagent_cgroup_memory_high_bytes", math.inf, math.inf),
+        ("guestagent_cgroup_memory_low_bytes", 8 * MIB, 8 * MIB),
+        ("guestagent_cgroup_memory_anon_bytes", 40 * MIB, 40 * MIB),
+        ("guestagent_cgroup_memory_file_bytes", 20 * MIB, 20 * MIB),
+        # b has no swap accounting: absent, not zero.
+        ("guestagent_cgroup_memory_swap_current_bytes", 4096, None),
+        ("guestagent_cgroup_memory_swap_max_bytes", math.inf, None),
+    ],
+)
+def test_cgroup_gauges_one_sample_per_cgroup(name: str, a: float, b: float | None) -> None:
+    found = by_name(families(up(report(cgroup("pod/a"), cgroup("pod/b", swap=False)))))
+    family = found[name]
+    assert (family.kind, family.label_names) == ("gauge", ("cgroup",))
+    expected = {("pod/a",): a} | ({} if b is None else {("pod/b",): b})
+    assert values(family) == expected
+
+
+def test_cgroup_events_are_counters_labelled_by_event() -> None:
+    family = by_name(families(up(report(cgroup("pod")))))["guestagent_cgroup_memory_events_total"]
+    assert (family.kind, family.label_names) == ("counter", ("cgroup", "event"))
+    assert values(family) == {
+        ("pod", "low"): 0,
+        ("pod", "high"): 3,
+        ("pod", "max"): 2,
+        ("pod", "oom"): 1,
+        ("pod", "oom_kill"): 1,
+    }
+
+
+def test_cgroup_pressure_only_for_cgroups_that_have_it() -> None:
+    found = by_name(families(up(report(cgroup("a"), cgroup("b", psi=False)))))
+    family = found["guestagent_cgroup_memory_pressure_stall_seconds_total"]
+    assert values(family) == {("a", "some"): 0.75, ("a", "full"): 0.0}
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "present", "absent"),
+    [
+        # No PSI in the guest, no cgroups asked for: those families are absent, not zero.
+        (
+            up(report(psi=False)),
+            {"guestagent_memory_total_bytes"},
+            {
+                "guestagent_memory_pressure_stall_seconds_total",
+                "guestagent_cgroup_memory_events_total",
+            },
+        ),
+        # A cgroup without swap accounting or PSI: no empty families either.
+        (
+            up(report(cgroup("a", swap=False, psi=False))),
+            {"guestagent_cgroup_memory_current_bytes"},
+            {
+                "guestagent_cgroup_memory_swap_current_bytes",
+                "guestagent_cgroup_memory_pressure_stall_seconds_total",
+            },
+        ),
+        # The stream is down: only the exporter's own families, the last report's age kept.
+        (
+            Snapshot(report(cgroup("a")), up=False, report_age_seconds=30.0, reconnects=4),
+            {"guestagent_up", "guestagent_report_age_seconds", "guestagent_watch_reconnects_total"},
+            {"guestagent_memory_total_bytes", "guestagent_cgroup_memory_current_bytes"},
+        ),
+        # Never connected: no age either.
+        (
+            Snapshot(None, up=False, report_age_seconds=None, reconnects=0),
+            {"guestagent_up"},
+            {"guestagent_report_age_seconds", "guestagent_memory_total_bytes"},
+        ),
+    ],
+)
+def test_what_is_left_out(snapshot: Snapshot, present: set[str], absent: set[str]) -> None:
+    names = set(by_name(families(snapshot)))
+    assert present <= names
+    assert not absent & names
+
+
+def test_down_is_zero() -> None:
+    snapshot = Snapshot(None, up=False, report_age_seconds=None, reconnects=3)
+    found = by_name(families(snapshot))
+    assert values(found["guestagent_up"]) == {(): 0.0}
+    assert values(found["guestagent_watch_reconnects_total"]) == {(): 3.0}
+
+
+def test_every_family_follows_the_naming_conventions() -> None:
+    for family in families(up(report(cgroup("a")))):
+        assert family.name.startswith("guestagent_")
+        assert family.name.endswith("_total") == (family.kind == "counter"), family.name
+        assert family.help
+        assert all(len(s.label_values) == len(family.label_names) for s in family.samples)
+        assert family.samples, family.name
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"),
+    [(pb.Limit(unlimited=True), math.inf), (pb.Limit(bytes=4096), 4096.0), (pb.Limit(), 0.0)],
+)
+def test_limit_value(limit: pb.Limit, expected: float) -> None:
+    assert limit_value(limit) == expected

@@ -1,0 +1,60 @@
+"""guestctl's one size parser."""
+
+from __future__ import annotations
+
+import pytest
+
+from guestagent.host.units import UNLIMITED, parse_limit, parse_size
+
+KIB, MIB, GIB, TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0", 0),
+        ("4096", 4096),
+        ("4096B", 4096),
+        ("1K", KIB),
+        ("1k", KIB),
+        ("64M", 64 * MIB),
+        ("64m", 64 * MIB),
+        ("64Mi", 64 * MIB),
+        ("64mi", 64 * MIB),
+        ("64MiB", 64 * MIB),
+        ("64MB", 64 * MIB),  # 1024-based like the rest: M is never 10^6 here
+        ("512Mi", 512 * MIB),  # the issue's `limits --limit 512Mi`
+        ("2G", 2 * GIB),
+        ("2Gi", 2 * GIB),
+        ("2GiB", 2 * GIB),
+        ("1T", TIB),
+        ("1Ti", TIB),
+        ("1TiB", TIB),
+        (" 8K ", 8 * KIB),
+        ("1024000Mi", 1024000 * MIB),
+    ],
+)
+def test_parse_size(text: str, value: int) -> None:
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize(
+    "text", ["", "M", "-1", "-5M", "1.5G", "64X", "64 M", "64I", "64iB", "64MiBB", "0x10", "max"]
+)
+def test_parse_size_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match=f"size {text!r} is not"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("-1", UNLIMITED), ("max", UNLIMITED), ("MAX", UNLIMITED), ("64Mi", 64 * MIB), ("0", 0)],
+)
+def test_parse_limit(text: str, value: int) -> None:
+    assert parse_limit(text) == value
+
+
+@pytest.mark.parametrize("text", ["-2", "-1M", "unlimited"])
+def test_parse_limit_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="is not"):
+        parse_limit(text)
