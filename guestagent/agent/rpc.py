@@ -30,6 +30,7 @@ from guestagent.agent.wire import (
 from guestagent.jsonlog import EventLog
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memblocks import read_hotplug_report
 from guestagent.linux.meminfo import read_report
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, pressure_trigger_spec
 from guestagent.ops.compaction import Compactor
@@ -186,7 +187,8 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
 
     @unary
     async def GetMemoryInfo(self, request: pb.GetMemoryInfoRequest, context: Any) -> pb.MemoryInfo:
-        return memory_info_pb(read_report(self.fs, tuple(request.cgroups)))
+        report = read_report(self.fs, tuple(request.cgroups))
+        return memory_info_pb(report, hotplug=read_hotplug_report(self.fs))
 
     @streaming
     async def WatchMemory(
@@ -206,7 +208,9 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
         first = read_report(self.fs, names)
         events = {name: cgroup_dir(self.fs, name) / "memory.events" for name in names}
         with KernelSignals(events, self.fs.proc("pressure", "memory"), trigger) as signals:
-            yield memory_info_pb(first, pb.WATCH_REASON_INITIAL)
+            yield memory_info_pb(
+                first, pb.WATCH_REASON_INITIAL, hotplug=read_hotplug_report(self.fs)
+            )
             while True:
                 woke = await self._next_signals(signals, interval)
                 if woke is None:
@@ -218,7 +222,8 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
                     reason = pb.WATCH_REASON_PRESSURE
                 else:
                     reason = pb.WATCH_REASON_INTERVAL
-                yield memory_info_pb(read_report(self.fs, names), reason, changed)
+                report = read_report(self.fs, names)
+                yield memory_info_pb(report, reason, changed, read_hotplug_report(self.fs))
 
     async def _next_signals(
         self, signals: KernelSignals, interval: float

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
+from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
 from guestagent.ops.compaction import CompactResult, free_bytes_at_or_above
 from guestagent.ops.hotplug import OnlineResult
@@ -61,10 +62,32 @@ def cgroup_pb(cgroup: CgroupMemory) -> pb.CgroupMemory:
     return message
 
 
+def hotplug_pb(report: HotplugReport) -> pb.MemoryHotplug:
+    return pb.MemoryHotplug(
+        block_size_bytes=report.block_size,
+        movable_blocks=report.movable_blocks,
+        normal_blocks=report.normal_blocks,
+        offline_blocks=report.offline_blocks,
+        virtio_mem=[
+            pb.VirtioMemRegion(
+                device=r.region.device,
+                start_address=r.region.start,
+                region_bytes=r.region.size,
+                plugged_bytes=r.region.added,
+                movable_blocks=r.movable,
+                normal_blocks=r.normal,
+                offline_blocks=r.offline,
+            )
+            for r in report.regions
+        ],
+    )
+
+
 def memory_info_pb(
     report: MemoryReport,
     reason: pb.WatchReason = pb.WATCH_REASON_UNSPECIFIED,
     changed: tuple[str, ...] = (),
+    hotplug: HotplugReport | None = None,
 ) -> pb.MemoryInfo:
     system = report.system
     message = pb.MemoryInfo(
@@ -85,6 +108,8 @@ def memory_info_pb(
     )
     if report.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(report.pressure))
+    if hotplug is not None:
+        message.hotplug.CopyFrom(hotplug_pb(hotplug))
     return message
 
 
@@ -191,6 +216,7 @@ def online_result_pb(result: OnlineResult) -> pb.OnlineMemoryResult:
         failed_blocks=result.failed,
         block_size_bytes=result.block_size,
         mem_total_bytes=result.mem_total,
+        movable_blocks=result.movable,
     )
 
 
