@@ -140,7 +140,7 @@ def unplug_after_workload(vm: GuestVM, workload_mib: int, boot_total: int) -> di
 
 
 def test_plugged_memory_is_onlined_movable(vm: GuestVM, agent: AgentClient) -> None:
-    RESULTS["boot_mem_total_mib"] = meminfo_bytes(vm, "MemTotal") // MIB
+    RESULTS["boot_mem_total_bytes"] = meminfo_bytes(vm, "MemTotal")
     figures = plug(vm, BOOT_MIB * MIB, 30)
     RESULTS["plug_512"] = figures
     info = agent.info()
@@ -156,7 +156,7 @@ def test_plugged_memory_is_onlined_movable(vm: GuestVM, agent: AgentClient) -> N
 
 def test_unplug_after_the_workload_exits_gives_memory_back(vm: GuestVM, agent: AgentClient) -> None:
     kills = oom_kills(vm)
-    figures = unplug_after_workload(vm, WORKLOAD_MIB, RESULTS["boot_mem_total_mib"] * MIB)
+    figures = unplug_after_workload(vm, WORKLOAD_MIB, RESULTS["boot_mem_total_bytes"])
     RESULTS["unplug_after_workload"] = figures
     assert oom_kills(vm) == kills, figures
     info = agent.info()
