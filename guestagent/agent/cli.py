@@ -15,6 +15,7 @@ from pathlib import Path
 from guestagent import jsonlog
 from guestagent.errors import AgentError
 from guestagent.linux.fs import KernelFS
+from guestagent.ops.hotplug import AUTO_MOVABLE, DEFAULT_MOVABLE_RATIO, POLICIES, OnlinePolicy
 from guestagent.ops.self_cgroup import protect_self
 from guestagent.transport import DEFAULT_VSOCK_PORT, parse_address
 
@@ -52,9 +53,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_cmd.add_argument("--grace-seconds", type=float, default=10.0)
     serve_cmd.add_argument(
         "--online-memory",
-        choices=["online", "online_movable", "online_kernel", "off"],
-        default="online",
-        help="how to online hot-plugged memory blocks (online_movable lets the host unplug)",
+        choices=[*POLICIES, "off"],
+        default=AUTO_MOVABLE,
+        help="how to online hot-plugged memory blocks: auto-movable puts them in ZONE_MOVABLE "
+        "(which the host can unplug) up to --movable-ratio of the boot memory, the rest in a "
+        "kernel zone; the others write that state to every block",
+    )
+    serve_cmd.add_argument(
+        "--movable-ratio",
+        type=int,
+        default=DEFAULT_MOVABLE_RATIO,
+        metavar="PERCENT",
+        help="auto-movable: movable memory at most this percentage of the boot memory "
+        "(default 301, the kernel's memory_hotplug.auto_movable_ratio)",
     )
     serve_cmd.add_argument(
         "--no-self-cgroup",
@@ -81,7 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             fs=fs,
             allowed_cids=frozenset({2, *args.allow_cid}),
             grace_seconds=args.grace_seconds,
-            online_memory=None if args.online_memory == "off" else args.online_memory,
+            online_memory=None
+            if args.online_memory == "off"
+            else OnlinePolicy(args.online_memory, args.movable_ratio),
         )
         asyncio.run(serve(config))
     except (AgentError, OSError) as e:

@@ -22,7 +22,7 @@ from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
 from guestagent.ops import limits_journal
-from guestagent.ops.hotplug import HotplugWatcher
+from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.swap import SwapManager
 from guestagent.transport import (
     Address,
@@ -55,8 +55,8 @@ class ServerConfig:
     fs: KernelFS = field(default_factory=KernelFS)
     allowed_cids: frozenset[int] = frozenset({2})
     grace_seconds: float = 10.0
-    # How hot-plugged memory is onlined ("online", "online_movable"); None leaves it offline.
-    online_memory: str | None = "online"
+    # How hot-plugged memory is onlined; None leaves it offline.
+    online_memory: OnlinePolicy | None = field(default_factory=OnlinePolicy)
 
 
 class Agent:
@@ -81,7 +81,7 @@ class Agent:
         self.bound: list[str] = []
         self._unix_paths: list[tuple[str, int]] = []
         self._private_dir: Path | None = None
-        self.hotplug = HotplugWatcher(config.fs, config.online_memory or "online")
+        self.hotplug = HotplugWatcher(config.fs, config.online_memory or OnlinePolicy())
         pb_grpc.add_MemoryAgentServicer_to_server(
             MemoryAgentServicer(
                 config.fs, self.stopping, SwapManager(config.fs), self.hotplug, self.peers

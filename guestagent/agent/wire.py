@@ -16,6 +16,7 @@ from guestagent.agent.watch_stream import (
 )
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
+from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
 from guestagent.ops.compaction import CompactResult
@@ -134,6 +135,27 @@ def cgroup_pb(cgroup: CgroupMemory) -> pb.CgroupMemory:
     return message
 
 
+def hotplug_pb(report: HotplugReport) -> pb.MemoryHotplug:
+    return pb.MemoryHotplug(
+        block_size_bytes=report.block_size,
+        movable_blocks=report.movable_blocks,
+        normal_blocks=report.normal_blocks,
+        offline_blocks=report.offline_blocks,
+        virtio_mem=[
+            pb.VirtioMemRegion(
+                device=r.region.device,
+                start_address=r.region.start,
+                region_bytes=r.region.size,
+                plugged_bytes=r.region.added,
+                movable_blocks=r.movable,
+                normal_blocks=r.normal,
+                offline_blocks=r.offline,
+            )
+            for r in report.regions
+        ],
+    )
+
+
 def memory_info_pb(
     report: MemoryReport,
     reason: pb.WatchReason.ValueType = pb.WATCH_REASON_UNSPECIFIED,
@@ -158,6 +180,8 @@ def memory_info_pb(
     )
     if report.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(report.pressure))
+    if report.hotplug is not None:
+        message.hotplug.CopyFrom(hotplug_pb(report.hotplug))
     return message
 
 
@@ -278,6 +302,7 @@ def online_result_pb(result: OnlineResult) -> pb.OnlineMemoryResult:
         failed_blocks=result.failed,
         block_size_bytes=result.block_size,
         mem_total_bytes=result.mem_total,
+        movable_blocks=result.movable,
     )
 
 

@@ -46,6 +46,8 @@ def memory_info_text(info: pb.MemoryInfo) -> str:
         f"swap     total {mib(system.swap_total_bytes)}  free {mib(system.swap_free_bytes)}",
         "pressure " + (pressure_text(info.pressure) if info.HasField("pressure") else "(no PSI)"),
     ]
+    if info.HasField("hotplug"):
+        lines += hotplug_lines(info.hotplug)
     for cgroup in info.cgroups:
         swap = (
             f"swap {mib(cgroup.swap_current_bytes)} / {limit_text(cgroup.swap_max)}"
@@ -64,6 +66,23 @@ def memory_info_text(info: pb.MemoryInfo) -> str:
         if cgroup.HasField("pressure"):
             lines.append(f"  pressure {pressure_text(cgroup.pressure)}")
     return "\n".join(lines)
+
+
+def hotplug_lines(hotplug: pb.MemoryHotplug) -> list[str]:
+    block = hotplug.block_size_bytes
+    lines = [
+        f"hotplug  blocks of {mib(block)}: movable {hotplug.movable_blocks} "
+        f"({mib(hotplug.movable_blocks * block)}, unpluggable)  normal {hotplug.normal_blocks}  "
+        f"offline {hotplug.offline_blocks}"
+    ]
+    for region in hotplug.virtio_mem:
+        lines.append(
+            f"  {region.device} at {region.start_address:#x}: plugged "
+            f"{mib(region.plugged_bytes)} of {mib(region.region_bytes)}  blocks movable "
+            f"{region.movable_blocks}  normal {region.normal_blocks}  "
+            f"offline {region.offline_blocks}"
+        )
+    return lines
 
 
 def swap_area_text(area: pb.SwapArea) -> str:
@@ -118,7 +137,8 @@ def reclaim_text(cgroup: str, result: pb.ReclaimResult) -> str:
 def online_text(result: pb.OnlineMemoryResult) -> str:
     failed = f"; failed: {', '.join(result.failed_blocks)}" if result.failed_blocks else ""
     return (
-        f"onlined {len(result.onlined_blocks)} blocks of {mib(result.block_size_bytes)}; "
+        f"onlined {len(result.onlined_blocks)} blocks of {mib(result.block_size_bytes)} "
+        f"({len(result.movable_blocks)} movable); "
         f"MemTotal now {mib(result.mem_total_bytes)}{failed}"
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memblocks import HotplugReport, read_hotplug_report
 
 UNLIMITED = None  # How a "max" limit is represented: no number at all.
 
@@ -79,6 +80,7 @@ class MemoryReport:
     system: SystemMemory
     pressure: Pressure | None
     cgroups: tuple[CgroupMemory, ...]
+    hotplug: HotplugReport | None = None  # None: the kernel has no memory hotplug
 
 
 _MEMINFO_FIELDS = {
@@ -225,4 +227,5 @@ def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
         cgroups=tuple(
             read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
         ),
+        hotplug=read_hotplug_report(fs),
     )

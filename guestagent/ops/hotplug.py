@@ -1,25 +1,60 @@
-"""Online hot-plugged memory: the host plugs a DIMM, the guest must online its blocks.
+"""Online hot-plugged memory: the host plugs a DIMM or grows a virtio-mem device, and the
+guest must online the new blocks, in a zone that decides whether they can be unplugged.
 
 The kernel leaves hot-added blocks offline here (no MEMORY_HOTPLUG_DEFAULT_ONLINE), so the
-agent onlines them at start and on every udev "memory" add event. "online_movable" puts them
-in ZONE_MOVABLE, which the host can unplug again later; "online" lets the kernel choose.
+agent onlines them at start and on every udev "memory" add event. Blocks the kernel (or
+anyone) onlined already are left as they are: the agent never fights auto-onlining.
+
+The default policy, "auto-movable", follows the kernel's own auto-movable online policy
+(Documentation/admin-guide/mm/memory-hotplug.rst): hot-plugged blocks go to ZONE_MOVABLE,
+from which virtio-mem can always unplug them again, as long as movable memory stays within
+movable_ratio percent of the boot memory in kernel zones; blocks beyond that go to a kernel
+zone. ZONE_MOVABLE cannot hold kernel allocations (page tables, dentries, inodes, the
+memmap of the movable memory itself), so a guest grown far past its boot memory with
+everything movable runs out of kernel memory while most of its RAM is free, and the OOM
+killer acts. 301 is the kernel's default ratio: 3:1, plus 1 % for firmware holes.
+"online", "online_movable" and "online_kernel" write that state to every block instead.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from guestagent.errors import AgentError, InvalidArgument
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memblocks import (
+    MemoryBlock,
+    block_size_bytes,
+    memory_root,
+    read_memory_blocks,
+    read_virtio_mem_regions,
+)
 from guestagent.linux.meminfo import read_system_memory
 
 log = EventLog("guestagent.ops.hotplug")
 
+AUTO_MOVABLE = "auto-movable"
 ONLINE_STATES = ("online", "online_movable", "online_kernel")
+POLICIES = (AUTO_MOVABLE, *ONLINE_STATES)
+DEFAULT_MOVABLE_RATIO = 301
+
+
+@dataclass(frozen=True)
+class OnlinePolicy:
+    mode: str = AUTO_MOVABLE
+    # Movable memory at most this many percent of the boot memory in kernel zones.
+    movable_ratio: int = DEFAULT_MOVABLE_RATIO
+
+    def __post_init__(self) -> None:
+        if self.mode not in POLICIES:
+            raise InvalidArgument(
+                f"online policy {self.mode!r} is not one of {', '.join(POLICIES)}"
+            )
+        if self.movable_ratio < 0:
+            raise InvalidArgument(f"movable ratio {self.movable_ratio} % is negative")
 
 
 @dataclass(frozen=True)
@@ -28,55 +63,61 @@ class OnlineResult:
     failed: tuple[str, ...]  # "memory42: write ...: EBUSY ..." for blocks the kernel refused.
     mem_total: int
     block_size: int
+    movable: tuple[str, ...] = ()  # Those of `onlined` that went to ZONE_MOVABLE.
 
 
-def memory_root(fs: KernelFS) -> Path:
-    return fs.sys("devices", "system", "memory")
+def online_states(policy: OnlinePolicy, blocks: list[MemoryBlock]) -> dict[int, str]:
+    """The state to write to each offline block, lowest block first.
+
+    Boot memory is counted in whole online blocks that were not hot-plugged and are not
+    movable; every movable block, hot-plugged or not, counts against the ratio.
+    """
+    offline = sorted(b.index for b in blocks if b.state == "offline")
+    if policy.mode != AUTO_MOVABLE:
+        return {index: policy.mode for index in offline}
+    boot_kernel = sum(1 for b in blocks if b.online and not b.hotplugged and not b.movable)
+    movable = sum(1 for b in blocks if b.movable)
+    states = {}
+    for index in offline:
+        if (movable + 1) * 100 <= policy.movable_ratio * boot_kernel:
+            states[index] = "online_movable"
+            movable += 1
+        else:
+            states[index] = "online_kernel"
+    return states
 
 
-def block_size_bytes(fs: KernelFS) -> int:
-    # The kernel prints it in hex without a 0x prefix.
-    return int(fs.read(memory_root(fs) / "block_size_bytes").strip(), 16)
-
-
-def memory_blocks(fs: KernelFS) -> dict[str, str]:
-    """Each memoryN block's state (online, offline, ...), by name."""
-    root = memory_root(fs)
-    if not fs.is_dir(root):
-        return {}
-    blocks = {}
-    for name in fs.listdir(root):
-        if name.startswith("memory") and name[6:].isdigit():
-            state = fs.read_optional(root / name / "state")
-            if state is not None:
-                blocks[name] = state.strip()
-    return blocks
-
-
-def online_memory(fs: KernelFS, state: str = "online") -> OnlineResult:
-    if state not in ONLINE_STATES:
-        raise InvalidArgument(f"online state {state!r} is not one of {', '.join(ONLINE_STATES)}")
-    onlined, failed = [], []
-    offline = sorted(
-        (name for name, s in memory_blocks(fs).items() if s == "offline"),
-        key=lambda name: int(name[6:]),
-    )
-    for name in offline:
+def online_memory(fs: KernelFS, policy: OnlinePolicy = OnlinePolicy()) -> OnlineResult:
+    blocks = read_memory_blocks(fs, read_virtio_mem_regions(fs))
+    onlined, movable, failed = [], [], []
+    for index, state in online_states(policy, blocks).items():
+        name = f"memory{index}"
         try:
             fs.write(memory_root(fs) / name / "state", state)
-            onlined.append(name)
         except AgentError as e:
-            failed.append(f"{name}: {e}")
+            # The kernel's auto-onlining (or another writer) may have got there first.
+            current = fs.read_optional(memory_root(fs) / name / "state")
+            if current is None or current.strip() != "online":
+                failed.append(f"{name}: {e}")
+            continue
+        onlined.append(name)
+        if state == "online_movable":
+            movable.append(name)
     result = OnlineResult(
-        tuple(onlined), tuple(failed), read_system_memory(fs).mem_total, block_size_bytes(fs)
+        tuple(onlined),
+        tuple(failed),
+        read_system_memory(fs).mem_total,
+        block_size_bytes(fs) if blocks else 0,
+        tuple(movable),
     )
     if onlined or failed:
         log.info(
             "memory_onlined",
             blocks=len(onlined),
+            movable=len(movable),
             failed=list(failed),
             mem_total=result.mem_total,
-            state=state,
+            policy=policy.mode,
         )
     return result
 
@@ -84,15 +125,15 @@ def online_memory(fs: KernelFS, state: str = "online") -> OnlineResult:
 class HotplugWatcher:
     """Onlines memory when udev says a block was added, on a thread of its own."""
 
-    def __init__(self, fs: KernelFS, state: str) -> None:
+    def __init__(self, fs: KernelFS, policy: OnlinePolicy) -> None:
         self.fs = fs
-        self.state = state
+        self.policy = policy
         self._lock = threading.Lock()  # Blocks appear in bursts; one pass at a time.
         self._observer: Any = None
 
     def online_now(self) -> OnlineResult:
         with self._lock:
-            return online_memory(self.fs, self.state)
+            return online_memory(self.fs, self.policy)
 
     def start(self) -> None:
         import pyudev

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from guestagent.errors import KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memblocks import block_size_bytes, memory_blocks
 from guestagent.linux.meminfo import read_current, read_system_memory
-from guestagent.ops.hotplug import block_size_bytes, memory_blocks
 
 
 @dataclass(frozen=True)

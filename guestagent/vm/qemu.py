@@ -75,6 +75,19 @@ DEFAULT_LISTEN = f"vsock://:{GUEST_AGENT_PORT},tcp://0.0.0.0:{GUEST_AGENT_PORT}"
 
 
 @dataclass(frozen=True)
+class VirtioMem:
+    """A virtio-mem device: a RAM backend of max_mib the host hands to the guest in blocks.
+
+    It starts with nothing plugged (requested-size 0); set_virtio_mem_requested() grows and
+    shrinks it. block_mib is the device block, the unit the guest driver plugs and unplugs.
+    """
+
+    max_mib: int
+    block_mib: int = 2
+    id: str = "vmem0"
+
+
+@dataclass(frozen=True)
 class VMConfig:
     flavour: str = "fast"
     memory_mib: int = 512
@@ -87,6 +100,7 @@ class VMConfig:
     listen: str = DEFAULT_LISTEN
     agent_args: tuple[str, ...] = ()
     extra_cmdline: str = ""
+    virtio_mem: VirtioMem | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +158,15 @@ def free_tcp_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def virtio_mem_options(device: VirtioMem) -> list[tuple[str, str]]:
+    backend = f"memory-backend-ram,id={device.id}-ram,size={device.max_mib}M"
+    pci = (
+        f"virtio-mem-pci,id={device.id},memdev={device.id}-ram,"
+        f"block-size={device.block_mib}M,requested-size=0"
+    )
+    return [("-object", backend), ("-device", pci)]
 
 
 @dataclass
@@ -292,8 +315,12 @@ class GuestVM:
         if config.extra_cmdline:
             kernel_args.append(config.extra_cmdline)
         memory = f"{config.memory_mib}M"
-        if config.slots:
-            maxmem = config.maxmem_mib or 2 * config.memory_mib
+        if config.slots or config.virtio_mem:
+            maxmem = (config.maxmem_mib or 2 * config.memory_mib) if config.slots else 0
+            maxmem = max(maxmem, config.memory_mib)
+            if config.virtio_mem:
+                # The device's region lies in the same hotplug space as the DIMMs.
+                maxmem += config.virtio_mem.max_mib
             memory += f",slots={config.slots},maxmem={maxmem}M"
         hostfwd = f"tcp:127.0.0.1:{self.host_port}-:{GUEST_AGENT_PORT}"
         testexec_socket = self.workdir / "testexec.sock"
@@ -333,6 +360,8 @@ class GuestVM:
             reporting = "on" if config.free_page_reporting else "off"
             balloon = f"virtio-balloon-pci,id=balloon0,free-page-reporting={reporting}"
             options.append(("-device", balloon))
+        if config.virtio_mem:
+            options += virtio_mem_options(config.virtio_mem)
         flags = [QEMU, "-nodefaults", "-no-user-config", "-no-reboot"]
         return flags + [word for option in options for word in option]
 
@@ -429,6 +458,18 @@ class GuestVM:
         )
         self.qmp("device_add", driver="pc-dimm", id=dimm_id, memdev=f"mem-{dimm_id}")
         return dimm_id
+
+    def set_virtio_mem_requested(self, size_bytes: int, device: str = "vmem0") -> None:
+        """Ask the guest to plug (or unplug down to) size_bytes; the driver acts on its own."""
+        path = f"/machine/peripheral/{device}"
+        self.qmp("qom-set", path=path, property="requested-size", value=size_bytes)
+
+    def virtio_mem_sizes(self, device: str = "vmem0") -> tuple[int, int]:
+        """(plugged, requested) bytes as QEMU sees them: `size` is what the guest holds."""
+        path = f"/machine/peripheral/{device}"
+        plugged = self.qmp("qom-get", path=path, property="size")
+        requested = self.qmp("qom-get", path=path, property="requested-size")
+        return int(plugged), int(requested)
 
     def qemu_rss_bytes(self) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

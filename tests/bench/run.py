@@ -329,6 +329,9 @@ def main() -> int:
         from tests.bench.vm import measure_vm
 
         report["vm"] = measure_vm(args.load_seconds)
+        from tests.bench.virtio_mem import measure_virtio_mem
+
+        report["virtio_mem"] = measure_virtio_mem()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

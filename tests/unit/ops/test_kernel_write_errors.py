@@ -12,7 +12,7 @@ import pytest
 
 from guestagent.errors import Aborted, FailedPrecondition
 from guestagent.ops.compaction import Compactor
-from guestagent.ops.hotplug import online_memory
+from guestagent.ops.hotplug import OnlinePolicy, online_memory
 from guestagent.ops.reclaim import reclaim
 from tests.fakes.root import FakeRoot
 
@@ -61,7 +61,7 @@ def test_hotplug_names_each_refused_block(
     fake_root.write("sys/devices/system/memory/block_size_bytes", "8000000\n")
     state = fake_root.write("sys/devices/system/memory/memory8/state", "offline\n")
     failing_os_write(monkeypatch, errno.EBUSY)
-    result = online_memory(fake_root.fs)
+    result = online_memory(fake_root.fs, OnlinePolicy("online"))
     assert result.failed == (
         f"memory8: write 'online' to {state}: EBUSY (Device or resource busy)",
     )

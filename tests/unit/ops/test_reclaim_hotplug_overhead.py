@@ -4,7 +4,7 @@ import os
 import pytest
 
 from guestagent.errors import FailedPrecondition, InvalidArgument
-from guestagent.ops.hotplug import block_size_bytes, memory_blocks, online_memory
+from guestagent.linux.memblocks import block_size_bytes
 from guestagent.ops.overhead import guest_overhead
 from guestagent.ops.reclaim import reclaim
 from tests.fakes.root import FakeRoot
@@ -48,20 +48,6 @@ def add_blocks(fake_root: FakeRoot, states: dict[int, str]) -> None:
     fake_root.write("sys/devices/system/memory/block_size_bytes", "8000000\n")
     for index, state in states.items():
         fake_root.write(f"sys/devices/system/memory/memory{index}/state", f"{state}\n")
-
-
-def test_online_memory_onlines_only_offline_blocks(fake_root: FakeRoot) -> None:
-    add_blocks(fake_root, {0: "online", 1: "online", 8: "offline", 9: "offline"})
-    result = online_memory(fake_root.fs, "online_movable")
-    assert result.onlined == ("memory8", "memory9")
-    assert result.block_size == 128 << 20
-    blocks = memory_blocks(fake_root.fs)
-    assert blocks["memory8"] == "online_movable" and blocks["memory0"] == "online"
-
-
-def test_online_state_is_checked(fake_root: FakeRoot) -> None:
-    with pytest.raises(InvalidArgument, match="'sideways'"):
-        online_memory(fake_root.fs, "sideways")
 
 
 def test_overhead_figures(fake_root: FakeRoot) -> None:

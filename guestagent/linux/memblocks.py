@@ -1,0 +1,204 @@
+"""Memory blocks (/sys/devices/system/memory) and the virtio-mem regions they belong to.
+
+The kernel hot-adds and onlines memory in blocks of block_size_bytes. Which zone an online
+block sits in decides whether it can be unplugged again: ZONE_MOVABLE holds only pages the
+kernel can migrate away, the kernel zones (DMA, DMA32, Normal) also hold its own unmovable
+allocations. virtio-mem devices show up in /proc/iomem as a top-level "virtioN" region with
+the memory the driver added as "System RAM (virtio_mem)" children; sysfs has no plugged or
+requested size for them (Linux 6.1), so the added memory is the guest's view of "plugged".
+
+Parsing is pure; the reads are at the bottom.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from guestagent.errors import KernelFormat
+from guestagent.linux.fs import KernelFS
+
+MOVABLE_ZONE = "Movable"
+VIRTIO_MEM_RAM = "System RAM (virtio_mem)"
+_IOMEM_LINE = re.compile(r"^(?P<indent> *)(?P<start>[0-9a-f]+)-(?P<end>[0-9a-f]+) : (?P<name>.*)$")
+_VIRTIO_DEVICE = re.compile(r"^virtio\d+$")
+
+
+@dataclass(frozen=True)
+class IomemRange:
+    start: int
+    end: int  # Inclusive, as /proc/iomem prints it.
+    name: str
+    depth: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start + 1
+
+
+@dataclass(frozen=True)
+class VirtioMemRegion:
+    device: str  # The virtio device, e.g. "virtio4".
+    start: int
+    size: int  # The device's whole region: the most it can ever plug.
+    added: int  # Memory the driver added to Linux, in whole memory blocks.
+
+    def block_range(self, block_size: int) -> range:
+        return range(self.start // block_size, (self.start + self.size) // block_size)
+
+
+@dataclass(frozen=True)
+class MemoryBlock:
+    index: int
+    state: str  # online, offline, going-offline
+    # The zone of an online block ("Movable", "Normal", "DMA32", "none" when it spans two);
+    # None for offline blocks, whose valid_zones is never read (see read_memory_blocks).
+    zone: str | None
+    # Hot-plugged: in a virtio-mem region or an ACPI memory device (a DIMM), not boot RAM.
+    hotplugged: bool
+
+    @property
+    def online(self) -> bool:
+        return self.state == "online"
+
+    @property
+    def movable(self) -> bool:
+        return self.online and self.zone == MOVABLE_ZONE
+
+
+@dataclass(frozen=True)
+class RegionBlocks:
+    region: VirtioMemRegion
+    movable: int
+    normal: int
+    offline: int
+
+
+@dataclass(frozen=True)
+class HotplugReport:
+    block_size: int
+    movable_blocks: int  # Online in ZONE_MOVABLE.
+    normal_blocks: int  # Online in a kernel zone.
+    offline_blocks: int
+    regions: tuple[RegionBlocks, ...]
+
+
+def parse_iomem(text: str) -> list[IomemRange]:
+    ranges = []
+    for line in text.splitlines():
+        match = _IOMEM_LINE.match(line)
+        if match is None:
+            if line.strip():
+                raise KernelFormat(f"/proc/iomem line {line!r} is not 'start-end : name'")
+            continue
+        ranges.append(
+            IomemRange(
+                int(match["start"], 16),
+                int(match["end"], 16),
+                match["name"],
+                len(match["indent"]) // 2,
+            )
+        )
+    return ranges
+
+
+def virtio_mem_regions(ranges: list[IomemRange]) -> list[VirtioMemRegion]:
+    """Top-level "virtioN" ranges (only virtio-mem claims RAM that way), with the memory
+    added below them. Without CAP_SYS_ADMIN the kernel prints every address as 0: then
+    there is nothing to tell apart, and no region is reported."""
+    regions: list[VirtioMemRegion] = []
+    current: IomemRange | None = None
+    added = 0
+    for entry in [*ranges, IomemRange(0, 0, "", 0)]:  # The sentinel closes the last region.
+        if entry.depth == 0:
+            if current is not None:
+                regions.append(VirtioMemRegion(current.name, current.start, current.size, added))
+            current, added = None, 0
+            if _VIRTIO_DEVICE.match(entry.name) and entry.end > 0:
+                current = entry
+        elif current is not None and entry.depth == 1 and entry.name == VIRTIO_MEM_RAM:
+            added += entry.size
+    return regions
+
+
+def zone_of(valid_zones: str) -> str:
+    """An online block's valid_zones names the one zone it is in."""
+    words = valid_zones.split()
+    if not words:
+        raise KernelFormat("valid_zones of an online memory block is empty")
+    return words[0]
+
+
+def hotplug_report(
+    block_size: int, blocks: list[MemoryBlock], regions: list[VirtioMemRegion]
+) -> HotplugReport:
+    def counts(selected: list[MemoryBlock]) -> tuple[int, int, int]:
+        movable = sum(1 for b in selected if b.movable)
+        normal = sum(1 for b in selected if b.online and not b.movable)
+        return movable, normal, len(selected) - movable - normal
+
+    movable, normal, offline = counts(blocks)
+    per_region = []
+    for region in regions:
+        indices = region.block_range(block_size)
+        per_region.append(RegionBlocks(region, *counts([b for b in blocks if b.index in indices])))
+    return HotplugReport(block_size, movable, normal, offline, tuple(per_region))
+
+
+def memory_root(fs: KernelFS) -> Path:
+    return fs.sys("devices", "system", "memory")
+
+
+def block_size_bytes(fs: KernelFS) -> int:
+    # The kernel prints it in hex without a 0x prefix.
+    return int(fs.read(memory_root(fs) / "block_size_bytes").strip(), 16)
+
+
+def memory_blocks(fs: KernelFS) -> dict[str, str]:
+    """Each memoryN block's state (online, offline, ...), by name."""
+    root = memory_root(fs)
+    if not fs.is_dir(root):
+        return {}
+    blocks = {}
+    for name in fs.listdir(root):
+        if name.startswith("memory") and name[6:].isdigit():
+            state = fs.read_optional(root / name / "state")
+            if state is not None:
+                blocks[name] = state.strip()
+    return blocks
+
+
+def read_virtio_mem_regions(fs: KernelFS) -> list[VirtioMemRegion]:
+    iomem = fs.read_optional(fs.proc("iomem"))
+    return virtio_mem_regions(parse_iomem(iomem)) if iomem is not None else []
+
+
+def read_memory_blocks(fs: KernelFS, regions: list[VirtioMemRegion]) -> list[MemoryBlock]:
+    """Every block, ascending. valid_zones is read for online blocks only: on Linux 6.1,
+    reading it for a virtio-mem block that was just added (still offline) oopsed."""
+    root = memory_root(fs)
+    states = memory_blocks(fs)
+    if not states:
+        return []
+    block_size = block_size_bytes(fs)
+    in_regions = {i for region in regions for i in region.block_range(block_size)}
+    blocks = []
+    for name, state in sorted(states.items(), key=lambda item: int(item[0][6:])):
+        index = int(name[6:])
+        zone = None
+        if state == "online":
+            text = fs.read_optional(root / name / "valid_zones")
+            zone = zone_of(text) if text is not None else None
+        # ACPI binds a hot-plugged DIMM's blocks to its memory device.
+        hotplugged = index in in_regions or fs.exists(root / name / "firmware_node")
+        blocks.append(MemoryBlock(index, state, zone, hotplugged))
+    return blocks
+
+
+def read_hotplug_report(fs: KernelFS) -> HotplugReport | None:
+    """None when the kernel has no memory hotplug (no block_size_bytes)."""
+    if fs.read_optional(memory_root(fs) / "block_size_bytes") is None:
+        return None
+    regions = read_virtio_mem_regions(fs)
+    return hotplug_report(block_size_bytes(fs), read_memory_blocks(fs, regions), regions)

@@ -1,0 +1,36 @@
+"""The hotplug section of `guestctl info`."""
+
+from guestagent.agent.wire import hotplug_pb, memory_info_pb
+from guestagent.host.display import memory_info_text
+from guestagent.linux.memblocks import HotplugReport, RegionBlocks, VirtioMemRegion
+from guestagent.linux.meminfo import MemoryReport, SystemMemory
+
+MIB = 1 << 20
+REPORT = HotplugReport(
+    block_size=128 * MIB,
+    movable_blocks=4,
+    normal_blocks=5,
+    offline_blocks=1,
+    regions=(RegionBlocks(VirtioMemRegion("virtio4", 1 << 32, 3 << 30, 640 * MIB), 4, 1, 0),),
+)
+
+
+def test_info_shows_zones_and_virtio_mem_devices() -> None:
+    system = SystemMemory(1 << 30, 0, 0, 0, 0, 0, 0, 0)
+    info = memory_info_pb(MemoryReport(0, system, None, (), hotplug=REPORT))
+    text = memory_info_text(info)
+    assert (
+        "hotplug  blocks of 128.0 MiB: movable 4 (512.0 MiB, unpluggable)  normal 5  offline 1"
+        in text
+    )
+    assert (
+        "  virtio4 at 0x100000000: plugged 640.0 MiB of 3,072.0 MiB  blocks movable 4  "
+        "normal 1  offline 0" in text
+    )
+
+
+def test_no_hotplug_section_without_memory_hotplug() -> None:
+    system = SystemMemory(1 << 30, 0, 0, 0, 0, 0, 0, 0)
+    info = memory_info_pb(MemoryReport(0, system, None, ()))
+    assert not info.HasField("hotplug") and "hotplug" not in memory_info_text(info)
+    assert hotplug_pb(REPORT).virtio_mem[0].plugged_bytes == 640 * MIB

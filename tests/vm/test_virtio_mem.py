@@ -1,0 +1,262 @@
+"""virtio-mem in a real guest: the host grows and shrinks it by whole blocks, the agent
+onlines the blocks by its auto-movable policy, and the memory report shows what the host
+could take back. The scenarios run in order on one guest (512 MiB boot memory, a 3 GiB
+device), each starting from what the one before left."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from guestagent.host.client import AgentClient
+from guestagent.host.display import memory_info_text
+from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import GuestVM, VirtioMem, VMConfig
+from tests.vm.guest import (
+    boot,
+    filler_ready,
+    make_cgroup,
+    start_filler,
+    stop_filler,
+    wait_until,
+)
+
+pytestmark = pytest.mark.vm
+
+MIB = 1 << 20
+BOOT_MIB = 512
+DEVICE_MIB = 3072
+WORKLOAD_MIB = 400
+HOLDER_MIB = 1200
+RESULTS: dict[str, Any] = {}
+
+FILE_DIRS, FILES_PER_DIR = 400, 1000
+# Empty files on a tmpfs: each costs an inode and a dentry (about 1 KiB of slab), kernel
+# memory that only a kernel zone can hold, and no page of data.
+SMALL_FILES = """
+import os, sys
+root, dirs, per_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for d in range(dirs):
+    os.mkdir(f"{root}/{d}")
+    for f in range(per_dir):
+        os.close(os.open(f"{root}/{d}/{f}", os.O_CREAT | os.O_WRONLY, 0o600))
+"""
+
+
+@pytest.fixture(scope="module")
+def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
+    config = VMConfig(memory_mib=BOOT_MIB, virtio_mem=VirtioMem(max_mib=DEVICE_MIB))
+    yield from boot(config, image, tmp_path_factory)
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "virtio_mem.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
+
+
+def kb_field(text: str, key: str) -> int:
+    """A "Key:  123 kB" line of /proc/meminfo or /proc/PID/status, in bytes."""
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name == key:
+            return int(rest.split()[0]) * 1024
+    raise AssertionError(f"no {key} line in {text[:200]!r}")
+
+
+def meminfo_bytes(vm: GuestVM, key: str) -> int:
+    return kb_field(vm.exec(["cat", "/proc/meminfo"]).stdout, key)
+
+
+def oom_kills(vm: GuestVM) -> int:
+    for line in vm.exec(["cat", "/proc/vmstat"]).stdout.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "oom_kill":
+            return int(value)
+    raise AssertionError("no oom_kill in /proc/vmstat")
+
+
+def region(info: pb.MemoryInfo) -> pb.VirtioMemRegion:
+    (device,) = info.hotplug.virtio_mem
+    return device
+
+
+def plug(vm: GuestVM, size: int, timeout: float) -> dict[str, Any]:
+    """Raise the requested size and wait until MemTotal has grown by it (less 16 MiB for
+    the new blocks' memmap); the figures say how long that took."""
+    before = meminfo_bytes(vm, "MemTotal")
+    plugged_before = vm.virtio_mem_sizes()[0]
+    started = time.monotonic()
+    vm.set_virtio_mem_requested(size)
+    grown = wait_until(
+        lambda: (
+            (total := meminfo_bytes(vm, "MemTotal")) - before >= size - plugged_before - 16 * MIB
+            and total
+        ),
+        timeout,
+        f"MemTotal to grow by {(size - plugged_before) // MIB} MiB",
+    )
+    return {
+        "plug_mib": (size - plugged_before) // MIB,
+        "plug_seconds": round(time.monotonic() - started, 1),
+        "mem_total_before_mib": before // MIB,
+        "mem_total_after_mib": grown // MIB,
+    }
+
+
+def unplug_after_workload(vm: GuestVM, workload_mib: int, boot_total: int) -> dict[str, Any]:
+    """A workload touches workload_mib of the plugged memory and exits; then the host asks
+    for everything back. QEMU's RSS should fall by what the workload had touched."""
+    make_cgroup(vm, "vmemload")
+    before = vm.qemu_rss_bytes()
+    marker = start_filler(vm, "vmemload", workload_mib, name="vmemload")
+    wait_until(lambda: filler_ready(vm, marker), 600, "the workload's allocation")
+    peak = vm.qemu_rss_bytes()
+    stop_filler(vm, "vmemload")
+    started = time.monotonic()
+    vm.set_virtio_mem_requested(0)
+    wait_until(
+        lambda: vm.virtio_mem_sizes()[0] == 0 and meminfo_bytes(vm, "MemTotal") <= boot_total,
+        300,
+        "the guest to unplug everything",
+    )
+    unplug_seconds = time.monotonic() - started
+    # QEMU discards each block as the guest unplugs it; RSS follows at once.
+    after = wait_until(
+        lambda: (rss := vm.qemu_rss_bytes()) <= peak - 0.9 * workload_mib * MIB and rss,
+        60,
+        "QEMU's RSS to fall",
+    )
+    return {
+        "workload_mib": workload_mib,
+        "unplug_seconds": round(unplug_seconds, 1),
+        "qemu_rss_before_mib": before // MIB,
+        "qemu_rss_peak_mib": peak // MIB,
+        "qemu_rss_after_mib": after // MIB,
+        "returned_fraction_of_workload": round((peak - after) / (workload_mib * MIB), 3),
+    }
+
+
+def test_plugged_memory_is_onlined_movable(vm: GuestVM, agent: AgentClient) -> None:
+    RESULTS["boot_mem_total_bytes"] = meminfo_bytes(vm, "MemTotal")
+    figures = plug(vm, BOOT_MIB * MIB, 30)
+    RESULTS["plug_512"] = figures
+    info = agent.info()
+    RESULTS["plug_512"]["info_text"] = memory_info_text(info)
+    device = region(info)
+    # 512 MiB is well within 301 % of the boot memory: every new block is movable.
+    assert (device.movable_blocks, device.normal_blocks, device.offline_blocks) == (4, 0, 0)
+    assert device.plugged_bytes == BOOT_MIB * MIB and device.region_bytes == DEVICE_MIB * MIB
+    assert info.hotplug.movable_blocks == 4 and info.hotplug.offline_blocks == 0
+    zones = vm.exec("cat /sys/devices/system/memory/memory3[2-5]/valid_zones").stdout.split()
+    assert zones == ["Movable"] * 4
+
+
+def test_unplug_after_the_workload_exits_gives_memory_back(vm: GuestVM, agent: AgentClient) -> None:
+    kills = oom_kills(vm)
+    figures = unplug_after_workload(vm, WORKLOAD_MIB, RESULTS["boot_mem_total_bytes"])
+    RESULTS["unplug_after_workload"] = figures
+    assert oom_kills(vm) == kills, figures
+    info = agent.info()
+    assert region(info).plugged_bytes == 0 and info.hotplug.movable_blocks == 0
+
+
+def kernel_zones_free(vm: GuestVM) -> int:
+    """Free bytes in the kernel zones (all but Movable), from /proc/zoneinfo."""
+    free, zone = 0, ""
+    for line in vm.exec(["cat", "/proc/zoneinfo"]).stdout.splitlines():
+        words = line.split()
+        if words[:1] == ["Node"]:
+            zone = words[-1]
+        elif words[:2] == ["pages", "free"] and zone != "Movable":
+            free += int(words[2]) * 4096
+    return free
+
+
+def test_beyond_the_ratio_memory_goes_to_a_kernel_zone(vm: GuestVM, agent: AgentClient) -> None:
+    """2.5 GiB into a 512 MiB guest: 301 % of 4 boot blocks is 12 movable blocks; the other
+    8 go to ZONE_NORMAL, and a kernel-memory-heavy load that needs more kernel memory than
+    the boot memory had free runs without an OOM kill."""
+    boot_kernel_free = kernel_zones_free(vm)
+    kills = oom_kills(vm)
+    RESULTS["plug_2560"] = plug(vm, 2560 * MIB, 120)
+    device = region(agent.info())
+    assert (device.movable_blocks, device.normal_blocks, device.offline_blocks) == (12, 8, 0)
+    vm.exec("mkdir -p /mnt/many && mount -t tmpfs -o size=50%,nr_inodes=1000000 tmpfs /mnt/many")
+    slab_before = meminfo_bytes(vm, "Slab")
+    started = time.monotonic()
+    vm.exec(
+        ["python3", "-c", SMALL_FILES, "/mnt/many", str(FILE_DIRS), str(FILES_PER_DIR)],
+        timeout=1200,
+    )
+    slab = meminfo_bytes(vm, "Slab")
+    RESULTS["small_files"] = {
+        "files": FILE_DIRS * FILES_PER_DIR,
+        "seconds": round(time.monotonic() - started, 1),
+        "slab_before_mib": slab_before // MIB,
+        "slab_after_mib": slab // MIB,
+        "boot_kernel_zones_free_mib": boot_kernel_free // MIB,
+        "info_text": memory_info_text(agent.info()),
+    }
+    # More kernel memory than the boot memory's kernel zones had free: with every plugged
+    # block movable, this could not have been allocated.
+    assert slab - slab_before > boot_kernel_free, RESULTS["small_files"]
+    assert oom_kills(vm) == kills
+    assert agent.health() == "SERVING"
+
+
+def test_unplug_while_a_workload_holds_the_memory(vm: GuestVM, agent: AgentClient) -> None:
+    """The host asks for everything back while the files stay and a process holds 1.2 GiB.
+
+    The driver does not leave used memory alone: it migrates the pages out of each block it
+    unplugs, into whatever is free, ZONE_MOVABLE first, then the kernel zones. A workload
+    that fits in the free memory elsewhere is moved and everything is unplugged (so plugged
+    stays above requested only while it works); one that does not fit drains the kernel
+    zones until migration fails, which is how 400 MiB in a guest with 512 MiB of boot memory
+    was OOM-killed. Here the holder (1.2 GiB, in ZONE_MOVABLE) is larger than the kernel
+    zones' free memory (about 900 MiB, 8 plugged blocks beyond the ratio among them), so
+    the driver stops on ENOMEM while still unplugging movable blocks: the kernel zones keep
+    their watermarks plus the lowmem reserve that protects them from movable allocations,
+    the plugged kernel-zone blocks are never touched, and what holds the workload stays
+    plugged."""
+    kills = oom_kills(vm)
+    marker = start_filler(vm, "vmemload", HOLDER_MIB, name="holder")
+    wait_until(lambda: filler_ready(vm, marker), 900, "the holder's allocation")
+    plugged_before = vm.virtio_mem_sizes()[0]
+    vm.set_virtio_mem_requested(0)
+    history: list[int] = []
+
+    def settled() -> bool:
+        # The driver retries only after 50 s or more: settled once the plugged size has
+        # not moved for 6 polls (30 s), or everything is gone.
+        history.append(vm.virtio_mem_sizes()[0])
+        return history[-1] == 0 or (len(history) >= 6 and len(set(history[-6:])) == 1)
+
+    wait_until(settled, 600, "the plugged size to settle", every=5)
+    plugged, requested = vm.virtio_mem_sizes()
+    info = agent.info()
+    pid = vm.exec(["cat", "/run/holder.pid"]).stdout.strip()
+    holder_rss = kb_field(vm.exec(["cat", f"/proc/{pid}/status"]).stdout, "VmRSS")
+    # Inodes in use, from statfs: counting 400,000 files would need memory the guest lacks.
+    total, free = vm.exec(["stat", "-f", "-c", "%c %d", "/mnt/many"]).stdout.split()
+    RESULTS["unplug_while_held"] = {
+        "holder_mib": HOLDER_MIB,
+        "plugged_before_mib": plugged_before // MIB,
+        "plugged_after_mib": plugged // MIB,
+        "requested_mib": requested // MIB,
+        "agent_plugged_mib": region(info).plugged_bytes // MIB,
+        "holder_rss_mib": holder_rss // MIB,
+        "inodes_used": int(total) - int(free),
+        "oom_kills": oom_kills(vm) - kills,
+        "info_text": memory_info_text(info),
+    }
+    assert oom_kills(vm) == kills, RESULTS["unplug_while_held"]
+    assert holder_rss >= HOLDER_MIB * MIB, RESULTS["unplug_while_held"]
+    assert int(total) - int(free) > FILE_DIRS * FILES_PER_DIR
+    assert requested == 0 and plugged > requested, RESULTS["unplug_while_held"]
+    assert plugged < plugged_before, "the driver unplugged nothing"
+    assert region(info).plugged_bytes >= plugged and region(info).normal_blocks == 8
+    assert agent.health() == "SERVING"
+    stop_filler(vm, "holder")
