@@ -44,6 +44,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="online",
         help="how to online hot-plugged memory blocks (online_movable lets the host unplug)",
     )
+    serve_cmd.add_argument(
+        "--reclaim",
+        action="append",
+        default=[],
+        metavar="CGROUP",
+        help="run the working-set reclaimer on this cgroup with the default policy; repeatable",
+    )
     serve_cmd.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
 
@@ -57,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             allowed_cids=frozenset({2, *args.allow_cid}),
             grace_seconds=args.grace_seconds,
             online_memory=None if args.online_memory == "off" else args.online_memory,
+            reclaim=tuple(args.reclaim),
         )
         asyncio.run(serve(config))
     except (AgentError, OSError) as e:

@@ -19,6 +19,7 @@ from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
 from guestagent.ops.hotplug import HotplugWatcher
+from guestagent.ops.reclaimer import Reclaimer
 from guestagent.ops.swap import SwapManager
 from guestagent.transport import (
     Address,
@@ -50,6 +51,9 @@ class ServerConfig:
     grace_seconds: float = 10.0
     # How hot-plugged memory is onlined ("online", "online_movable"); None leaves it offline.
     online_memory: str | None = "online"
+    # Cgroups the working-set reclaimer starts on with the default policy, unless the host
+    # already set theirs (kept under /run across restarts).
+    reclaim: tuple[str, ...] = ()
 
 
 class Agent:
@@ -70,8 +74,11 @@ class Agent:
         self.bound: list[str] = []
         self._private_dir: Path | None = None
         self.hotplug = HotplugWatcher(config.fs, config.online_memory or "online")
+        self.reclaimer = Reclaimer(config.fs)
         pb_grpc.add_MemoryAgentServicer_to_server(
-            MemoryAgentServicer(config.fs, self.stopping, SwapManager(config.fs), self.hotplug),
+            MemoryAgentServicer(
+                config.fs, self.stopping, SwapManager(config.fs), self.hotplug, self.reclaimer
+            ),
             self.server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -88,6 +95,8 @@ class Agent:
         if self.config.online_memory is not None and self.config.fs.is_real:
             # On its own thread: onlining many blocks must not hold up any call.
             await asyncio.to_thread(self.hotplug.start)
+        # Off unless the host (now or before a restart) or --reclaim turned it on.
+        await asyncio.to_thread(self.reclaimer.start, self.config.reclaim)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", listen=self.bound, allowed_cids=sorted(self.config.allowed_cids))
@@ -139,6 +148,7 @@ class Agent:
             relay.close()
         self.stopping.set()  # Ends watch streams, so only unary calls hold the grace period.
         self.hotplug.stop()
+        await asyncio.to_thread(self.reclaimer.stop)
         await self.server.stop(self.config.grace_seconds)
         if self._private_dir is not None:
             shutil.rmtree(self._private_dir, ignore_errors=True)

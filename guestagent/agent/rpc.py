@@ -23,7 +23,10 @@ from guestagent.agent.wire import (
     memory_spec_from_pb,
     online_result_pb,
     overhead_pb,
+    reclaim_policy_from_pb,
     reclaim_result_pb,
+    reclaim_status_pb,
+    reclaim_target_pb,
     selector_from_pb,
     swap_area_pb,
 )
@@ -37,6 +40,7 @@ from guestagent.ops.hotplug import HotplugWatcher
 from guestagent.ops.limits import apply_memory_limits
 from guestagent.ops.overhead import guest_overhead
 from guestagent.ops.reclaim import reclaim
+from guestagent.ops.reclaimer import Reclaimer
 from guestagent.ops.swap import SwapManager
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
@@ -121,8 +125,10 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
         stopping: asyncio.Event,
         swaps: SwapManager,
         hotplug: HotplugWatcher,
+        reclaimer: Reclaimer | None = None,
     ) -> None:
         self.fs = fs
+        self.reclaimer = reclaimer or Reclaimer(fs)
         self._stopping = stopping
         self.swaps = swaps
         self.compactor = Compactor(fs)
@@ -186,7 +192,30 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
 
     @unary
     async def GetMemoryInfo(self, request: pb.GetMemoryInfoRequest, context: Any) -> pb.MemoryInfo:
-        return memory_info_pb(read_report(self.fs, tuple(request.cgroups)))
+        names = tuple(request.cgroups)
+        return self._with_reclaim(memory_info_pb(read_report(self.fs, names)), names)
+
+    def _with_reclaim(self, message: pb.MemoryInfo, names: tuple[str, ...]) -> pb.MemoryInfo:
+        """Add the reclaimer's status for those of the cgroups it acts on."""
+        message.reclaim.extend(reclaim_target_pb(s) for s in self.reclaimer.known(names))
+        return message
+
+    @unary
+    async def SetReclaimPolicy(
+        self, request: pb.SetReclaimPolicyRequest, context: Any
+    ) -> pb.ReclaimTargetStatus:
+        policy = reclaim_policy_from_pb(request.policy)
+        status = await asyncio.to_thread(
+            self.reclaimer.set_policy, request.cgroup, request.enabled, policy
+        )
+        return reclaim_target_pb(status)
+
+    @unary
+    async def GetReclaimStatus(
+        self, request: pb.GetReclaimStatusRequest, context: Any
+    ) -> pb.ReclaimStatus:
+        targets = self.reclaimer.status(tuple(request.cgroups))
+        return reclaim_status_pb(targets, self.reclaimer.compaction)
 
     @streaming
     async def WatchMemory(
@@ -206,7 +235,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
         first = read_report(self.fs, names)
         events = {name: cgroup_dir(self.fs, name) / "memory.events" for name in names}
         with KernelSignals(events, self.fs.proc("pressure", "memory"), trigger) as signals:
-            yield memory_info_pb(first, pb.WATCH_REASON_INITIAL)
+            yield self._with_reclaim(memory_info_pb(first, pb.WATCH_REASON_INITIAL), names)
             while True:
                 woke = await self._next_signals(signals, interval)
                 if woke is None:
@@ -218,7 +247,8 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):  # type: ignore[misc]
                     reason = pb.WATCH_REASON_PRESSURE
                 else:
                     reason = pb.WATCH_REASON_INTERVAL
-                yield memory_info_pb(read_report(self.fs, names), reason, changed)
+                report = read_report(self.fs, names)
+                yield self._with_reclaim(memory_info_pb(report, reason, changed), names)
 
     async def _next_signals(
         self, signals: KernelSignals, interval: float

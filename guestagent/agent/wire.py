@@ -5,11 +5,14 @@ from __future__ import annotations
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
+from guestagent.linux.vmstat import VmStat
 from guestagent.ops.compaction import CompactResult, free_bytes_at_or_above
 from guestagent.ops.hotplug import OnlineResult
 from guestagent.ops.limits import AppliedLimits, MemorySpec
 from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.reclaim import ReclaimResult
+from guestagent.ops.reclaim_policy import Mode, ReclaimPolicy
+from guestagent.ops.reclaimer import CompactionStatus, TargetStatus
 from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec, SwapArea
 from guestagent.v1 import agent_pb2 as pb
 
@@ -85,7 +88,13 @@ def memory_info_pb(
     )
     if report.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(report.pressure))
+    if report.vmstat is not None:
+        message.vmstat.CopyFrom(vmstat_pb(report.vmstat))
     return message
+
+
+def vmstat_pb(vmstat: VmStat) -> pb.VmStat:
+    return pb.VmStat(**vmstat.__dict__)
 
 
 def selector_from_pb(message: pb.DeviceSelector) -> DeviceSelector:
@@ -202,4 +211,53 @@ def overhead_pb(overhead: GuestOverhead) -> pb.GuestOverhead:
         outside_workloads_bytes=overhead.outside_workloads,
         agent_rss_bytes=overhead.agent_rss,
         workloads_bytes=overhead.workloads,
+    )
+
+
+RECLAIM_STATE_TO_PB = {
+    Mode.PROBING: pb.RECLAIM_STATE_PROBING,
+    Mode.BACKING_OFF: pb.RECLAIM_STATE_BACKING_OFF,
+    Mode.AT_FLOOR: pb.RECLAIM_STATE_AT_FLOOR,
+    Mode.DISABLED: pb.RECLAIM_STATE_DISABLED,
+}
+
+
+def reclaim_policy_from_pb(message: pb.ReclaimPolicy) -> ReclaimPolicy:
+    """Unset fields take the defaults; validation (ranges) is the reclaimer's."""
+    defaults = ReclaimPolicy().__dict__
+    given = {name: getattr(message, name) for name in defaults if message.HasField(name)}
+    return ReclaimPolicy(**{**defaults, **given})
+
+
+def reclaim_policy_pb(policy: ReclaimPolicy) -> pb.ReclaimPolicy:
+    return pb.ReclaimPolicy(**policy.__dict__)
+
+
+def reclaim_target_pb(status: TargetStatus) -> pb.ReclaimTargetStatus:
+    return pb.ReclaimTargetStatus(
+        cgroup=status.cgroup,
+        enabled=status.enabled,
+        policy=reclaim_policy_pb(status.policy),
+        state=RECLAIM_STATE_TO_PB[status.mode],
+        reason=status.why,
+        reclaimed_total_bytes=status.reclaimed_total,
+        reclaimed_last_bytes=status.reclaimed_last,
+        last_stall_us=status.last_stall_us,
+        last_refault_bytes=status.last_refault_bytes,
+        intervals=status.intervals,
+        current_bytes=status.current,
+        effective_floor_bytes=status.floor,
+    )
+
+
+def reclaim_status_pb(
+    targets: tuple[TargetStatus, ...], compaction: CompactionStatus
+) -> pb.ReclaimStatus:
+    return pb.ReclaimStatus(
+        targets=[reclaim_target_pb(t) for t in targets],
+        compaction=pb.ReclaimCompaction(
+            runs=compaction.runs,
+            last_decision=compaction.last_decision,
+            last_run_unix_ns=compaction.last_run_unix_ns,
+        ),
     )

@@ -21,6 +21,8 @@ from guestagent.host.display import (
     online_text,
     overhead_text,
     parse_size,
+    reclaim_status_text,
+    reclaim_target_text,
     reclaim_text,
     swap_area_text,
 )
@@ -118,8 +120,27 @@ def _compact(client: AgentClient, args: argparse.Namespace) -> str:
 
 
 def _reclaim(client: AgentClient, args: argparse.Namespace) -> str:
-    result = client.reclaim(args.cgroup, args.bytes, args.drop_caches)
-    return as_json(result) if args.json else reclaim_text(args.cgroup, result)
+    if args.mode == "status":
+        status = client.reclaim_status(args.cgroup)
+        return as_json(status) if args.json else reclaim_status_text(status)
+    if args.mode in ("on", "off"):
+        if len(args.cgroup) != 1:
+            raise AgentError(f"reclaim {args.mode} takes exactly one --cgroup")
+        policy = pb.ReclaimPolicy()
+        for field in ("interval_ms", "stall_target_us", "max_step_fraction", "floor_bytes"):
+            if getattr(args, field) is not None:
+                setattr(policy, field, getattr(args, field))
+        if args.refault_guard is not None:
+            policy.refault_guard_fraction = args.refault_guard
+        if args.anon:
+            policy.anon = True
+        target = client.set_reclaim_policy(args.cgroup[0], args.mode == "on", policy)
+        return as_json(target) if args.json else reclaim_target_text(target)
+    # No mode: one proactive reclaim of --bytes, now.
+    if len(args.cgroup) != 1 or args.bytes is None:
+        raise AgentError("reclaim needs one --cgroup and --bytes (or: reclaim on|off|status)")
+    result = client.reclaim(args.cgroup[0], args.bytes, args.drop_caches)
+    return as_json(result) if args.json else reclaim_text(args.cgroup[0], result)
 
 
 def _online(client: AgentClient, args: argparse.Namespace) -> str:
@@ -289,10 +310,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     compact.add_argument("--node", type=int)
     compact.set_defaults(run=_compact)
 
-    reclaim = commands.add_parser("reclaim", help="proactive reclaim through memory.reclaim")
-    reclaim.add_argument("--cgroup", required=True)
-    reclaim.add_argument("--bytes", type=parse_size, required=True)
+    reclaim = commands.add_parser(
+        "reclaim",
+        help="proactive reclaim now (--bytes), or the working-set reclaimer: on, off, status",
+    )
+    reclaim.add_argument("mode", nargs="?", choices=["on", "off", "status"])
+    reclaim.add_argument("--cgroup", action="append", default=[], help="status: repeatable")
+    reclaim.add_argument("--bytes", type=parse_size)
     reclaim.add_argument("--drop-caches", type=int, default=0, choices=[0, 1, 2, 3])
+    reclaim.add_argument("--interval-ms", type=int)
+    reclaim.add_argument("--stall-target-us", type=int, help="memory.pressure stall per interval")
+    reclaim.add_argument("--max-step-fraction", type=float, help="of memory.current")
+    reclaim.add_argument("--floor-bytes", type=parse_size)
+    reclaim.add_argument("--anon", action="store_true", help="reclaim anon too (needs swap)")
+    reclaim.add_argument("--refault-guard", type=float, help="fraction of memory.current")
     reclaim.set_defaults(run=_reclaim)
 
     commands.add_parser("online-memory", help="online hot-plugged memory").set_defaults(run=_online)

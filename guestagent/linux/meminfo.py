@@ -13,6 +13,7 @@ from pathlib import Path
 from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS, read_optional, read_text
+from guestagent.linux.vmstat import VmStat, read_vmstat
 
 UNLIMITED = None  # How a "max" limit is represented: no number at all.
 
@@ -79,6 +80,7 @@ class MemoryReport:
     system: SystemMemory
     pressure: Pressure | None
     cgroups: tuple[CgroupMemory, ...]
+    vmstat: VmStat | None = None  # None without /proc/vmstat (a test tree).
 
 
 _MEMINFO_FIELDS = {
@@ -225,4 +227,5 @@ def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
         cgroups=tuple(
             read_cgroup_dir(d, name) for d, name in zip(directories, cgroups, strict=True)
         ),
+        vmstat=read_vmstat(fs),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, errno_text
 from guestagent.jsonlog import EventLog
@@ -38,6 +39,21 @@ def validate_reclaim(bytes_: int, drop_caches: int) -> None:
         raise InvalidArgument(f"drop_caches level {drop_caches} is not 0, 1, 2 or 3")
 
 
+def write_memory_reclaim(control: Path, request: str) -> bool:
+    """Write one request to memory.reclaim; False when the kernel got less (EAGAIN), which is
+    a partial result, not an error. Other errors are raised as they are."""
+    fd = os.open(control, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, request.encode())
+    except OSError as e:
+        if e.errno != errno.EAGAIN:
+            raise
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> ReclaimResult:
     validate_reclaim(bytes_, drop_caches)
     directory = cgroup_dir(fs, cgroup)
@@ -48,18 +64,10 @@ def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> Rec
     if drop_caches:
         with open(fs.proc("sys", "vm", "drop_caches"), "w") as f:
             f.write(str(drop_caches))
-    complete = True
-    fd = os.open(control, os.O_WRONLY)
     try:
-        os.write(fd, str(bytes_).encode())
+        complete = write_memory_reclaim(control, str(bytes_))
     except OSError as e:
-        if e.errno != errno.EAGAIN:
-            raise FailedPrecondition(
-                f"writing {bytes_} to {control} failed: {errno_text(e)}"
-            ) from e
-        complete = False  # The kernel tried and got less: a partial result, not an error.
-    finally:
-        os.close(fd)
+        raise FailedPrecondition(f"writing {bytes_} to {control} failed: {errno_text(e)}") from e
     after = read_current(directory, cgroup)
     log.info(
         "reclaimed", cgroup=cgroup, requested=bytes_, before=before, after=after, complete=complete
