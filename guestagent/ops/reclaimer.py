@@ -209,6 +209,7 @@ class Reclaimer:
 
     def status(self, cgroups: Iterable[str] = ()) -> tuple[TargetStatus, ...]:
         names = tuple(cgroups)
+        self._drop_vanished()
         with self._lock:
             missing = [name for name in names if name not in self._targets]
             if missing:
@@ -218,6 +219,7 @@ class Reclaimer:
 
     def known(self, cgroups: Iterable[str]) -> tuple[TargetStatus, ...]:
         """Status of those of the cgroups that are targets (for WatchMemory)."""
+        self._drop_vanished()
         with self._lock:
             return tuple(self._targets[n].status() for n in cgroups if n in self._targets)
 
@@ -382,6 +384,13 @@ class Reclaimer:
             return step
         after = int(read_optional(target.directory / "memory.current") or before)
         return max(0, min(step, before - after))
+
+    def _drop_vanished(self) -> None:
+        """Turned-off targets are not read each interval; a status call notices them gone."""
+        with self._lock:
+            gone = [t for t in self._targets.values() if not t.directory.is_dir()]
+        for target in gone:
+            self._drop(target, "the cgroup was removed")
 
     def _drop(self, target: _Target, why: str) -> None:
         with self._lock:

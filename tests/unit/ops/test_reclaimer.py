@@ -158,6 +158,15 @@ def test_a_removed_cgroup_is_dropped(
     assert saved == {}
 
 
+def test_a_removed_cgroup_that_was_turned_off_is_dropped_too(
+    fake_root: FakeRoot, reclaimer: Reclaimer
+) -> None:
+    directory = make_target(fake_root)
+    reclaimer.set_policy("pod", False, POLICY)
+    shutil.rmtree(directory)
+    assert reclaimer.known(["pod"]) == ()
+
+
 def test_policies_survive_a_restart(fake_root: FakeRoot, clock: Clock) -> None:
     make_target(fake_root, "pod")
     make_target(fake_root, "other")

@@ -1,0 +1,170 @@
+"""The working-set reclaimer's scenarios in a real guest, shared by the VM test and the bench.
+
+A workload in a pod cgroup touches anonymous memory and reads a file once (cold), then loops
+over a hot set, logging each iteration's time. The host samples QEMU's RSS and the agent's
+status every second while the policy is off (the control) and then on.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from guestagent.host.client import AgentClient
+from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from tests.vm.guest import make_cgroup, wait_until
+
+MIB = 1 << 20
+DATA_SERIAL = "data0"
+CONFIG = VMConfig(
+    memory_mib=1024,
+    disks=(Disk("swap", 1 << 30, serial="swap0"), Disk("data", 256 * MIB, serial=DATA_SERIAL)),
+)
+
+# argv: anon MiB, hot MiB, file path or "-", file MiB, output directory.
+# Every page of the allocation gets bytes of its own, so none is a zero page; the hot loop
+# only reads, as a working set mostly does, and logs "wall_time seconds" per iteration.
+WORKLOAD = """
+import mmap, os, sys, time
+anon_mib, hot_mib, file_mib = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
+path, out = sys.argv[3], sys.argv[5]
+size, page = anon_mib << 20, 4096
+buf = mmap.mmap(-1, size)
+for offset in range(0, size, page):
+    buf[offset:offset + 8] = (offset + 1).to_bytes(8, "little")
+if path != "-":
+    with open(path, "rb", buffering=0) as f:
+        left = file_mib << 20
+        while left > 0:
+            chunk = f.read(min(1 << 20, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+hot = hot_mib << 20
+log = open(out + "/times", "a", buffering=1)
+open(out + "/ready", "w").write("ready")
+while True:
+    started = time.monotonic()
+    total = 0
+    for offset in range(0, hot, page):
+        total += buf[offset]
+    log.write(f"{time.time():.3f} {time.monotonic() - started:.6f}\\n")
+"""
+
+
+def fill_data_disk(vm: GuestVM, mib: int) -> str:
+    """Random bytes into the data disk from the host side (fast, unlike urandom under TCG),
+    and the guest's stale cache of it dropped; returns the guest's device path."""
+    with open(vm.disk_path("data"), "r+b") as disk:
+        for _ in range(mib):
+            disk.write(os.urandom(MIB))
+    device = vm.exec(["readlink", "-f", f"/dev/disk/by-id/virtio-{DATA_SERIAL}"]).stdout.strip()
+    vm.exec(f"blockdev --flushbufs {device} && echo 3 > /proc/sys/vm/drop_caches")
+    return device
+
+
+def start_workload(
+    vm: GuestVM, cgroup: str, anon_mib: int, hot_mib: int, path: str = "-", file_mib: int = 0
+) -> str:
+    """Start the workload in the cgroup (made here); returns its output directory."""
+    out = f"/run/wl-{cgroup}"
+    make_cgroup(vm, cgroup)
+    vm.exec(["mkdir", "-p", out])
+    vm.exec(["sh", "-c", f"cat > {out}/wl.py"], stdin=WORKLOAD)
+    vm.exec(
+        f"sh -c 'echo $$ > /sys/fs/cgroup/{cgroup}/cgroup.procs; echo $$ > {out}/pid; "
+        f"exec python3 {out}/wl.py {anon_mib} {hot_mib} {path} {file_mib} {out}' "
+        f"</dev/null >{out}/log 2>&1 &"
+    )
+    wait_until(
+        lambda: vm.exec(["test", "-e", f"{out}/ready"], check=False).rc == 0,
+        600,
+        f"the workload in {cgroup} to allocate and read",
+    )
+    return out
+
+
+def stop_workload(vm: GuestVM, out: str) -> None:
+    pid = vm.exec(["cat", f"{out}/pid"]).stdout.strip()
+    vm.exec(["kill", pid])
+    wait_until(
+        lambda: vm.exec(["test", "-d", f"/proc/{pid}"], check=False).rc != 0, 60, "workload exit"
+    )
+
+
+def iteration_times(vm: GuestVM, out: str, since: float, until: float) -> list[float]:
+    times = []
+    for line in vm.exec(["cat", f"{out}/times"]).stdout.splitlines():
+        stamp, seconds = line.split()
+        if since <= float(stamp) < until:
+            times.append(float(seconds))
+    return times
+
+
+def guest_time(vm: GuestVM) -> float:
+    """The guest's wall clock: the workload's log stamps are in it."""
+    return float(vm.exec(["date", "+%s.%N"]).stdout)
+
+
+@dataclass
+class Sampler:
+    """QEMU's RSS and the target's status and stall, once a second, on a host thread."""
+
+    vm: GuestVM
+    agent: AgentClient
+    cgroup: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            info = self.agent.info([self.cgroup])
+            row: dict[str, Any] = {
+                "t": round(time.monotonic() - self.started, 2),
+                "qemu_rss": self.vm.qemu_rss_bytes(),
+                "current": info.cgroups[0].current_bytes,
+                "stall_total_us": info.cgroups[0].pressure.some.total_us,
+                "pgmajfault": info.vmstat.pgmajfault,
+                "refaults": info.vmstat.workingset_refault_anon
+                + info.vmstat.workingset_refault_file,
+                "oom_kill": info.vmstat.oom_kill,
+                "policy": bool(info.reclaim and info.reclaim[0].enabled),
+                "reclaimed_total": info.reclaim[0].reclaimed_total_bytes if info.reclaim else 0,
+                "state": pb.ReclaimState.Name(info.reclaim[0].state) if info.reclaim else "",
+            }
+            self.rows.append(row)
+            self._stop.wait(1.0)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def between(self, start: float, end: float) -> list[dict[str, Any]]:
+        return [r for r in self.rows if start <= r["t"] <= end]
+
+
+def stall_per_second(rows: list[dict[str, Any]]) -> float:
+    if len(rows) < 2:
+        return 0.0
+    span = rows[-1]["t"] - rows[0]["t"]
+    return (rows[-1]["stall_total_us"] - rows[0]["stall_total_us"]) / max(span, 1e-6)
+
+
+def median_ms(times: list[float]) -> float:
+    return round(statistics.median(times) * 1000, 2) if times else float("nan")
