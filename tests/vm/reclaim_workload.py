@@ -21,6 +21,13 @@ from tests.vm.guest import make_cgroup, wait_until
 
 MIB = 1 << 20
 DATA_SERIAL = "data0"
+ANON_MIB, HOT_MIB, FILE_MIB = 400, 48, 200
+COLD_MIB = ANON_MIB - HOT_MIB + FILE_MIB  # 552
+CONTROL_S = 20.0
+WITHIN_S = 120.0
+# The default policy, with anon allowed: the cold memory here is mostly anonymous.
+POLICY = pb.ReclaimPolicy(anon=True)
+STALL_TARGET_US = 2000  # The default, per 1 s interval.
 CONFIG = VMConfig(
     memory_mib=1024,
     disks=(Disk("swap", 1 << 30, serial="swap0"), Disk("data", 256 * MIB, serial=DATA_SERIAL)),
@@ -97,13 +104,17 @@ def stop_workload(vm: GuestVM, out: str) -> None:
     )
 
 
-def iteration_times(vm: GuestVM, out: str, since: float, until: float) -> list[float]:
-    times = []
+def iteration_log(vm: GuestVM, out: str) -> list[tuple[float, float]]:
+    """(guest wall time, seconds) for each hot-loop iteration so far."""
+    rows = []
     for line in vm.exec(["cat", f"{out}/times"]).stdout.splitlines():
         stamp, seconds = line.split()
-        if since <= float(stamp) < until:
-            times.append(float(seconds))
-    return times
+        rows.append((float(stamp), float(seconds)))
+    return rows
+
+
+def between(log: list[tuple[float, float]], since: float, until: float) -> list[float]:
+    return [seconds for stamp, seconds in log if since <= stamp < until]
 
 
 def guest_time(vm: GuestVM) -> float:
@@ -162,9 +173,102 @@ class Sampler:
 def stall_per_second(rows: list[dict[str, Any]]) -> float:
     if len(rows) < 2:
         return 0.0
-    span = rows[-1]["t"] - rows[0]["t"]
-    return (rows[-1]["stall_total_us"] - rows[0]["stall_total_us"]) / max(span, 1e-6)
+    span = float(rows[-1]["t"] - rows[0]["t"])
+    return float(rows[-1]["stall_total_us"] - rows[0]["stall_total_us"]) / max(span, 1e-6)
 
 
 def median_ms(times: list[float]) -> float:
     return round(statistics.median(times) * 1000, 2) if times else float("nan")
+
+
+def without_timelines(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in figures.items() if not k.endswith("timeline")}
+
+
+def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
+    """Scenarios 1 and 2: the policy off (the control), then on, in one run."""
+    agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
+    device = fill_data_disk(vm, FILE_MIB)
+    vm.exec("mkdir -p /sys/fs/cgroup/pod")
+    with Sampler(vm, agent, "pod") as sampler:
+        out = start_workload(vm, "pod", ANON_MIB, HOT_MIB, device, FILE_MIB)
+        off_start, guest_off_start = sampler.now(), guest_time(vm)
+        time.sleep(CONTROL_S)  # The control: a window measured with the policy off.
+        off_end, guest_on_start = sampler.now(), guest_time(vm)
+        peak = max(r["qemu_rss"] for r in sampler.rows)
+        agent.set_reclaim_policy("pod", True, POLICY)
+
+        def returned() -> float:
+            return float(peak - sampler.rows[-1]["qemu_rss"]) / (COLD_MIB * MIB)
+
+        try:
+            wait_until(lambda: returned() >= 0.8, WITHIN_S, "80 % of the cold memory back")
+            reached: float | None = round(sampler.now() - off_end, 1)
+        except AssertionError:
+            reached = None
+        on_end, guest_on_end = sampler.now(), guest_time(vm)
+    log = iteration_log(vm, out)
+    stop_workload(vm, out)
+    off_rows, on_rows = sampler.between(off_start, off_end), sampler.between(off_end, on_end)
+    hot_off = between(log, guest_off_start, guest_on_start)
+    hot_on = between(log, guest_on_start, guest_on_end)
+    status = agent.reclaim_status(["pod"]).targets[0]
+    cold = COLD_MIB * MIB
+    offset = guest_off_start - off_start  # Guest wall time minus sampler time.
+    return {
+        "cold_mib": COLD_MIB,
+        "qemu_rss_peak_mib": round(peak / MIB, 1),
+        "qemu_rss_end_of_control_mib": round(off_rows[-1]["qemu_rss"] / MIB, 1),
+        "control_returned_fraction": round((peak - off_rows[-1]["qemu_rss"]) / cold, 3),
+        "qemu_rss_settled_mib": round(on_rows[-1]["qemu_rss"] / MIB, 1),
+        "returned_fraction": round((peak - on_rows[-1]["qemu_rss"]) / cold, 3),
+        "seconds_to_80_percent": reached,
+        "policy_on_at_s": round(off_end, 1),
+        "swap_file_allocated_mib": round(vm.disk_allocated_bytes("swap") / MIB, 1),
+        "cold_anon_mib": ANON_MIB - HOT_MIB,
+        "oom_kills": on_rows[-1]["oom_kill"] - off_rows[0]["oom_kill"],
+        "hot_median_ms_off": median_ms(hot_off),
+        "hot_median_ms_on": median_ms(hot_on),
+        "hot_iterations": [len(hot_off), len(hot_on)],
+        "stall_us_per_s_off": round(stall_per_second(off_rows)),
+        "stall_us_per_s_on": round(stall_per_second(on_rows)),
+        "stall_target_us_per_s": STALL_TARGET_US,
+        "reclaimed_total_mib": round(status.reclaimed_total_bytes / MIB, 1),
+        "state_at_end": pb.ReclaimState.Name(status.state),
+        "reason_at_end": status.reason,
+        "timeline": sampler.rows,
+        "hot_timeline": [(round(stamp - offset, 2), seconds) for stamp, seconds in log],
+    }
+
+
+def no_thrash(vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300) -> dict[str, Any]:
+    """Scenario 3: a hot set of most of the allocation; the policy must back off."""
+    vm.exec("mkdir -p /sys/fs/cgroup/thrash")
+    with Sampler(vm, agent, "thrash") as sampler:
+        out = start_workload(vm, "thrash", anon, hot)
+        guest_off_start = guest_time(vm)
+        time.sleep(15)  # The control window.
+        on_start, guest_on_start = sampler.now(), guest_time(vm)
+        agent.set_reclaim_policy("thrash", True, POLICY)
+        time.sleep(45)  # The window with the policy on.
+        on_end, guest_on_end = sampler.now(), guest_time(vm)
+    log = iteration_log(vm, out)
+    stop_workload(vm, out)
+    agent.set_reclaim_policy("thrash", False)
+    late = sampler.between(on_end - 20, on_end)  # After the cold 100 MiB is gone.
+    on_rows = sampler.between(on_start, on_end)
+    span = late[-1]["t"] - late[0]["t"]
+    return {
+        "anon_mib": anon,
+        "hot_mib": hot,
+        "reclaimed_mib": round(on_rows[-1]["reclaimed_total"] / MIB, 1),
+        "reclaimed_mib_last_20_s": round(
+            (late[-1]["reclaimed_total"] - late[0]["reclaimed_total"]) / MIB, 1
+        ),
+        "majfaults_per_s_last_20_s": round((late[-1]["pgmajfault"] - late[0]["pgmajfault"]) / span),
+        "refaults_per_s_last_20_s": round((late[-1]["refaults"] - late[0]["refaults"]) / span),
+        "stall_us_per_s_on": round(stall_per_second(on_rows)),
+        "hot_median_ms_off": median_ms(between(log, guest_off_start, guest_on_start)),
+        "hot_median_ms_on": median_ms(between(log, guest_on_start + 20, guest_on_end)),
+        "timeline": sampler.rows,
+    }
