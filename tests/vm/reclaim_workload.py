@@ -7,6 +7,7 @@ status every second while the policy is off (the control) and then on.
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import threading
@@ -45,13 +46,14 @@ buf = mmap.mmap(-1, size)
 for offset in range(0, size, page):
     buf[offset:offset + 8] = (offset + 1).to_bytes(8, "little")
 if path != "-":
-    with open(path, "rb", buffering=0) as f:
-        left = file_mib << 20
-        while left > 0:
-            chunk = f.read(min(1 << 20, left))
-            if not chunk:
-                break
-            left -= len(chunk)
+    # Kept open: the last close of a block device drops its page cache.
+    f = open(path, "rb", buffering=0)
+    left = file_mib << 20
+    while left > 0:
+        chunk = f.read(min(1 << 20, left))
+        if not chunk:
+            break
+        left -= len(chunk)
 hot = hot_mib << 20
 log = open(out + "/times", "a", buffering=1)
 open(out + "/ready", "w").write("ready")
@@ -208,11 +210,13 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
             reached = None
         on_end, guest_on_end = sampler.now(), guest_time(vm)
     log = iteration_log(vm, out)
+    swap_allocated = vm.disk_allocated_bytes("swap")  # Before the exit frees (discards) it.
+    status = agent.reclaim_status(["pod"])
     stop_workload(vm, out)
     off_rows, on_rows = sampler.between(off_start, off_end), sampler.between(off_end, on_end)
     hot_off = between(log, guest_off_start, guest_on_start)
     hot_on = between(log, guest_on_start, guest_on_end)
-    status = agent.reclaim_status(["pod"]).targets[0]
+    target = status.targets[0]
     cold = COLD_MIB * MIB
     offset = guest_off_start - off_start  # Guest wall time minus sampler time.
     return {
@@ -224,7 +228,7 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
         "returned_fraction": round((peak - on_rows[-1]["qemu_rss"]) / cold, 3),
         "seconds_to_80_percent": reached,
         "policy_on_at_s": round(off_end, 1),
-        "swap_file_allocated_mib": round(vm.disk_allocated_bytes("swap") / MIB, 1),
+        "swap_file_allocated_mib": round(swap_allocated / MIB, 1),
         "cold_anon_mib": ANON_MIB - HOT_MIB,
         "oom_kills": on_rows[-1]["oom_kill"] - off_rows[0]["oom_kill"],
         "hot_median_ms_off": median_ms(hot_off),
@@ -233,9 +237,17 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
         "stall_us_per_s_off": round(stall_per_second(off_rows)),
         "stall_us_per_s_on": round(stall_per_second(on_rows)),
         "stall_target_us_per_s": STALL_TARGET_US,
-        "reclaimed_total_mib": round(status.reclaimed_total_bytes / MIB, 1),
-        "state_at_end": pb.ReclaimState.Name(status.state),
-        "reason_at_end": status.reason,
+        "stall_intervals_over_target": sum(
+            (b["stall_total_us"] - a["stall_total_us"]) > STALL_TARGET_US * (b["t"] - a["t"])
+            for a, b in itertools.pairwise(on_rows)
+        ),
+        "intervals_on": len(on_rows) - 1,
+        "reclaimed_total_mib": round(target.reclaimed_total_bytes / MIB, 1),
+        "state_at_end": pb.ReclaimState.Name(target.state),
+        "reason_at_end": target.reason,
+        "compactions": status.compaction.runs,
+        "compaction_last_decision": status.compaction.last_decision,
+        "thp": vm.exec(["cat", "/sys/kernel/mm/transparent_hugepage/enabled"]).stdout.strip(),
         "timeline": sampler.rows,
         "hot_timeline": [(round(stamp - offset, 2), seconds) for stamp, seconds in log],
     }

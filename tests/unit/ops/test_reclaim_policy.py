@@ -78,7 +78,8 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
         state = decision.state
         assert decision.step_bytes == 0 and state.hold == left
     decision = decide(sample(), POLICY, state)
-    assert decision.step_bytes > 0 and decision.state.stepped
+    # Eight back-offs not worked off: the probe is 1/256 of the full step.
+    assert decision.step_bytes == (10 * MIB) >> 8 and decision.state.stepped
     after = decide(sample(), POLICY, decision.state).state
     assert after.backoffs == state.backoffs - 1
 
@@ -180,7 +181,8 @@ def blocks(small_pages: int, huge_blocks: int) -> tuple[int, ...]:
         (blocks(64 * 256, 4), 0, 10.0, False, "ran 10 s ago"),
         (blocks(64 * 256, 4), 5000, 100.0, False, "system stall 5000 us"),
         (blocks(16 * 256, 0), 0, None, False, "not worth it"),  # Too little to gain.
-        (blocks(64 * 256, 100), 0, None, False, "not worth it"),  # Mostly in 2 MiB blocks.
+        (blocks(48 * 256, 100), 0, None, False, "not worth it"),  # Mostly in 2 MiB blocks.
+        (blocks(64 * 256, 100), 0, None, True, "64 MiB of 264 MiB"),  # But 64 MiB stranded.
         ((), 0, None, False, "not worth it"),
     ],
 )
