@@ -339,6 +339,7 @@ class Reclaimer:
                 int(max(0, refaults) * self._page_size * scale),
                 reading.current,
                 reading.protected,
+                target.reclaimed_last,
             )
             decision = decide(sample, policy, target.state, self._page_size)
             target.state = decision.state

@@ -23,9 +23,13 @@ PAGE = 4096
 
 
 def sample(
-    stall: int = 0, refault: int = 0, current: int = 100 * MIB, protected: int = 0
+    stall: int = 0,
+    refault: int = 0,
+    current: int = 100 * MIB,
+    protected: int = 0,
+    reclaimed: int = 0,
 ) -> Sample:
-    return Sample(stall, refault, current, protected)
+    return Sample(stall, refault, current, protected, reclaimed)
 
 
 @pytest.mark.parametrize(
@@ -80,8 +84,17 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
     decision = decide(sample(), POLICY, state)
     # Eight back-offs not worked off: the probe is 1/256 of the full step.
     assert decision.step_bytes == (10 * MIB) >> 8 and decision.state.stepped
-    after = decide(sample(), POLICY, decision.state).state
+    after = decide(sample(reclaimed=decision.step_bytes), POLICY, decision.state).state
     assert after.backoffs == state.backoffs - 1
+
+
+@pytest.mark.parametrize(("reclaimed", "backs_off"), [(0, True), (MIB - 1, True), (MIB, False)])
+def test_a_step_that_got_little_backs_off(reclaimed: int, backs_off: bool) -> None:
+    state = ControllerState(last_step=4 * MIB)
+    decision = decide(sample(reclaimed=reclaimed), POLICY, state)
+    assert (decision.state.mode == Mode.BACKING_OFF) is backs_off
+    if backs_off:
+        assert f"the last step got {reclaimed} B of {4 * MIB} B" in decision.state.why
 
 
 def test_refault_guard_off_ignores_refaults() -> None:
@@ -120,13 +133,14 @@ samples = st.builds(
     refault_bytes=st.integers(0, 1 << 40),
     current=st.integers(0, 1 << 40),
     protected=st.integers(0, 1 << 40),
+    reclaimed_bytes=st.integers(0, 1 << 30),
 )
 states = st.builds(
     ControllerState,
     mode=st.sampled_from(Mode),
     hold=st.integers(0, MAX_HOLD_INTERVALS),
     backoffs=st.integers(0, 10),
-    stepped=st.booleans(),
+    last_step=st.integers(0, 1 << 30),
 )
 
 
