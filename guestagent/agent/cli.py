@@ -73,6 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="stay in the cgroup it was started in (default: move into /guestagent with "
         "memory.min and memory.high, unless already in a service's own cgroup)",
     )
+    serve_cmd.add_argument(
+        "--reclaim",
+        action="append",
+        default=[],
+        metavar="CGROUP",
+        help="run the working-set reclaimer on this cgroup with the default policy; repeatable",
+    )
     serve_cmd.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
 
@@ -95,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             online_memory=None
             if args.online_memory == "off"
             else OnlinePolicy(args.online_memory, args.movable_ratio),
+            reclaim=tuple(args.reclaim),
         )
         asyncio.run(serve(config))
     except (AgentError, OSError) as e:

@@ -23,6 +23,7 @@ from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
 from guestagent.ops import limits_journal
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
+from guestagent.ops.reclaimer import Reclaimer
 from guestagent.ops.swap import SwapManager
 from guestagent.transport import (
     Address,
@@ -57,6 +58,9 @@ class ServerConfig:
     grace_seconds: float = 10.0
     # How hot-plugged memory is onlined; None leaves it offline.
     online_memory: OnlinePolicy | None = field(default_factory=OnlinePolicy)
+    # Cgroups the working-set reclaimer starts on with the default policy, unless the host
+    # already set theirs (kept under /run across restarts).
+    reclaim: tuple[str, ...] = ()
 
 
 class Agent:
@@ -82,9 +86,15 @@ class Agent:
         self._unix_paths: list[tuple[str, int]] = []
         self._private_dir: Path | None = None
         self.hotplug = HotplugWatcher(config.fs, config.online_memory or OnlinePolicy())
+        self.reclaimer = Reclaimer(config.fs)
         pb_grpc.add_MemoryAgentServicer_to_server(
             MemoryAgentServicer(
-                config.fs, self.stopping, SwapManager(config.fs), self.hotplug, self.peers
+                config.fs,
+                self.stopping,
+                SwapManager(config.fs),
+                self.hotplug,
+                reclaimer=self.reclaimer,
+                peers=self.peers,
             ),
             self.server,
         )
@@ -107,6 +117,8 @@ class Agent:
         if self.config.online_memory is not None and self.config.fs.is_real:
             # On its own thread: onlining many blocks must not hold up any call.
             await asyncio.to_thread(self.hotplug.start)
+        # Off unless the host (now or before a restart) or --reclaim turned it on.
+        await asyncio.to_thread(self.reclaimer.start, self.config.reclaim)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", listen=self.bound, allowed_cids=sorted(self.config.allowed_cids))
@@ -181,6 +193,7 @@ class Agent:
             relay.close()
         self.stopping.set()  # Ends watch streams, so only unary calls hold the grace period.
         self.hotplug.stop()
+        await asyncio.to_thread(self.reclaimer.stop)
         await self.server.stop(self.config.grace_seconds)
         self._release()
         log.info("stopped")

@@ -23,12 +23,13 @@ from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.linux.meminfo import read_report
 from guestagent.ops.compaction import Compactor, CompactResult
 from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
 from guestagent.ops.limits import AppliedLimits, apply_memory_limits
 from guestagent.ops.overhead import GuestOverhead, guest_overhead
 from guestagent.ops.reclaim import ReclaimResult, reclaim
+from guestagent.ops.reclaimer import Reclaimer, TargetStatus
 from guestagent.ops.swap import EnableSwapSpec, SwapArea, SwapManager
 from guestagent.transport import PeerTable
 from guestagent.v1 import agent_pb2 as pb
@@ -149,24 +150,44 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         stopping: asyncio.Event,
         swaps: SwapManager,
         hotplug: HotplugWatcher,
+        reclaimer: Reclaimer | None = None,
         peers: PeerTable | None = None,
     ) -> None:
         self.fs = fs
+        self.reclaimer = reclaimer or Reclaimer(fs)
         self._stopping = stopping
         self.swaps = swaps
         self.compactor = Compactor(fs)
         self.hotplug = hotplug
         self.peers = peers or PeerTable()
 
-    @unary(wire.cgroups_from_pb, wire.memory_info_pb)
+    @unary(wire.cgroups_from_pb, wire.report_pb)
     async def GetMemoryInfo(
         self, cgroups: tuple[str, ...], context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
-    ) -> MemoryReport:
-        return read_report(self.fs, cgroups)
+    ) -> wire.Report:
+        return wire.Report(read_report(self.fs, cgroups), self.reclaimer.known(cgroups))
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:
-        return watch_memory(self.fs, spec, self._stopping)
+        return watch_memory(self.fs, spec, self._stopping, self.reclaimer.known)
+
+    @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)
+    async def SetReclaimPolicy(
+        self,
+        request: wire.ReclaimPolicyRequest,
+        context: Context[pb.SetReclaimPolicyRequest, pb.ReclaimTargetStatus],
+    ) -> TargetStatus:
+        return await asyncio.to_thread(
+            self.reclaimer.set_policy, request.cgroup, request.enabled, request.policy
+        )
+
+    @unary(wire.reclaim_status_request_from_pb, wire.reclaim_status_pb)
+    async def GetReclaimStatus(
+        self,
+        cgroups: tuple[str, ...],
+        context: Context[pb.GetReclaimStatusRequest, pb.ReclaimStatus],
+    ) -> wire.ReclaimOverview:
+        return wire.ReclaimOverview(self.reclaimer.status(cgroups), self.reclaimer.compaction)
 
     @unary(wire.enable_swap_spec_from_pb, wire.swap_area_pb, audited=True)
     async def EnableSwap(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from guestagent import errors
@@ -16,6 +16,7 @@ from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal
+from guestagent.ops.reclaimer import TargetStatus
 
 DEFAULT_WATCH_INTERVAL_MS = 1000
 MIN_WATCH_INTERVAL_MS = 100
@@ -42,6 +43,7 @@ class WatchUpdate:
     report: MemoryReport
     reason: WatchReason
     changed: tuple[str, ...] = ()  # Cgroups whose memory.events changed.
+    reclaim: tuple[TargetStatus, ...] = ()  # The reclaimer's, for the watched cgroups it acts on.
 
 
 def watch_interval_seconds(interval_ms: int) -> float:
@@ -67,20 +69,24 @@ def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, 
 
 
 async def watch_memory(
-    fs: KernelFS, spec: WatchSpec, stopping: asyncio.Event
+    fs: KernelFS,
+    spec: WatchSpec,
+    stopping: asyncio.Event,
+    reclaim_status: Callable[[tuple[str, ...]], tuple[TargetStatus, ...]] = lambda names: (),
 ) -> AsyncIterator[WatchUpdate]:
     """Updates until `stopping` is set or the caller stops iterating (which frees the
     inotify watch and the PSI trigger)."""
     first = read_report(fs, spec.cgroups)  # Checks every name before anything is armed.
     events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
     with KernelSignals(fs, events, spec.trigger) as signals:
-        yield WatchUpdate(first, WatchReason.INITIAL)
+        yield WatchUpdate(first, WatchReason.INITIAL, reclaim=reclaim_status(spec.cgroups))
         while True:
             woke = await _next_signals(signals, spec.interval_s, stopping)
             if woke is None:
                 return
             reason, changed = reason_for(woke)
-            yield WatchUpdate(read_report(fs, spec.cgroups), reason, changed)
+            report = read_report(fs, spec.cgroups)
+            yield WatchUpdate(report, reason, changed, reclaim_status(spec.cgroups))
 
 
 async def _next_signals(

@@ -18,12 +18,15 @@ from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
+from guestagent.linux.vmstat import VmStat
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
 from guestagent.ops.compaction import CompactResult
 from guestagent.ops.hotplug import OnlineResult
 from guestagent.ops.limits import AppliedLimits, MemorySpec
 from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.reclaim import ReclaimResult
+from guestagent.ops.reclaim_policy import Mode, ReclaimPolicy
+from guestagent.ops.reclaimer import CompactionStatus, TargetStatus
 from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec, SwapArea
 from guestagent.v1 import agent_pb2 as pb
 
@@ -160,6 +163,7 @@ def memory_info_pb(
     report: MemoryReport,
     reason: pb.WatchReason.ValueType = pb.WATCH_REASON_UNSPECIFIED,
     changed: tuple[str, ...] = (),
+    reclaim: tuple[TargetStatus, ...] = (),
 ) -> pb.MemoryInfo:
     system = report.system
     message = pb.MemoryInfo(
@@ -182,11 +186,33 @@ def memory_info_pb(
         message.pressure.CopyFrom(pressure_pb(report.pressure))
     if report.hotplug is not None:
         message.hotplug.CopyFrom(hotplug_pb(report.hotplug))
+    if report.vmstat is not None:
+        message.vmstat.CopyFrom(vmstat_pb(report.vmstat))
+    message.reclaim.extend(reclaim_target_pb(status) for status in reclaim)
     return message
 
 
+@dataclass(frozen=True)
+class Report:
+    """GetMemoryInfo's answer: the report, and the reclaimer's status for the cgroups it
+    acts on among those asked about."""
+
+    report: MemoryReport
+    reclaim: tuple[TargetStatus, ...] = ()
+
+
+def report_pb(answer: Report) -> pb.MemoryInfo:
+    return memory_info_pb(answer.report, reclaim=answer.reclaim)
+
+
 def watch_update_pb(update: WatchUpdate) -> pb.MemoryInfo:
-    return memory_info_pb(update.report, WATCH_REASON_TO_PB[update.reason], update.changed)
+    return memory_info_pb(
+        update.report, WATCH_REASON_TO_PB[update.reason], update.changed, update.reclaim
+    )
+
+
+def vmstat_pb(vmstat: VmStat) -> pb.VmStat:
+    return pb.VmStat(**vmstat.__dict__)
 
 
 def selector_from_pb(message: pb.DeviceSelector) -> DeviceSelector:
@@ -314,4 +340,75 @@ def overhead_pb(overhead: GuestOverhead) -> pb.GuestOverhead:
         outside_workloads_bytes=overhead.outside_workloads,
         agent_rss_bytes=overhead.agent_rss,
         workloads_bytes=overhead.workloads,
+    )
+
+
+RECLAIM_STATE_TO_PB = {
+    Mode.PROBING: pb.RECLAIM_STATE_PROBING,
+    Mode.BACKING_OFF: pb.RECLAIM_STATE_BACKING_OFF,
+    Mode.AT_FLOOR: pb.RECLAIM_STATE_AT_FLOOR,
+    Mode.DISABLED: pb.RECLAIM_STATE_DISABLED,
+}
+
+
+def reclaim_policy_from_pb(message: pb.ReclaimPolicy) -> ReclaimPolicy:
+    """Unset fields take the defaults; validation (ranges) is the reclaimer's."""
+    defaults = ReclaimPolicy().__dict__
+    given = {name: getattr(message, name) for name in defaults if message.HasField(name)}  # type: ignore[arg-type]
+    return ReclaimPolicy(**{**defaults, **given})
+
+
+@dataclass(frozen=True)
+class ReclaimPolicyRequest:
+    cgroup: str
+    enabled: bool
+    policy: ReclaimPolicy
+
+
+def reclaim_policy_request_from_pb(request: pb.SetReclaimPolicyRequest) -> ReclaimPolicyRequest:
+    return ReclaimPolicyRequest(
+        request.cgroup, request.enabled, reclaim_policy_from_pb(request.policy)
+    )
+
+
+def reclaim_status_request_from_pb(request: pb.GetReclaimStatusRequest) -> tuple[str, ...]:
+    return tuple(request.cgroups)
+
+
+def reclaim_policy_pb(policy: ReclaimPolicy) -> pb.ReclaimPolicy:
+    return pb.ReclaimPolicy(**policy.__dict__)
+
+
+def reclaim_target_pb(status: TargetStatus) -> pb.ReclaimTargetStatus:
+    return pb.ReclaimTargetStatus(
+        cgroup=status.cgroup,
+        enabled=status.enabled,
+        policy=reclaim_policy_pb(status.policy),
+        state=RECLAIM_STATE_TO_PB[status.mode],
+        reason=status.why,
+        reclaimed_total_bytes=status.reclaimed_total,
+        reclaimed_last_bytes=status.reclaimed_last,
+        last_stall_us=status.last_stall_us,
+        last_refault_bytes=status.last_refault_bytes,
+        intervals=status.intervals,
+        current_bytes=status.current,
+        effective_floor_bytes=status.floor,
+    )
+
+
+@dataclass(frozen=True)
+class ReclaimOverview:
+    targets: tuple[TargetStatus, ...]
+    compaction: CompactionStatus
+
+
+def reclaim_status_pb(overview: ReclaimOverview) -> pb.ReclaimStatus:
+    compaction = overview.compaction
+    return pb.ReclaimStatus(
+        targets=[reclaim_target_pb(t) for t in overview.targets],
+        compaction=pb.ReclaimCompaction(
+            runs=compaction.runs,
+            last_decision=compaction.last_decision,
+            last_run_unix_ns=compaction.last_run_unix_ns,
+        ),
     )

@@ -146,6 +146,18 @@ class AgentClient:
         result: pb.GuestOverhead = self.stub.GetGuestOverhead(request, timeout=self.timeout)
         return result
 
+    def set_reclaim_policy(
+        self, cgroup: str, enabled: bool, policy: pb.ReclaimPolicy | None = None
+    ) -> pb.ReclaimTargetStatus:
+        request = pb.SetReclaimPolicyRequest(cgroup=cgroup, enabled=enabled, policy=policy)
+        status: pb.ReclaimTargetStatus = self.stub.SetReclaimPolicy(request, timeout=self.timeout)
+        return status
+
+    def reclaim_status(self, cgroups: Iterable[str] = ()) -> pb.ReclaimStatus:
+        request = pb.GetReclaimStatusRequest(cgroups=list(cgroups))
+        status: pb.ReclaimStatus = self.stub.GetReclaimStatus(request, timeout=self.timeout)
+        return status
+
     def health(self, service: str = "", timeout: float | None = None) -> str:
         response = self.health_stub.Check(
             health_pb2.HealthCheckRequest(service=service),

@@ -26,6 +26,8 @@ from guestagent.host.display import (
     memory_info_text,
     online_text,
     overhead_text,
+    reclaim_status_text,
+    reclaim_target_text,
     reclaim_text,
     swap_area_text,
 )
@@ -215,14 +217,40 @@ def _compact(client: AgentClient, args: argparse.Namespace) -> str:
 
 
 def _reclaim_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cgroup", required=True)
-    parser.add_argument("--bytes", type=_size, required=True, help=SIZE_HELP)
+    parser.add_argument("mode", nargs="?", choices=["on", "off", "status"])
+    parser.add_argument("--cgroup", action="append", default=[], help="status: repeatable")
+    parser.add_argument("--bytes", type=_size, help=SIZE_HELP)
     parser.add_argument("--drop-caches", type=int, default=0, choices=[0, 1, 2, 3])
+    parser.add_argument("--interval-ms", type=int)
+    parser.add_argument("--stall-target-us", type=int, help="memory.pressure stall per interval")
+    parser.add_argument("--max-step-fraction", type=float, help="of memory.current")
+    parser.add_argument("--floor-bytes", type=_size)
+    parser.add_argument("--anon", action="store_true", help="reclaim anon too (needs swap)")
+    parser.add_argument("--refault-guard", type=float, help="fraction of memory.current")
 
 
 def _reclaim(client: AgentClient, args: argparse.Namespace) -> str:
-    result = client.reclaim(args.cgroup, args.bytes, args.drop_caches)
-    return as_json(result) if args.json else reclaim_text(args.cgroup, result)
+    if args.mode == "status":
+        status = client.reclaim_status(args.cgroup)
+        return as_json(status) if args.json else reclaim_status_text(status)
+    if args.mode in ("on", "off"):
+        if len(args.cgroup) != 1:
+            raise AgentError(f"reclaim {args.mode} takes exactly one --cgroup")
+        policy = pb.ReclaimPolicy()
+        for field in ("interval_ms", "stall_target_us", "max_step_fraction", "floor_bytes"):
+            if getattr(args, field) is not None:
+                setattr(policy, field, getattr(args, field))
+        if args.refault_guard is not None:
+            policy.refault_guard_fraction = args.refault_guard
+        if args.anon:
+            policy.anon = True
+        target = client.set_reclaim_policy(args.cgroup[0], args.mode == "on", policy)
+        return as_json(target) if args.json else reclaim_target_text(target)
+    # No mode: one proactive reclaim of --bytes, now.
+    if len(args.cgroup) != 1 or args.bytes is None:
+        raise AgentError("reclaim needs one --cgroup and --bytes (or: reclaim on|off|status)")
+    result = client.reclaim(args.cgroup[0], args.bytes, args.drop_caches)
+    return as_json(result) if args.json else reclaim_text(args.cgroup[0], result)
 
 
 def _online(client: AgentClient, args: argparse.Namespace) -> str:
@@ -459,7 +487,9 @@ COMMANDS: dict[str, Command] = {
         "compact memory, with before/after figures", _compact_arguments, remote(_compact)
     ),
     "reclaim": Command(
-        "proactive reclaim through memory.reclaim", _reclaim_arguments, remote(_reclaim)
+        "proactive reclaim now (--bytes), or the working-set reclaimer: on, off, status",
+        _reclaim_arguments,
+        remote(_reclaim),
     ),
     "online-memory": Command("online hot-plugged memory", _no_arguments, remote(_online)),
     "overhead": Command("what the guest itself uses", _overhead_arguments, remote(_overhead)),

@@ -65,6 +65,40 @@ def memory_info_text(info: pb.MemoryInfo) -> str:
         ]
         if cgroup.HasField("pressure"):
             lines.append(f"  pressure {pressure_text(cgroup.pressure)}")
+    if info.HasField("vmstat"):
+        lines.append(vmstat_text(info.vmstat))
+    lines += [reclaim_target_text(target) for target in info.reclaim]
+    return "\n".join(lines)
+
+
+def vmstat_text(vmstat: pb.VmStat) -> str:
+    return (
+        f"vmstat   pswpin {vmstat.pswpin}  pswpout {vmstat.pswpout}  "
+        f"pgmajfault {vmstat.pgmajfault}  refault anon {vmstat.workingset_refault_anon} "
+        f"file {vmstat.workingset_refault_file}  oom_kill {vmstat.oom_kill}  "
+        f"allocstall {vmstat.allocstall}  compact_stall {vmstat.compact_stall}"
+    )
+
+
+def reclaim_target_text(target: pb.ReclaimTargetStatus) -> str:
+    state = pb.ReclaimState.Name(target.state).removeprefix("RECLAIM_STATE_").lower()
+    policy = target.policy
+    return (
+        f"reclaim {target.cgroup}: {state} ({target.reason})\n"
+        f"  reclaimed {mib(target.reclaimed_total_bytes)} in total, "
+        f"{mib(target.reclaimed_last_bytes)} last interval; stall {target.last_stall_us} us, "
+        f"refaults {mib(target.last_refault_bytes)}; memory {mib(target.current_bytes)}, "
+        f"floor {mib(target.effective_floor_bytes)}; {target.intervals} intervals\n"
+        f"  policy interval {policy.interval_ms} ms  stall target {policy.stall_target_us} us  "
+        f"max step {policy.max_step_fraction:g}  floor {mib(policy.floor_bytes)}  "
+        f"anon {'on' if policy.anon else 'off'}  refault guard {policy.refault_guard_fraction:g}"
+    )
+
+
+def reclaim_status_text(status: pb.ReclaimStatus) -> str:
+    lines = [reclaim_target_text(t) for t in status.targets] or ["no cgroup has a policy"]
+    compaction = status.compaction
+    lines.append(f"compaction: {compaction.runs} run(s); last check: {compaction.last_decision}")
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReport, read_hotplug_report
+from guestagent.linux.vmstat import VmStat, read_vmstat
 
 UNLIMITED = None  # How a "max" limit is represented: no number at all.
 
@@ -81,6 +82,7 @@ class MemoryReport:
     pressure: Pressure | None
     cgroups: tuple[CgroupMemory, ...]
     hotplug: HotplugReport | None = None  # None: the kernel has no memory hotplug
+    vmstat: VmStat | None = None  # None without /proc/vmstat (a test tree).
 
 
 _MEMINFO_FIELDS = {
@@ -228,4 +230,5 @@ def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
             read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
         ),
         hotplug=read_hotplug_report(fs),
+        vmstat=read_vmstat(fs),
     )

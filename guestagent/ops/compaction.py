@@ -17,6 +17,7 @@ from pathlib import Path
 from guestagent.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, KernelFormat
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.vmstat import parse_vmstat
 
 log = EventLog("guestagent.ops.compaction")
 
@@ -54,18 +55,6 @@ def parse_buddyinfo(text: str, node: int | None = None) -> tuple[int, ...]:
         for order, count in enumerate(counts):
             totals[order] += count
     return tuple(totals)
-
-
-def parse_vmstat(text: str, prefix: str = "") -> dict[str, int]:
-    values = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key.startswith(prefix):
-            try:
-                values[key] = int(value)
-            except ValueError:
-                raise KernelFormat(f"vmstat line {line!r} is malformed") from None
-    return values
 
 
 def counter_deltas(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -118,6 +107,10 @@ class Compactor:
         )
         log.info("compacted", node=node, duration_s=round(duration, 3), **result.counters)
         return result
+
+    def compact_blocking(self, node: int | None = None) -> CompactResult:
+        """One run on the caller's thread (the reclaimer's), not shared with RPC callers."""
+        return self._compact(node, self._trigger_path(node))
 
     async def compact(self, node: int | None, timeout_s: float | None) -> CompactResult:
         path = self._trigger_path(node)

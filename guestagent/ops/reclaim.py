@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
+from pathlib import Path
 
 from guestagent.errors import AgentError, FailedPrecondition, InvalidArgument
 from guestagent.jsonlog import EventLog
@@ -37,6 +38,18 @@ def validate_reclaim(bytes_: int, drop_caches: int) -> None:
         raise InvalidArgument(f"drop_caches level {drop_caches} is not 0, 1, 2 or 3")
 
 
+def write_memory_reclaim(fs: KernelFS, control: Path, request: str) -> bool:
+    """Write one request to memory.reclaim; False when the kernel got less (EAGAIN), which is
+    a partial result, not an error. Other errors are raised as they are."""
+    try:
+        fs.write(control, request)
+    except AgentError as e:
+        if e.errno != errno.EAGAIN:
+            raise
+        return False
+    return True
+
+
 def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> ReclaimResult:
     validate_reclaim(bytes_, drop_caches)
     directory = cgroup_dir(fs, cgroup)
@@ -46,13 +59,7 @@ def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> Rec
     before = read_current(fs, directory, cgroup)
     if drop_caches:
         fs.write(fs.proc("sys", "vm", "drop_caches"), str(drop_caches))
-    complete = True
-    try:
-        fs.write(control, str(bytes_))
-    except AgentError as e:
-        if e.errno != errno.EAGAIN:
-            raise
-        complete = False  # The kernel tried and got less: a partial result, not an error.
+    complete = write_memory_reclaim(fs, control, str(bytes_))
     after = read_current(fs, directory, cgroup)
     log.info(
         "reclaimed", cgroup=cgroup, requested=bytes_, before=before, after=after, complete=complete

@@ -83,6 +83,22 @@ def main() -> int:
         guestctl(target, "compact")
         guestctl(target, "swap", "list")
         guestctl(target, "overhead", "--workload", "demo")
+
+        heading("the working-set reclaimer: a cold 200 MiB goes back to the host by itself")
+        vm.exec(
+            "mkdir -p /sys/fs/cgroup/demo/cold && sh -c 'echo $$ > /sys/fs/cgroup/demo/cold/"
+            "cgroup.procs; echo $$ > /run/cold.pid; exec python3 -c "
+            f'"{FILLER}"\' </dev/null >/dev/null 2>&1 &'
+        )
+        time.sleep(20)
+        before = vm.qemu_rss_bytes()
+        print(f"host: QEMU RSS {before / MIB:.0f} MiB with the policy off")
+        guestctl(target, "reclaim", "on", "--cgroup", "demo/cold", "--anon")
+        time.sleep(45)
+        guestctl(target, "reclaim", "status")
+        print(f"host: QEMU RSS {before / MIB:.0f} -> {vm.qemu_rss_bytes() / MIB:.0f} MiB")
+        guestctl(target, "reclaim", "off", "--cgroup", "demo/cold")
+        vm.exec("kill $(cat /run/cold.pid)")
     return 0
 
 

@@ -332,6 +332,12 @@ def main() -> int:
         from tests.bench.virtio_mem import measure_virtio_mem
 
         report["virtio_mem"] = measure_virtio_mem()
+        from tests.bench.reclaimer import measure_reclaimer
+
+        # The plot sits beside the JSON: latest.json -> latest-reclaimer.png.
+        report["reclaimer"] = measure_reclaimer(
+            args.out.with_name(f"{args.out.stem}-reclaimer.png")
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -18,7 +18,7 @@ from guestagent import errors
 from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_for
 from guestagent.errors import kernel_error
 from guestagent.linux.fs import KernelFS
-from guestagent.ops.hotplug import HotplugWatcher
+from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.swap import SwapManager
 from guestagent.transport import PeerTable
 from guestagent.v1 import agent_pb2 as pb
@@ -93,7 +93,11 @@ def servicer(fake_root: FakeRoot) -> MemoryAgentServicer:
     fake_root.add_cgroup("pod")
     fs = fake_root.fs
     return MemoryAgentServicer(
-        fs, asyncio.Event(), SwapManager(fs), HotplugWatcher(fs, "online"), PeerTable()
+        fs,
+        asyncio.Event(),
+        SwapManager(fs),
+        HotplugWatcher(fs, OnlinePolicy("online")),
+        peers=PeerTable(),
     )
 
 

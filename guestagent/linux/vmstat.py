@@ -1,0 +1,59 @@
+"""/proc/vmstat: the event counters a host policy reads beside the memory report.
+
+Counters only grow (until reboot), so a host takes deltas between two reports: swap traffic
+(pswpin/pswpout), major faults, refaults of evicted pages, OOM kills, direct reclaim and
+compaction stalls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from guestagent.errors import KernelFormat
+from guestagent.linux.fs import KernelFS
+
+
+@dataclass(frozen=True)
+class VmStat:
+    pswpin: int
+    pswpout: int
+    pgmajfault: int
+    workingset_refault_anon: int
+    workingset_refault_file: int
+    oom_kill: int
+    allocstall: int  # Sum of allocstall_* (one counter per zone type since 4.x).
+    compact_stall: int
+
+
+def parse_vmstat(text: str, prefix: str = "") -> dict[str, int]:
+    """'name value' lines, those starting with prefix, as a dict."""
+    values = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key.startswith(prefix):
+            try:
+                values[key] = int(value)
+            except ValueError:
+                raise KernelFormat(f"vmstat line {line!r} is malformed") from None
+    return values
+
+
+def vmstat_from(values: dict[str, int]) -> VmStat:
+    # Before 5.9 the refault counter was one, workingset_refault: it counts as file.
+    return VmStat(
+        pswpin=values.get("pswpin", 0),
+        pswpout=values.get("pswpout", 0),
+        pgmajfault=values.get("pgmajfault", 0),
+        workingset_refault_anon=values.get("workingset_refault_anon", 0),
+        workingset_refault_file=values.get(
+            "workingset_refault_file", values.get("workingset_refault", 0)
+        ),
+        oom_kill=values.get("oom_kill", 0),
+        allocstall=sum(v for k, v in values.items() if k.startswith("allocstall")),
+        compact_stall=values.get("compact_stall", 0),
+    )
+
+
+def read_vmstat(fs: KernelFS) -> VmStat | None:
+    text = fs.read_optional(fs.proc("vmstat"))
+    return vmstat_from(parse_vmstat(text)) if text is not None else None

@@ -1,0 +1,207 @@
+"""The working-set reclaimer's decisions, as pure functions over one interval's figures.
+
+Each interval the loop (ops/reclaimer.py) measures a target cgroup: how long its tasks
+stalled on memory (memory.pressure `some` total, delta), how much of what was reclaimed
+came back (workingset refaults, delta) and memory.current. `decide` turns that into how many
+bytes to ask memory.reclaim for: a step proportional to the slack below the stall target
+and the refault guard, never more than the policy's fraction of memory.current, never below
+the floor. Over the target it stops and holds off for an exponentially growing number of
+intervals, and halves its steps for each back-off; a step that caused no refaults or stall
+works one back-off off again.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, replace
+
+from guestagent.errors import InvalidArgument
+
+MIB = 1 << 20
+# Hold at most this many intervals after a back-off: 32 s at the default interval, so a
+# workload whose hot set grew back is probed again within a minute, not never.
+MAX_HOLD_INTERVALS = 32
+# A step that got less than 1/UNPRODUCTIVE of what it asked counts as a back-off.
+UNPRODUCTIVE = 4
+HUGE_ORDER = 9  # 2 MiB blocks with 4 KiB pages: what free page reporting hands back.
+
+
+class Mode(enum.Enum):
+    PROBING = "probing"
+    BACKING_OFF = "backing_off"
+    AT_FLOOR = "at_floor"
+    DISABLED = "disabled"
+
+
+@dataclass(frozen=True)
+class ReclaimPolicy:
+    """Defaults, and why, are in the README (Working-set reclaimer)."""
+
+    interval_ms: int = 1000
+    # memory.pressure `some` stall per interval, in us: 0.2 % of a 1 s interval.
+    stall_target_us: int = 2000
+    max_step_fraction: float = 0.05
+    floor_bytes: int = 0
+    anon: bool = False
+    # Back off when more than this fraction of memory.current refaulted in one interval;
+    # 0 turns the guard off.
+    refault_guard_fraction: float = 0.005
+
+
+# (low, high) for each bounded field; the error names the value and this range.
+INTERVAL_MS_RANGE = (100, 600_000)
+MAX_STEP_RANGE = (0.0001, 0.5)
+REFAULT_GUARD_RANGE = (0.0, 1.0)
+FLOOR_MAX = (1 << 63) - 1
+
+
+def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
+    low, high = INTERVAL_MS_RANGE
+    if not low <= policy.interval_ms <= high:
+        raise InvalidArgument(f"interval_ms {policy.interval_ms} is outside [{low}, {high}]")
+    interval_us = policy.interval_ms * 1000
+    if not 1 <= policy.stall_target_us < interval_us:
+        raise InvalidArgument(
+            f"stall_target_us {policy.stall_target_us} is outside [1, {interval_us - 1}] "
+            f"(below the interval of {policy.interval_ms} ms)"
+        )
+    low_f, high_f = MAX_STEP_RANGE
+    step = policy.max_step_fraction
+    if not (math.isfinite(step) and low_f <= step <= high_f):
+        raise InvalidArgument(f"max_step_fraction {step} is outside [{low_f}, {high_f}]")
+    low_g, high_g = REFAULT_GUARD_RANGE
+    guard = policy.refault_guard_fraction
+    if not (math.isfinite(guard) and low_g <= guard <= high_g):
+        raise InvalidArgument(f"refault_guard_fraction {guard} is outside [{low_g}, {high_g}]")
+    if not 0 <= policy.floor_bytes <= FLOOR_MAX:
+        raise InvalidArgument(f"floor_bytes {policy.floor_bytes} is outside [0, {FLOOR_MAX}]")
+    return policy
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One interval of one cgroup: deltas since the previous sample, levels now."""
+
+    stall_us: int  # memory.pressure some total, delta.
+    refault_bytes: int  # workingset_refault_anon + _file, delta, in bytes.
+    current: int  # memory.current.
+    protected: int  # max(memory.min, memory.low): the kernel's own floor for this cgroup.
+    reclaimed_bytes: int = 0  # What the previous interval's step got from memory.reclaim.
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    mode: Mode = Mode.PROBING
+    why: str = "waiting for the first interval's figures"
+    hold: int = 0  # Intervals left before probing again.
+    backoffs: int = 0  # Sets the next hold: 2**backoffs intervals, up to MAX_HOLD_INTERVALS.
+    last_step: int = 0  # The previous interval's step, 0 for none: this sample judges it.
+
+    @property
+    def stepped(self) -> bool:
+        return self.last_step > 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    step_bytes: int
+    state: ControllerState
+
+
+def floor_of(policy: ReclaimPolicy, protected: int) -> int:
+    return max(policy.floor_bytes, protected)
+
+
+def decide(
+    sample: Sample, policy: ReclaimPolicy, state: ControllerState, page_size: int = 4096
+) -> Decision:
+    guard_bytes = policy.refault_guard_fraction * sample.current
+    over_stall = sample.stall_us > policy.stall_target_us
+    over_refault = policy.refault_guard_fraction > 0 and sample.refault_bytes > guard_bytes
+    # The kernel found little to take: what is left is referenced, the working set. Asking
+    # again only burns the guest's CPU scanning it (measured: the hot loop ran 2x slower).
+    unproductive = state.stepped and sample.reclaimed_bytes * UNPRODUCTIVE < state.last_step
+    if over_stall or over_refault or unproductive:
+        backoffs = state.backoffs + 1
+        hold = min(2 ** (backoffs - 1), MAX_HOLD_INTERVALS)
+        reasons = []
+        if over_stall:
+            reasons.append(f"stall {sample.stall_us} us over target {policy.stall_target_us} us")
+        if over_refault:
+            reasons.append(
+                f"refaults {sample.refault_bytes} B over guard {int(guard_bytes)} B "
+                f"({policy.refault_guard_fraction:g} of memory.current)"
+            )
+        if unproductive:
+            reasons.append(
+                f"the last step got {sample.reclaimed_bytes} B of {state.last_step} B: "
+                "little cold memory left"
+            )
+        why = f"{' and '.join(reasons)}; holding {hold} interval(s)"
+        return Decision(0, ControllerState(Mode.BACKING_OFF, why, hold, backoffs, 0))
+
+    # A clean interval after a step: the step did not cut into the working set.
+    backoffs = max(0, state.backoffs - 1) if state.stepped else state.backoffs
+    if state.hold > 0:
+        why = f"holding after a back-off, {state.hold - 1} interval(s) left"
+        return Decision(0, replace(state, mode=Mode.BACKING_OFF, why=why, hold=state.hold - 1))
+
+    floor = floor_of(policy, sample.protected)
+    headroom = sample.current - floor
+    if headroom < page_size:
+        why = f"memory.current {sample.current} B is at the floor {floor} B"
+        return Decision(0, ControllerState(Mode.AT_FLOOR, why, 0, backoffs, 0))
+
+    slack = 1.0 - sample.stall_us / policy.stall_target_us
+    if policy.refault_guard_fraction > 0 and guard_bytes > 0:
+        slack = min(slack, 1.0 - sample.refault_bytes / guard_bytes)
+    slack = min(1.0, max(0.0, slack))
+    # Each back-off not yet worked off halves the probe: the last steps cut into the
+    # working set, so the next ones approach it more carefully.
+    scale = slack / (1 << min(backoffs, 16))
+    step = min(int(policy.max_step_fraction * sample.current * scale), headroom)
+    step -= step % page_size
+    if step <= 0:
+        why = f"slack {slack:.2f} below the target leaves less than a page to reclaim"
+        return Decision(0, ControllerState(Mode.PROBING, why, 0, backoffs, 0))
+    why = f"slack {slack:.2f}: reclaiming {step} B of {sample.current} B (floor {floor} B)"
+    return Decision(step, ControllerState(Mode.PROBING, why, 0, backoffs, step))
+
+
+@dataclass(frozen=True)
+class CompactionRule:
+    # Rate limit: kata's mem-agent compacts at most every 10 min; a guest that has just given
+    # back hundreds of MiB gains most in the first minute, so once a minute at most.
+    min_gap_s: float = 60.0
+    # Compact when this much free memory sits in blocks below 2 MiB and it is at least
+    # min_small_share of all free memory...
+    min_small_bytes: int = 32 * MIB
+    min_small_share: float = 0.5
+    # ...or when this much does, whatever the share: measured in the guest, 184 MiB stranded
+    # in small blocks was 23 % of free memory after reclaim, and the host never got it back.
+    stranded_bytes: int = 64 * MIB
+
+
+def compaction_decision(
+    free_blocks: tuple[int, ...],
+    page_size: int,
+    stall_us: int,
+    stall_target_us: int,
+    since_last_s: float | None,
+    rule: CompactionRule = CompactionRule(),
+) -> tuple[bool, str]:
+    """Whether compacting now pays: free memory mostly in blocks free page reporting cannot
+    take, the guest calm, and the last run long enough ago. Returns (run, why)."""
+    small = sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < HUGE_ORDER)
+    total = sum(n * (page_size << o) for o, n in enumerate(free_blocks))
+    share = small / total if total else 0.0
+    figures = f"{small // MIB} MiB of {total // MIB} MiB free is in blocks under 2 MiB"
+    if since_last_s is not None and since_last_s < rule.min_gap_s:
+        return False, f"ran {since_last_s:.0f} s ago (at most every {rule.min_gap_s:.0f} s)"
+    if stall_us > stall_target_us:
+        return False, f"system stall {stall_us} us over {stall_target_us} us; {figures}"
+    mostly_small = small >= rule.min_small_bytes and share >= rule.min_small_share
+    if not (mostly_small or small >= rule.stranded_bytes):
+        return False, f"not worth it: {figures}"
+    return True, f"{figures} ({share:.0%})"

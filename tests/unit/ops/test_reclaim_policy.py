@@ -1,0 +1,208 @@
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from guestagent.errors import InvalidArgument
+from guestagent.ops.reclaim_policy import (
+    MAX_HOLD_INTERVALS,
+    MIB,
+    CompactionRule,
+    ControllerState,
+    Mode,
+    ReclaimPolicy,
+    Sample,
+    compaction_decision,
+    decide,
+    validate_policy,
+)
+
+POLICY = ReclaimPolicy(stall_target_us=1000, max_step_fraction=0.1, refault_guard_fraction=0.01)
+PAGE = 4096
+
+
+def sample(
+    stall: int = 0,
+    refault: int = 0,
+    current: int = 100 * MIB,
+    protected: int = 0,
+    reclaimed: int = 0,
+) -> Sample:
+    return Sample(stall, refault, current, protected, reclaimed)
+
+
+@pytest.mark.parametrize(
+    ("stall_us", "step"),
+    [
+        (0, 10 * MIB),  # Full slack: the whole max step.
+        (500, 5 * MIB),  # Half the target used: half the step.
+        (750, int(2.5 * MIB)),
+        (1000, 0),  # At the target: no slack, no step, but no back-off either.
+    ],
+)
+def test_slack_sets_the_step(stall_us: int, step: int) -> None:
+    decision = decide(sample(stall=stall_us), POLICY, ControllerState())
+    assert decision.step_bytes == step - step % PAGE
+    assert decision.state.mode == Mode.PROBING
+
+
+@pytest.mark.parametrize(
+    ("refault", "step"),
+    [(0, 10 * MIB), (int(0.5 * MIB), 5 * MIB), (MIB, 0)],  # Guard: 1 % of 100 MiB.
+)
+def test_refaults_shrink_the_step(refault: int, step: int) -> None:
+    assert decide(sample(refault=refault), POLICY, ControllerState()).step_bytes == step
+
+
+@pytest.mark.parametrize(
+    ("stall", "refault", "reason"),
+    [(1001, 0, "stall 1001 us over target 1000 us"), (0, 2 * MIB, "refaults 2097152 B over")],
+)
+def test_over_the_target_backs_off(stall: int, refault: int, reason: str) -> None:
+    decision = decide(sample(stall=stall, refault=refault), POLICY, ControllerState())
+    assert decision.step_bytes == 0
+    assert decision.state.mode == Mode.BACKING_OFF
+    assert reason in decision.state.why
+    assert (decision.state.hold, decision.state.backoffs) == (1, 1)
+
+
+def test_back_off_holds_grow_and_shrink_again() -> None:
+    state = ControllerState()
+    holds = []
+    for _ in range(8):
+        state = decide(sample(stall=5000), POLICY, state).state
+        holds.append(state.hold)
+    assert holds == [1, 2, 4, 8, 16, 32, 32, 32]
+    assert max(holds) == MAX_HOLD_INTERVALS
+    # Calm intervals count the hold down, then a step; a clean sample after it shortens
+    # the next hold.
+    for left in range(31, -1, -1):
+        decision = decide(sample(), POLICY, state)
+        state = decision.state
+        assert decision.step_bytes == 0 and state.hold == left
+    decision = decide(sample(), POLICY, state)
+    # Eight back-offs not worked off: the probe is 1/256 of the full step.
+    assert decision.step_bytes == (10 * MIB) >> 8 and decision.state.stepped
+    after = decide(sample(reclaimed=decision.step_bytes), POLICY, decision.state).state
+    assert after.backoffs == state.backoffs - 1
+
+
+@pytest.mark.parametrize(("reclaimed", "backs_off"), [(0, True), (MIB - 1, True), (MIB, False)])
+def test_a_step_that_got_little_backs_off(reclaimed: int, backs_off: bool) -> None:
+    state = ControllerState(last_step=4 * MIB)
+    decision = decide(sample(reclaimed=reclaimed), POLICY, state)
+    assert (decision.state.mode == Mode.BACKING_OFF) is backs_off
+    if backs_off:
+        assert f"the last step got {reclaimed} B of {4 * MIB} B" in decision.state.why
+
+
+def test_refault_guard_off_ignores_refaults() -> None:
+    policy = replace(POLICY, refault_guard_fraction=0.0)
+    assert decide(sample(refault=90 * MIB), policy, ControllerState()).step_bytes == 10 * MIB
+
+
+@pytest.mark.parametrize(
+    ("current", "floor", "protected", "step", "mode"),
+    [
+        (100 * MIB, 95 * MIB, 0, 5 * MIB, Mode.PROBING),  # The step stops at the floor.
+        (100 * MIB, 0, 98 * MIB, 2 * MIB, Mode.PROBING),  # memory.low/min is a floor too.
+        (100 * MIB, 100 * MIB, 0, 0, Mode.AT_FLOOR),
+        (100 * MIB, 0, 200 * MIB, 0, Mode.AT_FLOOR),
+        (100 * MIB + 100, 100 * MIB, 0, 0, Mode.AT_FLOOR),  # Less than a page above it.
+    ],
+)
+def test_floor(current: int, floor: int, protected: int, step: int, mode: Mode) -> None:
+    policy = replace(POLICY, floor_bytes=floor)
+    decision = decide(sample(current=current, protected=protected), policy, ControllerState())
+    assert (decision.step_bytes, decision.state.mode) == (step, mode)
+
+
+policies = st.builds(
+    ReclaimPolicy,
+    interval_ms=st.just(1000),
+    stall_target_us=st.integers(1, 999_999),
+    max_step_fraction=st.floats(0.0001, 0.5),
+    floor_bytes=st.integers(0, 1 << 40),
+    anon=st.booleans(),
+    refault_guard_fraction=st.floats(0.0, 1.0),
+)
+samples = st.builds(
+    Sample,
+    stall_us=st.integers(0, 10_000_000),
+    refault_bytes=st.integers(0, 1 << 40),
+    current=st.integers(0, 1 << 40),
+    protected=st.integers(0, 1 << 40),
+    reclaimed_bytes=st.integers(0, 1 << 30),
+)
+states = st.builds(
+    ControllerState,
+    mode=st.sampled_from(Mode),
+    hold=st.integers(0, MAX_HOLD_INTERVALS),
+    backoffs=st.integers(0, 10),
+    last_step=st.integers(0, 1 << 30),
+)
+
+
+@given(samples, policies, states)
+def test_never_more_than_the_max_step_nor_below_the_floor(
+    s: Sample, policy: ReclaimPolicy, state: ControllerState
+) -> None:
+    step = decide(s, policy, state).step_bytes
+    assert 0 <= step <= policy.max_step_fraction * s.current
+    assert step % PAGE == 0
+    if step:
+        assert s.current - step >= max(policy.floor_bytes, s.protected)
+        assert s.stall_us <= policy.stall_target_us
+
+
+@given(samples, policies, states)
+def test_over_target_never_steps(s: Sample, policy: ReclaimPolicy, state: ControllerState) -> None:
+    decision = decide(replace(s, stall_us=policy.stall_target_us + 1), policy, state)
+    assert decision.step_bytes == 0 and decision.state.mode == Mode.BACKING_OFF
+    assert 1 <= decision.state.hold <= MAX_HOLD_INTERVALS
+
+
+@pytest.mark.parametrize(
+    ("policy", "named"),
+    [
+        (ReclaimPolicy(interval_ms=99), "interval_ms 99 is outside [100, 600000]"),
+        (ReclaimPolicy(stall_target_us=0), "stall_target_us 0 is outside [1, 999999]"),
+        (ReclaimPolicy(stall_target_us=1_000_000), "stall_target_us 1000000"),
+        (ReclaimPolicy(max_step_fraction=0.6), "max_step_fraction 0.6 is outside"),
+        (ReclaimPolicy(max_step_fraction=float("nan")), "max_step_fraction nan"),
+        (ReclaimPolicy(refault_guard_fraction=-0.1), "refault_guard_fraction -0.1"),
+        (ReclaimPolicy(floor_bytes=-1), "floor_bytes -1 is outside"),
+    ],
+)
+def test_out_of_range_names_value_and_range(policy: ReclaimPolicy, named: str) -> None:
+    with pytest.raises(InvalidArgument, match=named.replace("[", r"\[").replace("]", r"\]")):
+        validate_policy(policy)
+
+
+def test_defaults_are_valid() -> None:
+    assert validate_policy(ReclaimPolicy()) == ReclaimPolicy()
+
+
+def blocks(small_pages: int, huge_blocks: int) -> tuple[int, ...]:
+    return (small_pages, 0, 0, 0, 0, 0, 0, 0, 0, huge_blocks, 0)
+
+
+@pytest.mark.parametrize(
+    ("free", "stall", "since", "run", "why"),
+    [
+        (blocks(64 * 256, 4), 0, None, True, "64 MiB of 72 MiB free"),
+        (blocks(64 * 256, 4), 0, 10.0, False, "ran 10 s ago"),
+        (blocks(64 * 256, 4), 5000, 100.0, False, "system stall 5000 us"),
+        (blocks(16 * 256, 0), 0, None, False, "not worth it"),  # Too little to gain.
+        (blocks(48 * 256, 100), 0, None, False, "not worth it"),  # Mostly in 2 MiB blocks.
+        (blocks(64 * 256, 100), 0, None, True, "64 MiB of 264 MiB"),  # But 64 MiB stranded.
+        ((), 0, None, False, "not worth it"),
+    ],
+)
+def test_compaction_when_it_pays(
+    free: tuple[int, ...], stall: int, since: float | None, run: bool, why: str
+) -> None:
+    decided, reason = compaction_decision(free, PAGE, stall, 1000, since, CompactionRule())
+    assert decided is run
+    assert why in reason

@@ -1,0 +1,247 @@
+"""The reclaimer's loop over a fake cgroup tree, driven tick by tick with a fake clock."""
+
+import errno
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, kernel_error
+from guestagent.linux.fs import KernelFS
+from guestagent.ops import reclaimer as reclaimer_module
+from guestagent.ops.reclaim_policy import MIB, Mode, ReclaimPolicy
+from guestagent.ops.reclaimer import Reclaimer
+from tests.fakes.root import FakeRoot
+
+SWAPS = "Filename\tType\tSize\tUsed\tPriority\n/dev/vdb\tpartition\t1048572\t0\t-2\n"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pressure(total_us: int) -> str:
+    return (
+        f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+
+
+def make_target(fake_root: FakeRoot, name: str = "pod", current: int = 100 * MIB) -> Path:
+    directory = fake_root.add_cgroup(name, current=current)
+    (directory / "memory.reclaim").write_text("")
+    (directory / "memory.pressure").write_text(pressure(0))
+    return directory
+
+
+def requested(directory: Path) -> str:
+    text = (directory / "memory.reclaim").read_text()
+    (directory / "memory.reclaim").write_text("")
+    return text
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def reclaimer(fake_root: FakeRoot, clock: Clock) -> Reclaimer:
+    return Reclaimer(fake_root.fs, clock=clock)
+
+
+POLICY = ReclaimPolicy(stall_target_us=1000, max_step_fraction=0.1)
+
+
+def test_a_step_each_interval_under_the_target(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock
+) -> None:
+    directory = make_target(fake_root)
+    reclaimer.set_policy("pod", True, POLICY)
+    assert reclaimer.run_due() == pytest.approx(1.0)  # The baseline reading.
+    assert requested(directory) == ""
+    clock.now += 1
+    reclaimer.run_due()
+    # Anon not allowed: the kernel is asked to leave anon alone (Linux 6.12+).
+    assert requested(directory) == f"{10 * MIB} swappiness=0"
+    status = reclaimer.status()[0]
+    assert (status.mode, status.reclaimed_total, status.reclaimed_last) == (
+        Mode.PROBING,
+        10 * MIB,
+        10 * MIB,
+    )
+    assert status.intervals == 1
+
+
+def test_stall_over_the_target_backs_off(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock
+) -> None:
+    directory = make_target(fake_root)
+    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer.run_due()
+    (directory / "memory.pressure").write_text(pressure(5000))
+    clock.now += 1
+    reclaimer.run_due()
+    assert requested(directory) == ""
+    status = reclaimer.status(["pod"])[0]
+    assert status.mode == Mode.BACKING_OFF
+    assert status.last_stall_us == 5000
+    assert "stall 5000 us over target 1000 us" in status.why
+
+
+def test_anon_needs_swap_and_then_writes_the_plain_size(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock
+) -> None:
+    directory = make_target(fake_root)
+    anon = ReclaimPolicy(stall_target_us=1000, max_step_fraction=0.1, anon=True)
+    with pytest.raises(FailedPrecondition, match="no active swap"):
+        reclaimer.set_policy("pod", True, anon)
+    fake_root.write("proc/swaps", SWAPS)
+    reclaimer.set_policy("pod", True, anon)
+    reclaimer.run_due()
+    clock.now += 1
+    reclaimer.run_due()
+    assert requested(directory) == str(10 * MIB)
+
+
+def test_a_kernel_without_the_swappiness_argument_gets_the_plain_size(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_target(fake_root)
+    writes: list[str] = []
+
+    def before_6_12(fs: KernelFS, control: Path, request: str) -> bool:
+        writes.append(request)
+        if " " in request:
+            raise kernel_error("write", control, request, OSError(errno.EINVAL, "Invalid argument"))
+        return False  # EAGAIN: the kernel got less than asked.
+
+    monkeypatch.setattr(reclaimer_module, "write_memory_reclaim", before_6_12)
+    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer.run_due()
+    clock.now += 1
+    reclaimer.run_due()
+    clock.now += 1
+    reclaimer.run_due()
+    assert writes == [f"{10 * MIB} swappiness=0", str(10 * MIB)]
+    # Partial: memory.current did not move in the fake tree, so nothing counts as reclaimed,
+    # and a step that got nothing is a back-off: what is left is the working set.
+    status = reclaimer.status()[0]
+    assert status.reclaimed_total == 0
+    assert status.mode == Mode.BACKING_OFF and "little cold memory left" in status.why
+
+
+def test_turning_off_stops_at_once(fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock) -> None:
+    directory = make_target(fake_root)
+    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer.run_due()
+    status = reclaimer.set_policy("pod", False, POLICY)
+    assert status.mode == Mode.DISABLED and status.why == "turned off"
+    clock.now += 1
+    assert reclaimer.run_due() is None  # Nothing on: sleep until a policy changes.
+    assert requested(directory) == ""
+
+
+def test_a_removed_cgroup_is_dropped(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock
+) -> None:
+    directory = make_target(fake_root)
+    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer.run_due()
+    shutil.rmtree(directory)
+    clock.now += 1
+    reclaimer.run_due()
+    assert reclaimer.status() == ()
+    saved = json.loads((fake_root.root / "run/guestagent/reclaim-policy.json").read_text())
+    assert saved == {}
+
+
+def test_a_removed_cgroup_that_was_turned_off_is_dropped_too(
+    fake_root: FakeRoot, reclaimer: Reclaimer
+) -> None:
+    directory = make_target(fake_root)
+    reclaimer.set_policy("pod", False, POLICY)
+    shutil.rmtree(directory)
+    assert reclaimer.known(["pod"]) == ()
+
+
+def test_policies_survive_a_restart(fake_root: FakeRoot, clock: Clock) -> None:
+    make_target(fake_root, "pod")
+    make_target(fake_root, "other")
+    first = Reclaimer(fake_root.fs, clock=clock)
+    first.set_policy("pod", True, POLICY)
+    first.set_policy("other", False, POLICY)
+    second = Reclaimer(fake_root.fs, clock=clock)
+    second.start(initial=["pod", "other"])  # The host's settings win over --reclaim.
+    try:
+        statuses = {s.cgroup: s for s in second.status()}
+        assert statuses["pod"].policy == POLICY and statuses["pod"].enabled
+        assert not statuses["other"].enabled
+    finally:
+        second.stop()
+
+
+def test_the_serve_flag_turns_on_the_default_policy(fake_root: FakeRoot, clock: Clock) -> None:
+    make_target(fake_root)
+    reclaimer = Reclaimer(fake_root.fs, clock=clock)
+    reclaimer.start(initial=["pod", "missing"])  # A missing cgroup is logged, not fatal.
+    try:
+        [status] = reclaimer.status()
+        assert (status.cgroup, status.policy, status.enabled) == ("pod", ReclaimPolicy(), True)
+    finally:
+        reclaimer.stop()
+
+
+def test_the_thread_waits_for_the_interval_and_wakes_on_a_change(fake_root: FakeRoot) -> None:
+    directory = make_target(fake_root)
+    reclaimer = Reclaimer(fake_root.fs)
+    reclaimer.start()
+    try:
+        reclaimer.set_policy("pod", True, ReclaimPolicy(interval_ms=100, max_step_fraction=0.1))
+        done = threading.Event()
+        for _ in range(100):
+            if (directory / "memory.reclaim").read_text():
+                done.set()
+                break
+            done.wait(0.05)
+        assert done.is_set(), "the reclaimer thread never wrote memory.reclaim"
+    finally:
+        reclaimer.stop()
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "policy", "setup", "error", "words"),
+    [
+        ("nope", POLICY, None, NotFound, "'nope' does not exist"),
+        ("../x", POLICY, None, InvalidArgument, "'..'"),
+        ("pod", ReclaimPolicy(interval_ms=50), None, InvalidArgument, "interval_ms 50"),
+        ("pod", POLICY, "memory.reclaim", FailedPrecondition, "memory.reclaim is missing"),
+        ("pod", POLICY, "memory.pressure", FailedPrecondition, "memory.pressure is missing"),
+    ],
+)
+def test_refusals(
+    fake_root: FakeRoot,
+    reclaimer: Reclaimer,
+    cgroup: str,
+    policy: ReclaimPolicy,
+    setup: str | None,
+    error: type[Exception],
+    words: str,
+) -> None:
+    directory = make_target(fake_root)
+    if setup:
+        (directory / setup).unlink()
+    with pytest.raises(error, match=words):
+        reclaimer.set_policy(cgroup, True, policy)
+    assert reclaimer.status() == ()
+
+
+def test_status_of_an_unknown_target_is_not_found(reclaimer: Reclaimer) -> None:
+    with pytest.raises(NotFound, match="no policy for cgroup"):
+        reclaimer.status(["pod"])

@@ -1,0 +1,286 @@
+"""The working-set reclaimer's scenarios in a real guest, shared by the VM test and the bench.
+
+A workload in a pod cgroup touches anonymous memory and reads a file once (cold), then loops
+over a hot set, logging each iteration's time. The host samples QEMU's RSS and the agent's
+status every second while the policy is off (the control) and then on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from guestagent.host.client import AgentClient
+from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from tests.vm.guest import make_cgroup, wait_until
+
+MIB = 1 << 20
+DATA_SERIAL = "data0"
+ANON_MIB, HOT_MIB, FILE_MIB = 400, 48, 200
+COLD_MIB = ANON_MIB - HOT_MIB + FILE_MIB  # 552
+CONTROL_S = 20.0
+WITHIN_S = 120.0
+# The default policy, with anon allowed: the cold memory here is mostly anonymous.
+POLICY = pb.ReclaimPolicy(anon=True)
+STALL_TARGET_US = 2000  # The default, per 1 s interval.
+CONFIG = VMConfig(
+    memory_mib=1024,
+    disks=(Disk("swap", 1 << 30, serial="swap0"), Disk("data", 256 * MIB, serial=DATA_SERIAL)),
+)
+
+# argv: anon MiB, hot MiB, file path or "-", file MiB, output directory.
+# Every page of the allocation gets bytes of its own, so none is a zero page; the hot loop
+# only reads, as a working set mostly does, and logs "wall_time seconds" per iteration.
+WORKLOAD = """
+import mmap, os, sys, time
+anon_mib, hot_mib, file_mib = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
+path, out = sys.argv[3], sys.argv[5]
+size, page = anon_mib << 20, 4096
+buf = mmap.mmap(-1, size)
+for offset in range(0, size, page):
+    buf[offset:offset + 8] = (offset + 1).to_bytes(8, "little")
+if path != "-":
+    # Kept open: the last close of a block device drops its page cache.
+    f = open(path, "rb", buffering=0)
+    left = file_mib << 20
+    while left > 0:
+        chunk = f.read(min(1 << 20, left))
+        if not chunk:
+            break
+        left -= len(chunk)
+hot = hot_mib << 20
+log = open(out + "/times", "a", buffering=1)
+open(out + "/ready", "w").write("ready")
+while True:
+    started = time.monotonic()
+    total = 0
+    for offset in range(0, hot, page):
+        total += buf[offset]
+    log.write(f"{time.time():.3f} {time.monotonic() - started:.6f}\\n")
+"""
+
+
+def fill_data_disk(vm: GuestVM, mib: int) -> str:
+    """Random bytes into the data disk from the host side (fast, unlike urandom under TCG),
+    and the guest's stale cache of it dropped; returns the guest's device path."""
+    with open(vm.disk_path("data"), "r+b") as disk:
+        for _ in range(mib):
+            disk.write(os.urandom(MIB))
+    device = vm.exec(["readlink", "-f", f"/dev/disk/by-id/virtio-{DATA_SERIAL}"]).stdout.strip()
+    vm.exec(f"blockdev --flushbufs {device} && echo 3 > /proc/sys/vm/drop_caches")
+    return device
+
+
+def start_workload(
+    vm: GuestVM, cgroup: str, anon_mib: int, hot_mib: int, path: str = "-", file_mib: int = 0
+) -> str:
+    """Start the workload in the cgroup (made here); returns its output directory."""
+    out = f"/run/wl-{cgroup}"
+    make_cgroup(vm, cgroup)
+    vm.exec(["mkdir", "-p", out])
+    vm.exec(["sh", "-c", f"cat > {out}/wl.py"], stdin=WORKLOAD)
+    vm.exec(
+        f"sh -c 'echo $$ > /sys/fs/cgroup/{cgroup}/cgroup.procs; echo $$ > {out}/pid; "
+        f"exec python3 {out}/wl.py {anon_mib} {hot_mib} {path} {file_mib} {out}' "
+        f"</dev/null >{out}/log 2>&1 &"
+    )
+    wait_until(
+        lambda: vm.exec(["test", "-e", f"{out}/ready"], check=False).rc == 0,
+        600,
+        f"the workload in {cgroup} to allocate and read",
+    )
+    return out
+
+
+def stop_workload(vm: GuestVM, out: str) -> None:
+    pid = vm.exec(["cat", f"{out}/pid"]).stdout.strip()
+    vm.exec(["kill", pid])
+    wait_until(
+        lambda: vm.exec(["test", "-d", f"/proc/{pid}"], check=False).rc != 0, 60, "workload exit"
+    )
+
+
+def iteration_log(vm: GuestVM, out: str) -> list[tuple[float, float]]:
+    """(guest wall time, seconds) for each hot-loop iteration so far."""
+    rows = []
+    for line in vm.exec(["cat", f"{out}/times"]).stdout.splitlines():
+        stamp, seconds = line.split()
+        rows.append((float(stamp), float(seconds)))
+    return rows
+
+
+def between(log: list[tuple[float, float]], since: float, until: float) -> list[float]:
+    return [seconds for stamp, seconds in log if since <= stamp < until]
+
+
+def guest_time(vm: GuestVM) -> float:
+    """The guest's wall clock: the workload's log stamps are in it."""
+    return float(vm.exec(["date", "+%s.%N"]).stdout)
+
+
+@dataclass
+class Sampler:
+    """QEMU's RSS and the target's status and stall, once a second, on a host thread."""
+
+    vm: GuestVM
+    agent: AgentClient
+    cgroup: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            info = self.agent.info([self.cgroup])
+            row: dict[str, Any] = {
+                "t": round(time.monotonic() - self.started, 2),
+                "qemu_rss": self.vm.qemu_rss_bytes(),
+                "current": info.cgroups[0].current_bytes,
+                "stall_total_us": info.cgroups[0].pressure.some.total_us,
+                "pgmajfault": info.vmstat.pgmajfault,
+                "refaults": info.vmstat.workingset_refault_anon
+                + info.vmstat.workingset_refault_file,
+                "oom_kill": info.vmstat.oom_kill,
+                "policy": bool(info.reclaim and info.reclaim[0].enabled),
+                "reclaimed_total": info.reclaim[0].reclaimed_total_bytes if info.reclaim else 0,
+                "state": pb.ReclaimState.Name(info.reclaim[0].state) if info.reclaim else "",
+            }
+            self.rows.append(row)
+            self._stop.wait(1.0)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def between(self, start: float, end: float) -> list[dict[str, Any]]:
+        return [r for r in self.rows if start <= r["t"] <= end]
+
+
+def stall_per_second(rows: list[dict[str, Any]]) -> float:
+    if len(rows) < 2:
+        return 0.0
+    span = float(rows[-1]["t"] - rows[0]["t"])
+    return float(rows[-1]["stall_total_us"] - rows[0]["stall_total_us"]) / max(span, 1e-6)
+
+
+def median_ms(times: list[float]) -> float:
+    return round(statistics.median(times) * 1000, 2) if times else float("nan")
+
+
+def without_timelines(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in figures.items() if not k.endswith("timeline")}
+
+
+def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
+    """Scenarios 1 and 2: the policy off (the control), then on, in one run."""
+    agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
+    device = fill_data_disk(vm, FILE_MIB)
+    vm.exec("mkdir -p /sys/fs/cgroup/pod")
+    with Sampler(vm, agent, "pod") as sampler:
+        out = start_workload(vm, "pod", ANON_MIB, HOT_MIB, device, FILE_MIB)
+        off_start, guest_off_start = sampler.now(), guest_time(vm)
+        time.sleep(CONTROL_S)  # The control: a window measured with the policy off.
+        off_end, guest_on_start = sampler.now(), guest_time(vm)
+        peak = max(r["qemu_rss"] for r in sampler.rows)
+        agent.set_reclaim_policy("pod", True, POLICY)
+
+        def returned() -> float:
+            return float(peak - sampler.rows[-1]["qemu_rss"]) / (COLD_MIB * MIB)
+
+        try:
+            wait_until(lambda: returned() >= 0.8, WITHIN_S, "80 % of the cold memory back")
+            reached: float | None = round(sampler.now() - off_end, 1)
+        except AssertionError:
+            reached = None
+        on_end, guest_on_end = sampler.now(), guest_time(vm)
+    log = iteration_log(vm, out)
+    swap_allocated = vm.disk_allocated_bytes("swap")  # Before the exit frees (discards) it.
+    status = agent.reclaim_status(["pod"])
+    stop_workload(vm, out)
+    off_rows, on_rows = sampler.between(off_start, off_end), sampler.between(off_end, on_end)
+    hot_off = between(log, guest_off_start, guest_on_start)
+    hot_on = between(log, guest_on_start, guest_on_end)
+    target = status.targets[0]
+    cold = COLD_MIB * MIB
+    offset = guest_off_start - off_start  # Guest wall time minus sampler time.
+    return {
+        "cold_mib": COLD_MIB,
+        "qemu_rss_peak_mib": round(peak / MIB, 1),
+        "qemu_rss_end_of_control_mib": round(off_rows[-1]["qemu_rss"] / MIB, 1),
+        "control_returned_fraction": round((peak - off_rows[-1]["qemu_rss"]) / cold, 3),
+        "qemu_rss_settled_mib": round(on_rows[-1]["qemu_rss"] / MIB, 1),
+        "returned_fraction": round((peak - on_rows[-1]["qemu_rss"]) / cold, 3),
+        "seconds_to_80_percent": reached,
+        "policy_on_at_s": round(off_end, 1),
+        "swap_file_allocated_mib": round(swap_allocated / MIB, 1),
+        "cold_anon_mib": ANON_MIB - HOT_MIB,
+        "oom_kills": on_rows[-1]["oom_kill"] - off_rows[0]["oom_kill"],
+        "hot_median_ms_off": median_ms(hot_off),
+        "hot_median_ms_on": median_ms(hot_on),
+        "hot_iterations": [len(hot_off), len(hot_on)],
+        "stall_us_per_s_off": round(stall_per_second(off_rows)),
+        "stall_us_per_s_on": round(stall_per_second(on_rows)),
+        "stall_target_us_per_s": STALL_TARGET_US,
+        "stall_intervals_over_target": sum(
+            (b["stall_total_us"] - a["stall_total_us"]) > STALL_TARGET_US * (b["t"] - a["t"])
+            for a, b in itertools.pairwise(on_rows)
+        ),
+        "intervals_on": len(on_rows) - 1,
+        "reclaimed_total_mib": round(target.reclaimed_total_bytes / MIB, 1),
+        "state_at_end": pb.ReclaimState.Name(target.state),
+        "reason_at_end": target.reason,
+        "compactions": status.compaction.runs,
+        "compaction_last_decision": status.compaction.last_decision,
+        "thp": vm.exec(["cat", "/sys/kernel/mm/transparent_hugepage/enabled"]).stdout.strip(),
+        "timeline": sampler.rows,
+        "hot_timeline": [(round(stamp - offset, 2), seconds) for stamp, seconds in log],
+    }
+
+
+def no_thrash(vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300) -> dict[str, Any]:
+    """Scenario 3: a hot set of most of the allocation; the policy must back off."""
+    vm.exec("mkdir -p /sys/fs/cgroup/thrash")
+    with Sampler(vm, agent, "thrash") as sampler:
+        out = start_workload(vm, "thrash", anon, hot)
+        guest_off_start = guest_time(vm)
+        time.sleep(15)  # The control window.
+        on_start, guest_on_start = sampler.now(), guest_time(vm)
+        agent.set_reclaim_policy("thrash", True, POLICY)
+        time.sleep(45)  # The window with the policy on.
+        on_end, guest_on_end = sampler.now(), guest_time(vm)
+    log = iteration_log(vm, out)
+    stop_workload(vm, out)
+    agent.set_reclaim_policy("thrash", False)
+    late = sampler.between(on_end - 20, on_end)  # After the cold 100 MiB is gone.
+    on_rows = sampler.between(on_start, on_end)
+    span = late[-1]["t"] - late[0]["t"]
+    return {
+        "anon_mib": anon,
+        "hot_mib": hot,
+        "reclaimed_mib": round(on_rows[-1]["reclaimed_total"] / MIB, 1),
+        "reclaimed_mib_last_20_s": round(
+            (late[-1]["reclaimed_total"] - late[0]["reclaimed_total"]) / MIB, 1
+        ),
+        "majfaults_per_s_last_20_s": round((late[-1]["pgmajfault"] - late[0]["pgmajfault"]) / span),
+        "refaults_per_s_last_20_s": round((late[-1]["refaults"] - late[0]["refaults"]) / span),
+        "stall_us_per_s_on": round(stall_per_second(on_rows)),
+        "hot_median_ms_off": median_ms(between(log, guest_off_start, guest_on_start)),
+        "hot_median_ms_on": median_ms(between(log, guest_on_start + 20, guest_on_end)),
+        "timeline": sampler.rows,
+    }
