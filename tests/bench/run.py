@@ -25,8 +25,6 @@ from typing import Any
 import grpc
 
 from guestagent.host.client import AgentClient
-from guestagent.relay import SocketRelay
-from guestagent.transport import dial_unix
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
 
 CALLS = 2000
@@ -225,16 +223,17 @@ def measure_daemons(workdir: Path) -> dict[str, Any]:
         baseline.wait()
 
     agent_target = f"unix://{workdir}/agent.sock"
+    tcp_target = f"tcp://127.0.0.1:{free_tcp_port()}"
     agent, ready = start_and_wait(
-        agent_command("--listen", agent_target), agent_target, env=agent_env
+        agent_command("--listen", agent_target, "--listen", tcp_target), agent_target, env=agent_env
     )
     try:
         results["agent"] = {"ready_s": round(ready, 3), "after_start": proc_status(agent.pid)}
         with AgentClient(agent_target) as client:
             results["agent"].update(memory_after_calls(agent, client.info))
             results["agent"]["health_check"] = latency(client.health)
-        direct, relayed = relayed_latency(workdir, agent_target)
-        results["agent"]["get_memory_info_unix"] = direct
+        direct, relayed = relayed_latency(agent_target, tcp_target)
+        results["agent"]["get_memory_info_direct"] = direct
         results["agent"]["get_memory_info_relay"] = relayed
         results["agent"]["after_load"] = proc_status(agent.pid)
     finally:
@@ -243,21 +242,19 @@ def measure_daemons(workdir: Path) -> dict[str, Any]:
     return results
 
 
-def relayed_latency(workdir: Path, agent_target: str) -> list[dict[str, float]]:
-    """Direct unix calls against the vsock relay's code path (accept, splice both ways)
-    between two unix sockets, interleaved. This host has no vsock loopback; the VM section
-    measures the same relay over vsock."""
-    front = str(workdir / "relay.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(front)
-    listener.listen()
-    upstream = agent_target.removeprefix("unix://")
-    relay = SocketRelay(listener, dial=lambda: dial_unix(upstream)).start()
-    try:
-        with AgentClient(agent_target) as direct, AgentClient(f"unix://{front}") as relayed:
-            return latencies(direct.info, relayed.info)
-    finally:
-        relay.close()
+def free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def relayed_latency(unix_target: str, tcp_target: str) -> list[dict[str, float]]:
+    """GetMemoryInfo straight into grpc (the tcp listener) against the agent's own relay
+    (its unix listener goes through the relay that vsock uses: accept, splice both ways),
+    interleaved. This host has no vsock loopback; the VM section measures vsock itself."""
+    with AgentClient(tcp_target) as direct, AgentClient(unix_target) as relayed:
+        return latencies(direct.info, relayed.info)
 
 
 def agent_figures(pid: int) -> dict[str, float]:
@@ -269,22 +266,26 @@ def agent_figures(pid: int) -> dict[str, float]:
     return {"rss_anon": status["RssAnon"], "threads": status["Threads"], "cpu_s": cpu}
 
 
-def measure_local_load(workdir: Path, seconds: float) -> dict[str, Any]:
-    """The load mix against an agent over a fake root: the agent's own cost, no kernel's."""
+def measure_local_load(workdir: Path, seconds: float, through: str) -> dict[str, Any]:
+    """The load mix against an agent over a fake root: the agent's own cost, no kernel's.
+    through="relay": 200 connections to its unix listener, which goes through the relay
+    vsock uses; "direct": to its tcp listener, straight into grpc."""
     from tests.bench.load import run_load
     from tests.fakes.root import make_fake_root
 
-    fake = make_fake_root(workdir / "root")
+    fake = make_fake_root(workdir / f"root-{through}")
     readers = [f"load/r{i}" for i in range(50)]
     writers = [f"load/w{i}" for i in range(50)]
     for name in readers + writers:
         fake.add_cgroup(name)
-    target = f"unix://{workdir}/load.sock"
+    unix_target = f"unix://{workdir}/load-{through}.sock"
+    tcp_target = f"tcp://127.0.0.1:{free_tcp_port()}"
     agent, _ = start_and_wait(
-        agent_command("--root", str(fake.root), "--listen", target),
-        target,
-        env=install_wheel(workdir / "load-wheel"),
+        agent_command("--root", str(fake.root), "--listen", unix_target, "--listen", tcp_target),
+        unix_target,
+        env=install_wheel(workdir / f"load-wheel-{through}"),
     )
+    target = unix_target if through == "relay" else tcp_target
     try:
         return asyncio.run(
             run_load(target, readers, writers, seconds, lambda: agent_figures(agent.pid))
@@ -302,12 +303,12 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
     """The footprint issue's targets: against the grpcio floor for memory, against the bare
     health server for start-up (both measured in this run), and the relay against unix."""
     floor, base, agent = results["floor"], results["baseline"], results["agent"]
-    relay = agent["get_memory_info_relay"]["p99_us"] / agent["get_memory_info_unix"]["p99_us"]
+    relay = agent["get_memory_info_relay"]["p99_us"] / agent["get_memory_info_direct"]["p99_us"]
     return {
         "rss_anon_vs_floor": ratio_verdict(agent["RssAnon"] / floor["RssAnon"], 1.15),
         "vm_rss_vs_floor": ratio_verdict(agent["VmRSS"] / floor["VmRSS"], 1.15),
         "ready_vs_health_server": ratio_verdict(agent["ready_s"] / base["ready_s"], 1.3),
-        "relay_p99_vs_unix": ratio_verdict(relay, 1.5),
+        "relay_p99_vs_direct": ratio_verdict(relay, 1.5),
     }
 
 
@@ -323,7 +324,10 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory() as workdir:
         report["daemon"] = measure_daemons(Path(workdir))
-        report["load_local"] = measure_local_load(Path(workdir), args.load_seconds)
+        report["load_local"] = {
+            through: measure_local_load(Path(workdir), args.load_seconds, through)
+            for through in ("relay", "direct")
+        }
     report["targets"] = verdicts(report["daemon"])
     if not args.no_vm:
         from tests.bench.vm import measure_vm
