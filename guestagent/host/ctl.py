@@ -422,7 +422,8 @@ def _listen(text: str) -> TcpAddress:
         address = parse_address(f"tcp://{text}")
     except AgentError as e:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT: {e}") from None
-    assert isinstance(address, TcpAddress)  # the scheme was tcp://
+    if not isinstance(address, TcpAddress):  # Not an assert: python -O strips those.
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return address
 
 

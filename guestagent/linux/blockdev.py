@@ -291,7 +291,9 @@ class UdevDevices:
             return bool(
                 device.device_type == "disk" and properties.get("ID_SERIAL") == selector.serial
             )
-        assert selector.path is not None
+        # Not an assert: the daemon may run with -O, which strips asserts.
+        if selector.path is None:
+            raise InvalidArgument("a device selector needs a path or a serial")
         return bool(device.device_node == os.path.realpath(selector.path))
 
     def find(self, selector: DeviceSelector) -> BlockDevice | None:

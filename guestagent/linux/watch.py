@@ -147,14 +147,16 @@ class KernelSignals:
         self._loop.add_reader(epoll.fileno(), self._on_pressure)
 
     def _on_inotify(self) -> None:
-        assert self._inotify is not None
+        if self._inotify is None:  # Closed while the callback was queued.
+            return
         for wd in self._inotify.read_descriptors():
             name = self._names_by_wd.get(wd)
             if name is not None:
                 self.queue.put_nowait((Signal.MEMORY_EVENTS, name))
 
     def _on_pressure(self) -> None:
-        assert self._psi_epoll is not None
+        if self._psi_epoll is None:  # Closed while the callback was queued.
+            return
         if self._psi_epoll.poll(0):
             self.queue.put_nowait((Signal.PRESSURE, None))
 
