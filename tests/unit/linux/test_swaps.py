@@ -30,8 +30,10 @@ def kernel_escape(path: bytes) -> bytes:
 def line(
     name: bytes, kind: bytes = b"partition", size: int = 1024, used: int = 0, prio: int = -2
 ) -> bytes:
-    # The kernel pads the name to 40 columns, then tab-separates the rest.
-    return name.ljust(40) + b"%s\t%d\t\t%d\t\t%d\n" % (kind, size, used, prio)
+    # The kernel pads the name to 40 columns with at least one space (swap_show's
+    # `len < 40 ? 40 - len : 1`), then tab-separates the rest.
+    padding = b" " * max(40 - len(name), 1)
+    return name + padding + b"%s\t%d\t\t%d\t\t%d\n" % (kind, size, used, prio)
 
 
 @pytest.mark.parametrize(
