@@ -58,9 +58,9 @@ def test_cold_memory_goes_back_to_the_host_only_with_the_policy_on(
 
 
 @pytest.mark.xfail(
-    reason="does not hold yet under TCG: each probe into a 300 MiB hot set costs 20-250 ms of "
-    "stall, so the first 45 s average 12.4 ms/s (target 2 ms/s) and the hot loop runs 1.37x "
-    "slower (target 1.2x); the reclaimed bytes do plateau (4.7 MiB in the last 20 s)",
+    reason="does not hold reliably under TCG: each probe into a 300 MiB hot set costs 20-250 "
+    "ms of stall; seen: stall 12.4 ms/s (target 2) and hot loop 1.37x in one run, 1.35 ms/s "
+    "and 1.24x (target 1.2x) in another; the reclaimed bytes do plateau",
     strict=False,
 )
 def test_no_thrash_when_the_hot_set_is_most_of_the_memory(vm: GuestVM, agent: AgentClient) -> None:
