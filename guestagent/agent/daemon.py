@@ -85,7 +85,7 @@ class Agent:
         self.bound: list[str] = []
         self._unix_paths: list[tuple[str, int]] = []
         self._private_dir: Path | None = None
-        self.hotplug = HotplugWatcher(config.fs, config.online_memory or OnlinePolicy())
+        self.hotplug = HotplugWatcher(config.fs, config.online_memory)
         self.reclaimer = Reclaimer(config.fs)
         pb_grpc.add_MemoryAgentServicer_to_server(
             MemoryAgentServicer(

@@ -12,7 +12,7 @@ _SIZE = re.compile(r"(\d+)([KMGT]?)(I?B?)")
 _FACTORS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 # Said in every size flag's --help, so nobody has to guess whether M is 10^6.
 SIZE_HELP = "bytes, or with a suffix K/M/G/T (also Ki/Mi/Gi/Ti, KiB/MiB/GiB/TiB), all 1024-based"
-UNLIMITED = -1
+OCI_UNLIMITED = -1  # as ops/limits.py: the OCI spec's "no limit"
 
 
 def parse_size(text: str) -> int:
@@ -27,5 +27,5 @@ def parse_size(text: str) -> int:
 def parse_limit(text: str) -> int:
     """A size, or -1 (also `max`) for unlimited, as the OCI runtime spec writes it."""
     if text.strip().lower() in ("-1", "max"):
-        return UNLIMITED
+        return OCI_UNLIMITED
     return parse_size(text)

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from guestagent.errors import AgentError, InvalidArgument
+from guestagent.errors import AgentError, FailedPrecondition, InvalidArgument
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import (
@@ -125,13 +125,18 @@ def online_memory(fs: KernelFS, policy: OnlinePolicy = OnlinePolicy()) -> Online
 class HotplugWatcher:
     """Onlines memory when udev says a block was added, on a thread of its own."""
 
-    def __init__(self, fs: KernelFS, policy: OnlinePolicy) -> None:
+    def __init__(self, fs: KernelFS, policy: OnlinePolicy | None) -> None:
+        """policy None: onlining is off (--online-memory off), on demand too."""
         self.fs = fs
         self.policy = policy
         self._lock = threading.Lock()  # Blocks appear in bursts; one pass at a time.
         self._observer: Any = None
 
     def online_now(self) -> OnlineResult:
+        if self.policy is None:
+            raise FailedPrecondition(
+                "onlining hot-plugged memory is off in this agent (--online-memory off)"
+            )
         with self._lock:
             return online_memory(self.fs, self.policy)
 

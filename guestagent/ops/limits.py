@@ -34,7 +34,7 @@ log = EventLog("guestagent.ops.limits")
 MEMORY_MAX = "memory.max"
 SWAP_MAX = "memory.swap.max"
 MEMORY_LOW = "memory.low"
-UNLIMITED = -1  # The OCI spec's "no limit", written to the kernel as "max".
+OCI_UNLIMITED = -1  # The OCI spec's "no limit", written to the kernel as "max".
 # OCI values are int64; the kernel parses u64 and would wrap anything bigger without a word.
 INT64_MAX = 2**63 - 1
 
@@ -81,7 +81,7 @@ def _given(value: int | None) -> int | None:
 
 
 def _bytes_or_max(value: int, what: str) -> str:
-    if value == UNLIMITED:
+    if value == OCI_UNLIMITED:
         return "max"
     if value < 0:
         raise InvalidArgument(f"{what} {value} is neither bytes nor -1")
@@ -95,8 +95,8 @@ def _swap_max(limit: int | None, total: int | None) -> str | None:
     if total is None:
         # As runc: unlimited memory means unlimited memory+swap, as it had to in cgroup v1,
         # where the memory limit may not exceed the memory+swap limit.
-        return "max" if limit == UNLIMITED else None
-    if total == UNLIMITED:
+        return "max" if limit == OCI_UNLIMITED else None
+    if total == OCI_UNLIMITED:
         # An unlimited total needs nothing subtracted, so it stands without a memory limit,
         # as in runc (opencontainers/cgroups ConvertMemorySwapToCgroupV2Value).
         return "max"
@@ -105,7 +105,7 @@ def _swap_max(limit: int | None, total: int | None) -> str | None:
             f"swap total {total} needs a memory limit to be worked out: memory.swap.max is "
             "the total minus the memory limit"
         )
-    if limit == UNLIMITED:
+    if limit == OCI_UNLIMITED:
         # Nothing to subtract from: swap is capped at the total as given, not made unlimited.
         return str(total)
     if total < limit:

@@ -237,3 +237,19 @@ def test_oversize_requests_are_refused(agent: AgentProcess) -> None:
     assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     with AgentClient(agent.unix_target) as client:
         assert client.health() == "SERVING"
+
+
+def test_online_memory_off_refuses_the_rpc_naming_the_flag(
+    fake_root: FakeRoot, tmp_path: Path
+) -> None:
+    fake_root.write("sys/devices/system/memory/block_size_bytes", "8000000\n")
+    state = fake_root.write("sys/devices/system/memory/memory8/state", "offline\n")
+    agent = AgentProcess(fake_root.root, tmp_path, extra_args=("--online-memory", "off"))
+    agent.start()
+    try:
+        result = guestctl("--target", agent.unix_target, "online-memory")
+    finally:
+        agent.kill()
+    assert result.returncode != 0
+    assert "FAILED_PRECONDITION" in result.stderr and "--online-memory off" in result.stderr
+    assert state.read_text() == "offline\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from guestagent.host.units import UNLIMITED, parse_limit, parse_size
+from guestagent.host.units import OCI_UNLIMITED, parse_limit, parse_size
 
 KIB, MIB, GIB, TIB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
@@ -48,7 +48,13 @@ def test_parse_size_refuses(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("-1", UNLIMITED), ("max", UNLIMITED), ("MAX", UNLIMITED), ("64Mi", 64 * MIB), ("0", 0)],
+    [
+        ("-1", OCI_UNLIMITED),
+        ("max", OCI_UNLIMITED),
+        ("MAX", OCI_UNLIMITED),
+        ("64Mi", 64 * MIB),
+        ("0", 0),
+    ],
 )
 def test_parse_limit(text: str, value: int) -> None:
     assert parse_limit(text) == value

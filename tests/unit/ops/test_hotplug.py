@@ -3,9 +3,9 @@ import os
 
 import pytest
 
-from guestagent.errors import InvalidArgument
+from guestagent.errors import FailedPrecondition, InvalidArgument
 from guestagent.linux.memblocks import MemoryBlock, memory_blocks
-from guestagent.ops.hotplug import OnlinePolicy, online_memory, online_states
+from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy, online_memory, online_states
 from tests.fakes.root import FakeRoot
 
 MEMORY = "sys/devices/system/memory"
@@ -113,3 +113,12 @@ def test_a_refused_block_is_reported(fake_root: FakeRoot, monkeypatch: pytest.Mo
     result = online_memory(fake_root.fs)
     assert result.onlined == () and result.failed[0].startswith("memory8: write")
     assert "EBUSY (Device or resource busy)" in result.failed[0]
+
+
+def test_online_memory_off_means_off_on_demand_too(fake_root: FakeRoot) -> None:
+    """--online-memory off: the OnlineMemory RPC is refused, naming the flag, not obeyed."""
+    fake_root.write("sys/devices/system/memory/block_size_bytes", "8000000\n")
+    state = fake_root.write("sys/devices/system/memory/memory8/state", "offline\n")
+    with pytest.raises(FailedPrecondition, match="--online-memory off"):
+        HotplugWatcher(fake_root.fs, None).online_now()
+    assert state.read_text() == "offline\n"
