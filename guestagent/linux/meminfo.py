@@ -13,7 +13,7 @@ from pathlib import Path
 from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.memblocks import HotplugReport, read_hotplug_report
+from guestagent.linux.memblocks import HotplugReport, hotplug_report_for
 from guestagent.linux.vmstat import VmStat, read_vmstat
 
 UNLIMITED = None  # How a "max" limit is represented: no number at all.
@@ -222,13 +222,14 @@ def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
 
 def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
     directories = [cgroup_dir(fs, name) for name in cgroups]  # Refuse bad names first.
+    system = read_system_memory(fs)
     return MemoryReport(
         collected_at_unix_ns=time.time_ns(),
-        system=read_system_memory(fs),
+        system=system,
         pressure=read_pressure(fs, fs.proc("pressure", "memory")),
         cgroups=tuple(
             read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
         ),
-        hotplug=read_hotplug_report(fs),
+        hotplug=hotplug_report_for(fs, system.mem_total),
         vmstat=read_vmstat(fs),
     )

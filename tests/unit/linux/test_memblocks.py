@@ -5,6 +5,7 @@ from guestagent.linux.memblocks import (
     MemoryBlock,
     VirtioMemRegion,
     hotplug_report,
+    hotplug_report_for,
     parse_iomem,
     read_hotplug_report,
     virtio_mem_regions,
@@ -108,3 +109,26 @@ def test_read_report_skips_valid_zones_of_offline_blocks(fake_root: FakeRoot) ->
 
 def test_no_memory_hotplug_means_no_report(fake_root: FakeRoot) -> None:
     assert read_hotplug_report(fake_root.fs) is None
+
+
+def test_the_hotplug_section_is_read_again_when_memtotal_or_the_blocks_change(
+    fake_root: FakeRoot,
+) -> None:
+    memory = "sys/devices/system/memory"
+    fake_root.write(f"{memory}/block_size_bytes", "8000000\n")
+    fake_root.write(f"{memory}/memory0/state", "online\n")
+    fake_root.write(f"{memory}/memory0/valid_zones", "Normal\n")
+    fake_root.write(f"{memory}/memory1/state", "offline\n")
+
+    def offline(mem_total: int) -> int:
+        report = hotplug_report_for(fake_root.fs, mem_total)
+        assert report is not None
+        return report.offline_blocks
+
+    assert offline(1 << 30) == 1
+    fake_root.write(f"{memory}/memory1/state", "online\n")
+    fake_root.write(f"{memory}/memory1/valid_zones", "Movable\n")
+    assert offline(1 << 30) == 1  # Nothing it keys on changed: the last reading stands.
+    assert offline((1 << 30) + (128 << 20)) == 0  # Onlining grew MemTotal.
+    fake_root.write(f"{memory}/memory2/state", "offline\n")
+    assert offline((1 << 30) + (128 << 20)) == 1  # A block was added.
