@@ -32,6 +32,10 @@ HOST_CID = 2  # VMADDR_CID_HOST: the hypervisor side, the only trusted caller.
 # 1024 is kata-agent's and vminitd's (1025/1026 are kata's log and debug console, vminitd's
 # relays start at 0x10000000); both bind VMADDR_CID_ANY, so the agent takes a port of its own.
 DEFAULT_VSOCK_PORT = 6464
+# Connections a listener holds before the relay accepts them. A runtime that opens many at
+# once (measured: 200 clients connecting together) overflowed a backlog of 64, and a unix
+# connect() that finds it full fails at once with EAGAIN: grpc's UNAVAILABLE.
+LISTEN_BACKLOG = socket.SOMAXCONN
 # What holds a port the agent wanted: said in the bind failure, so an operator knows where to look.
 OTHER_AGENTS = (
     "another agent (kata-agent or vminitd on vsock 1024, or a second guestagent) holds it"
@@ -138,7 +142,7 @@ def open_vsock_listener(address: VsockAddress) -> socket.socket:
     listener = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
     try:
         listener.bind((address.cid, address.port))
-        listener.listen(64)
+        listener.listen(LISTEN_BACKLOG)
     except OSError as e:
         listener.close()
         if e.errno == errno.EADDRINUSE:
@@ -173,7 +177,7 @@ def open_unix_listener(path: str, mode: int = 0o600) -> socket.socket:
     try:
         listener.bind(staged)
         os.chmod(staged, mode)
-        listener.listen(64)
+        listener.listen(LISTEN_BACKLOG)
         try:
             os.link(staged, path)
         except FileExistsError:

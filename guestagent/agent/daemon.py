@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from guestagent.v1 import agent_pb2_grpc as pb_grpc
 log = EventLog("guestagent.daemon")
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+BLOCKING_THREADS = 2
 # grpc-core cancels a call that waits over 30 s (its default) for the server to take it up.
 # A slow or overcommitted guest can queue that long under load; the caller's own deadline,
 # not a server-side timer it cannot see, should decide when to give up.
@@ -225,6 +227,12 @@ async def serve(config: ServerConfig) -> None:
     # Before any listener: a limits change a dead agent left half done is rolled back
     # before a caller can see or change that cgroup.
     limits_journal.recover(config.fs)
+    # Blocking kernel work (mkswap, a memory.max write reclaiming, Compact) runs in threads;
+    # asyncio's default pool grows to cpus + 4 under load, and each thread is paid for in
+    # every guest. Two keep one slow write from holding up the others.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=BLOCKING_THREADS, thread_name_prefix="blocking")
+    )
     agent = Agent(config)
     await agent.start()
     stop = asyncio.Event()

@@ -160,6 +160,7 @@ class Reclaimer:
         self._compaction_checked: float | None = None
         self._compacted_at: float | None = None
         self._system_stall_us: int | None = None
+        self._started = False
 
     @property
     def _state_path(self) -> Path:
@@ -189,6 +190,8 @@ class Reclaimer:
             if persist:
                 self._save_locked()
         log.info("reclaim_policy", cgroup=cgroup, enabled=enabled, **asdict(policy))
+        if enabled:
+            self._run_thread()
         self._wake.set()
         return status
 
@@ -247,8 +250,18 @@ class Reclaimer:
                 self.set_policy(cgroup, True, ReclaimPolicy())
             except AgentError as e:
                 log.warning("reclaim_initial_refused", cgroup=cgroup, error=str(e))
-        self._thread = threading.Thread(target=self._run, name="reclaimer", daemon=True)
-        self._thread.start()
+        self._started = True
+        if any(target.enabled for target in self._targets.values()):
+            self._run_thread()
+
+    def _run_thread(self) -> None:
+        """The loop's thread starts with the first target turned on (after start()): an
+        agent whose host never turns the reclaimer on pays no thread for it."""
+        with self._lock:
+            if self._thread is not None or not self._started or self._stopping.is_set():
+                return
+            self._thread = threading.Thread(target=self._run, name="reclaimer", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
