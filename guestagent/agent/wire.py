@@ -149,7 +149,7 @@ def hotplug_pb(report: HotplugReport) -> pb.MemoryHotplug:
                 device=r.region.device,
                 start_address=r.region.start,
                 region_bytes=r.region.size,
-                plugged_bytes=r.region.added,
+                plugged_bytes=r.added,
                 movable_blocks=r.movable,
                 normal_blocks=r.normal,
                 offline_blocks=r.offline,

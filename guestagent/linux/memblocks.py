@@ -3,9 +3,10 @@
 The kernel hot-adds and onlines memory in blocks of block_size_bytes. Which zone an online
 block sits in decides whether it can be unplugged again: ZONE_MOVABLE holds only pages the
 kernel can migrate away, the kernel zones (DMA, DMA32, Normal) also hold its own unmovable
-allocations. virtio-mem devices show up in /proc/iomem as a top-level "virtioN" region with
-the memory the driver added as "System RAM (virtio_mem)" children; sysfs has no plugged or
-requested size for them (Linux 6.1), so the added memory is the guest's view of "plugged".
+allocations. virtio-mem devices show up in /proc/iomem as a top-level "virtioN" region;
+sysfs has no plugged or requested size for them (Linux 6.1), so the memory blocks the
+driver has added in that region are the guest's view of "plugged". (Its "System RAM
+(virtio_mem)" entries in /proc/iomem were seen to trail a block's removal.)
 
 Parsing is pure; the reads are at the bottom.
 """
@@ -20,7 +21,6 @@ from guestagent.errors import AgentError, KernelFormat
 from guestagent.linux.fs import KernelFS
 
 MOVABLE_ZONE = "Movable"
-VIRTIO_MEM_RAM = "System RAM (virtio_mem)"
 _IOMEM_LINE = re.compile(r"^(?P<indent> *)(?P<start>[0-9a-f]+)-(?P<end>[0-9a-f]+) : (?P<name>.*)$")
 _VIRTIO_DEVICE = re.compile(r"^virtio\d+$")
 
@@ -42,7 +42,6 @@ class VirtioMemRegion:
     device: str  # The virtio device, e.g. "virtio4".
     start: int
     size: int  # The device's whole region: the most it can ever plug.
-    added: int  # Memory the driver added to Linux, in whole memory blocks.
 
     def block_range(self, block_size: int) -> range:
         return range(self.start // block_size, (self.start + self.size) // block_size)
@@ -73,6 +72,7 @@ class RegionBlocks:
     movable: int
     normal: int
     offline: int
+    added: int  # Bytes in the memory blocks the driver has added to Linux.
 
 
 @dataclass(frozen=True)
@@ -104,22 +104,14 @@ def parse_iomem(text: str) -> list[IomemRange]:
 
 
 def virtio_mem_regions(ranges: list[IomemRange]) -> list[VirtioMemRegion]:
-    """Top-level "virtioN" ranges (only virtio-mem claims RAM that way), with the memory
-    added below them. Without CAP_SYS_ADMIN the kernel prints every address as 0: then
-    there is nothing to tell apart, and no region is reported."""
-    regions: list[VirtioMemRegion] = []
-    current: IomemRange | None = None
-    added = 0
-    for entry in [*ranges, IomemRange(0, 0, "", 0)]:  # The sentinel closes the last region.
-        if entry.depth == 0:
-            if current is not None:
-                regions.append(VirtioMemRegion(current.name, current.start, current.size, added))
-            current, added = None, 0
-            if _VIRTIO_DEVICE.match(entry.name) and entry.end > 0:
-                current = entry
-        elif current is not None and entry.depth == 1 and entry.name == VIRTIO_MEM_RAM:
-            added += entry.size
-    return regions
+    """Top-level "virtioN" ranges: only virtio-mem claims RAM that way. Without
+    CAP_SYS_ADMIN the kernel prints every address as 0: then there is nothing to tell
+    apart, and no region is reported."""
+    return [
+        VirtioMemRegion(entry.name, entry.start, entry.size)
+        for entry in ranges
+        if entry.depth == 0 and _VIRTIO_DEVICE.match(entry.name) and entry.end > 0
+    ]
 
 
 def zone_of(valid_zones: str) -> str:
@@ -138,12 +130,14 @@ def hotplug_report(
         normal = sum(1 for b in selected if b.online and not b.movable)
         return movable, normal, len(selected) - movable - normal
 
-    movable, normal, offline = counts(blocks)
+    total = counts(blocks)
     per_region = []
     for region in regions:
         indices = region.block_range(block_size)
-        per_region.append(RegionBlocks(region, *counts([b for b in blocks if b.index in indices])))
-    return HotplugReport(block_size, movable, normal, offline, tuple(per_region))
+        movable, normal, offline = counts([b for b in blocks if b.index in indices])
+        added = (movable + normal + offline) * block_size
+        per_region.append(RegionBlocks(region, movable, normal, offline, added))
+    return HotplugReport(block_size, *total, tuple(per_region))
 
 
 def memory_root(fs: KernelFS) -> Path:

@@ -11,7 +11,7 @@ REPORT = HotplugReport(
     movable_blocks=4,
     normal_blocks=5,
     offline_blocks=1,
-    regions=(RegionBlocks(VirtioMemRegion("virtio4", 1 << 32, 3 << 30, 640 * MIB), 4, 1, 0),),
+    regions=(RegionBlocks(VirtioMemRegion("virtio4", 1 << 32, 3 << 30), 4, 1, 0, 640 * MIB),),
 )
 
 
