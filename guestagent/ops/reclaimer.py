@@ -3,9 +3,10 @@
 One thread serves every target cgroup. It sleeps until the next target is due (or a policy
 changes), then for each due target reads the interval's stall (memory.pressure), refaults
 (memory.stat) and memory.current, asks reclaim_policy.decide for a step and writes it to
-memory.reclaim. When free memory is left in blocks too small for free page reporting, it
-compacts (rate-limited). Policies live in /run/guestagent/reclaim-policy.json, so an agent
-restart carries on with what the host set.
+memory.reclaim, a chunk at a time, stopping early once the kernel finds the rest referenced.
+When free memory is left in blocks too small for free page reporting, it compacts
+(rate-limited, and soon after a burst of reclaim settles). Policies live in
+/run/guestagent/reclaim-policy.json, so an agent restart carries on with what the host set.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from guestagent.errors import AgentError, FailedPrecondition, NotFound
@@ -28,6 +29,7 @@ from guestagent.linux.swaps import parse_proc_swaps
 from guestagent.ops.compaction import Compactor, parse_buddyinfo
 from guestagent.ops.reclaim import write_memory_reclaim
 from guestagent.ops.reclaim_policy import (
+    CHUNK_BYTES,
     CompactionRule,
     ControllerState,
     Mode,
@@ -36,6 +38,7 @@ from guestagent.ops.reclaim_policy import (
     compaction_decision,
     decide,
     floor_of,
+    stop_step_after_chunk,
     validate_policy,
 )
 
@@ -84,6 +87,7 @@ class _Target:
     refault_pages: int = 0
     reclaimed_total: int = 0
     reclaimed_last: int = 0
+    low_yield: str = ""  # Why the last step stopped at the working set, "" if it did not.
     last_stall_us: int = 0
     last_refault_bytes: int = 0
     intervals: int = 0
@@ -137,6 +141,25 @@ def read_target(fs: KernelFS, directory: Path) -> _Reading:
     )
 
 
+@dataclass(frozen=True)
+class _ReclaimCounters:
+    """memory.stat's pgscan and pgsteal (how many pages reclaim looked at and took; None on
+    a kernel without them) and workingset refaults, read once per chunk of a step."""
+
+    scanned: int | None
+    stolen: int | None
+    refaults: int
+
+
+def reclaim_counters(fs: KernelFS, directory: Path) -> _ReclaimCounters:
+    stat = parse_flat_keyed(fs.read(directory / "memory.stat"))
+    return _ReclaimCounters(stat.get("pgscan"), stat.get("pgsteal"), refault_pages_from(stat))
+
+
+def _delta(after: int | None, before: int | None) -> int | None:
+    return None if after is None or before is None else after - before
+
+
 class Reclaimer:
     def __init__(
         self,
@@ -160,6 +183,7 @@ class Reclaimer:
         self._compaction_checked: float | None = None
         self._compacted_at: float | None = None
         self._system_stall_us: int | None = None
+        self._reclaimed_since_compaction = 0
         self._started = False
 
     @property
@@ -360,51 +384,95 @@ class Reclaimer:
                 reading.current,
                 reading.protected,
                 target.reclaimed_last,
+                target.low_yield,
             )
             decision = decide(sample, policy, target.state, self._page_size)
             target.state = decision.state
             target.last_stall_us, target.last_refault_bytes = sample.stall_us, sample.refault_bytes
             target.intervals += 1
-            target.reclaimed_last = 0
+            target.reclaimed_last, target.low_yield = 0, ""
         if decision.step_bytes:
-            reclaimed = self._reclaim(target, generation, decision.step_bytes, policy.anon)
+            reclaimed, stopped, low_yield = self._reclaim(
+                target, generation, decision.step_bytes, policy
+            )
             with self._lock:
                 if target.generation == generation:
-                    target.reclaimed_last = reclaimed
+                    target.reclaimed_last, target.low_yield = reclaimed, low_yield
                     target.reclaimed_total += reclaimed
+                    self._reclaimed_since_compaction += reclaimed
+                    if stopped:
+                        why = f"{target.state.why}; stopped after {reclaimed} B: {stopped}"
+                        target.state = replace(target.state, why=why)
 
-    def _reclaim(self, target: _Target, generation: int, step: int, anon: bool) -> int:
+    def _still_on(self, target: _Target, generation: int) -> bool:
         with self._lock:
-            # Turned off (or changed) since the figures were read: stop at once.
-            if target.generation != generation or not target.enabled:
-                return 0
+            return target.generation == generation and target.enabled
+
+    def _reclaim(
+        self, target: _Target, generation: int, step: int, policy: ReclaimPolicy
+    ) -> tuple[int, str, str]:
+        """Ask memory.reclaim for the step a chunk at a time. Returns (bytes reclaimed, why it
+        stopped early or "", that why again if it was the working set reached or "")."""
         control = target.directory / "memory.reclaim"
         before = target.current
-        request = str(step)
-        if not anon and self._swappiness_arg is not False:
-            request += " swappiness=0"
+        started = self._clock()
+        done = 0
+        yields: list[tuple[int | None, int | None]] = []
         try:
-            try:
-                complete = write_memory_reclaim(self.fs, control, request)
-                if request != str(step):
-                    self._swappiness_arg = True
-            except AgentError as e:
-                if e.errno != errno.EINVAL or request == str(step):
-                    raise
-                # Before 6.12 the kernel takes no arguments. Without anon allowed, only file
-                # pages then go unless swap is on; the log says so once.
-                self._swappiness_arg = False
-                log.warning("reclaim_no_swappiness_arg", control=str(control))
-                complete = write_memory_reclaim(self.fs, control, str(step))
+            first = counters = reclaim_counters(self.fs, target.directory)
+            while done < step:
+                # Turned off (or changed) since the figures were read: stop at once.
+                if not self._still_on(target, generation) or self._stopping.is_set():
+                    return done, "", ""
+                chunk = min(CHUNK_BYTES, step - done)
+                if not self._write_chunk(control, chunk, policy.anon):
+                    # EAGAIN: the kernel got less than the chunk; memory.current says how much.
+                    after = int(self.fs.read_optional(target.directory / "memory.current") or 0)
+                    got = max(done, min(step, before - after)) if after else done
+                    return got, "the kernel found no more to reclaim", ""
+                done += chunk
+                if done >= step:
+                    break
+                latest = reclaim_counters(self.fs, target.directory)
+                yields.append(
+                    (
+                        _delta(latest.scanned, counters.scanned),
+                        _delta(latest.stolen, counters.stolen),
+                    )
+                )
+                counters = latest
+                why, low_yield = stop_step_after_chunk(
+                    tuple(yields),
+                    latest.refaults - first.refaults,
+                    done,
+                    self._clock() - started,
+                    policy.interval_ms / 1000,
+                    self._page_size,
+                )
+                if why:
+                    return done, why, why if low_yield else ""
         except AgentError as e:
             if e.errno in (errno.ENOENT, errno.ENODEV) or not self.fs.is_dir(target.directory):
-                return 0  # The cgroup went away; the next reading drops it.
+                return done, "", ""  # The cgroup went away; the next reading drops it.
             log.warning("reclaim_write_failed", cgroup=target.cgroup, error=str(e))
-            return 0
-        if complete:
-            return step
-        after = int(self.fs.read_optional(target.directory / "memory.current") or before)
-        return max(0, min(step, before - after))
+        return done, "", ""
+
+    def _write_chunk(self, control: Path, size: int, anon: bool) -> bool:
+        """One memory.reclaim write; False when the kernel got less (EAGAIN)."""
+        if anon or self._swappiness_arg is False:
+            return write_memory_reclaim(self.fs, control, str(size))
+        try:
+            complete = write_memory_reclaim(self.fs, control, f"{size} swappiness=0")
+        except AgentError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            # Before 6.12 the kernel takes no arguments. Without anon allowed, only file
+            # pages then go unless swap is on; the log says so once.
+            self._swappiness_arg = False
+            log.warning("reclaim_no_swappiness_arg", control=str(control))
+            return write_memory_reclaim(self.fs, control, str(size))
+        self._swappiness_arg = True
+        return complete
 
     def _drop_vanished(self) -> None:
         """Turned-off targets are not read each interval; a status call notices them gone."""
@@ -428,6 +496,8 @@ class Reclaimer:
             return
         with self._lock:
             policies = [t.policy for t in self._targets.values() if t.enabled]
+            reclaiming = any(t.state.stepped for t in self._targets.values() if t.enabled)
+            reclaimed_since = self._reclaimed_since_compaction
         pressure_text = self.fs.read_optional(self.fs.proc("pressure", "memory"))
         buddy_text = self.fs.read_optional(self.fs.proc("buddyinfo"))
         if not policies or pressure_text is None or buddy_text is None:
@@ -448,6 +518,8 @@ class Reclaimer:
             allowed,
             since,
             self._rule,
+            reclaimed_since,
+            reclaiming,
         )
         runs = self._compaction.runs
         last_run = self._compaction.last_run_unix_ns
@@ -460,5 +532,7 @@ class Reclaimer:
                 runs, last_run = runs + 1, time.time_ns()
                 why = f"ran: {why}"
             self._compacted_at = self._clock()
+            with self._lock:
+                self._reclaimed_since_compaction = 0
         with self._lock:
             self._compaction = CompactionStatus(runs, why, last_run)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guestagent.host.client import AgentClient
+from guestagent.ops.compaction import HUGE_ORDER, free_bytes_at_or_above, parse_buddyinfo
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import make_cgroup, wait_until
@@ -119,6 +120,19 @@ def between(log: list[tuple[float, float]], since: float, until: float) -> list[
     return [seconds for stamp, seconds in log if since <= stamp < until]
 
 
+def guest_free_memory(vm: GuestVM) -> dict[str, float]:
+    """Free memory in the guest, and how much of it is in blocks free page reporting takes
+    (2 MiB and up): what QEMU's RSS could still give back and what it cannot yet."""
+    blocks = parse_buddyinfo(vm.exec(["cat", "/proc/buddyinfo"]).stdout)
+    free = free_bytes_at_or_above(blocks, 0, 4096)
+    huge = free_bytes_at_or_above(blocks, HUGE_ORDER, 4096)
+    return {
+        "guest_free_mib": round(free / MIB, 1),
+        "guest_free_in_2mib_blocks_mib": round(huge / MIB, 1),
+        "guest_free_in_smaller_blocks_mib": round((free - huge) / MIB, 1),
+    }
+
+
 def guest_time(vm: GuestVM) -> float:
     """The guest's wall clock: the workload's log stamps are in it."""
     return float(vm.exec(["date", "+%s.%N"]).stdout)
@@ -211,6 +225,7 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
         on_end, guest_on_end = sampler.now(), guest_time(vm)
     log = iteration_log(vm, out)
     swap_allocated = vm.disk_allocated_bytes("swap")  # Before the exit frees (discards) it.
+    free_at_end = guest_free_memory(vm)
     status = agent.reclaim_status(["pod"])
     stop_workload(vm, out)
     off_rows, on_rows = sampler.between(off_start, off_end), sampler.between(off_end, on_end)
@@ -248,6 +263,7 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
         "compactions": status.compaction.runs,
         "compaction_last_decision": status.compaction.last_decision,
         "thp": vm.exec(["cat", "/sys/kernel/mm/transparent_hugepage/enabled"]).stdout.strip(),
+        **free_at_end,
         "timeline": sampler.rows,
         "hot_timeline": [(round(stamp - offset, 2), seconds) for stamp, seconds in log],
     }

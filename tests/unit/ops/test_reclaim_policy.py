@@ -15,6 +15,7 @@ from guestagent.ops.reclaim_policy import (
     Sample,
     compaction_decision,
     decide,
+    stop_step_after_chunk,
     validate_policy,
 )
 
@@ -28,8 +29,9 @@ def sample(
     current: int = 100 * MIB,
     protected: int = 0,
     reclaimed: int = 0,
+    low_yield: str = "",
 ) -> Sample:
-    return Sample(stall, refault, current, protected, reclaimed)
+    return Sample(stall, refault, current, protected, reclaimed, low_yield)
 
 
 @pytest.mark.parametrize(
@@ -73,7 +75,7 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
     for _ in range(8):
         state = decide(sample(stall=5000), POLICY, state).state
         holds.append(state.hold)
-    assert holds == [1, 2, 4, 8, 16, 32, 32, 32]
+    assert holds == [1, 4, 16, 32, 32, 32, 32, 32]
     assert max(holds) == MAX_HOLD_INTERVALS
     # Calm intervals count the hold down, then a step; a clean sample after it shortens
     # the next hold.
@@ -82,10 +84,19 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
         state = decision.state
         assert decision.step_bytes == 0 and state.hold == left
     decision = decide(sample(), POLICY, state)
-    # Eight back-offs not worked off: the probe is 1/256 of the full step.
-    assert decision.step_bytes == (10 * MIB) >> 8 and decision.state.stepped
+    # Eight back-offs not worked off: 1/4**8 of the full step is under a page, so a page.
+    assert decision.step_bytes == PAGE and decision.state.stepped
     after = decide(sample(reclaimed=decision.step_bytes), POLICY, decision.state).state
     assert after.backoffs == state.backoffs - 1
+    # Each clean step after that quadruples the probe.
+    probes = []
+    state = ControllerState(backoffs=3)
+    for _ in range(4):
+        decision = decide(sample(reclaimed=probes[-1] if probes else 0), POLICY, state)
+        probes.append(decision.step_bytes)
+        state = decision.state
+    full = 10 * MIB
+    assert probes == [full // 64 - (full // 64) % PAGE, full // 16, full // 4, full]
 
 
 @pytest.mark.parametrize(("reclaimed", "backs_off"), [(0, True), (MIB - 1, True), (MIB, False)])
@@ -95,6 +106,50 @@ def test_a_step_that_got_little_backs_off(reclaimed: int, backs_off: bool) -> No
     assert (decision.state.mode == Mode.BACKING_OFF) is backs_off
     if backs_off:
         assert f"the last step got {reclaimed} B of {4 * MIB} B" in decision.state.why
+
+
+def test_a_step_stopped_at_the_working_set_backs_off() -> None:
+    state = ControllerState(last_step=4 * MIB)
+    why = "the kernel stole 10 of the 100 pages it scanned: the rest is referenced"
+    decision = decide(sample(reclaimed=4 * MIB, low_yield=why), POLICY, state)
+    assert decision.step_bytes == 0 and decision.state.mode == Mode.BACKING_OFF
+    assert f"the last step stopped early: {why}" in decision.state.why
+
+
+LOW = (1025, 256)  # Under a quarter of what the kernel scanned.
+
+
+@pytest.mark.parametrize(
+    ("chunks", "spent", "why", "low_yield"),
+    [
+        (((256, 256),), 0.01, "", False),
+        (((256, 256), (1024, 256)), 0.01, "", False),  # A quarter: still worth it.
+        ((LOW,), 0.01, "", False),  # One low chunk: maybe referenced pages sorted once.
+        ((LOW, (256, 256)), 0.01, "", False),
+        ((LOW, (256, 256), LOW), 0.01, "", False),
+        (((256, 256), LOW, LOW), 0.01, "stole 512 of the 2050 pages it scanned", True),
+        (((None, None), (None, None)), 0.01, "", False),  # No pgscan/pgsteal.
+        (((0, 0), (0, 0)), 0.01, "", False),
+        (((256, 256),), 1.01, "memory.reclaim took 1010 ms, over 1000 ms", False),
+    ],
+)
+def test_a_chunk_verdict(
+    chunks: tuple[tuple[int | None, int | None], ...], spent: float, why: str, low_yield: bool
+) -> None:
+    said, is_low_yield = stop_step_after_chunk(chunks, 0, len(chunks) * MIB, spent, 1.0)
+    assert why in said and bool(said) is bool(why)
+    assert is_low_yield is low_yield
+
+
+@pytest.mark.parametrize(
+    ("refaulted", "done", "stops"),
+    [(0, MIB, False), (64, MIB, False), (65, MIB, True), (65, 2 * MIB, False)],
+)
+def test_refaults_while_a_step_runs_stop_it(refaulted: int, done: int, stops: bool) -> None:
+    said, is_low_yield = stop_step_after_chunk(((256, 256),), refaulted, done, 0.01, 1.0)
+    assert bool(said) is stops and is_low_yield is stops
+    if stops:
+        assert f"{refaulted} pages refaulted while it reclaimed {done} B" in said
 
 
 def test_refault_guard_off_ignores_refaults() -> None:
@@ -134,6 +189,7 @@ samples = st.builds(
     current=st.integers(0, 1 << 40),
     protected=st.integers(0, 1 << 40),
     reclaimed_bytes=st.integers(0, 1 << 30),
+    low_yield=st.sampled_from(["", "the kernel stole 1 of the 8 pages it scanned"]),
 )
 states = st.builds(
     ControllerState,
@@ -204,5 +260,24 @@ def test_compaction_when_it_pays(
     free: tuple[int, ...], stall: int, since: float | None, run: bool, why: str
 ) -> None:
     decided, reason = compaction_decision(free, PAGE, stall, 1000, since, CompactionRule())
+    assert decided is run
+    assert why in reason
+
+
+@pytest.mark.parametrize(
+    ("since", "reclaimed", "reclaiming", "run", "why"),
+    [
+        (15.0, 64 * MIB, False, True, "64 MiB reclaimed since the last run"),
+        (15.0, 64 * MIB, True, False, "at most every 60 s"),  # Still reclaiming: wait.
+        (15.0, 16 * MIB, False, False, "at most every 60 s"),  # Too little freed since.
+        (5.0, 64 * MIB, False, False, "at most every 10 s"),
+    ],
+)
+def test_compaction_soon_after_reclaim_settles(
+    since: float, reclaimed: int, reclaiming: bool, run: bool, why: str
+) -> None:
+    decided, reason = compaction_decision(
+        blocks(64 * 256, 4), PAGE, 0, 1000, since, CompactionRule(), reclaimed, reclaiming
+    )
     assert decided is run
     assert why in reason

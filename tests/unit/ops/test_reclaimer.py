@@ -4,6 +4,8 @@ import errno
 import json
 import shutil
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, kernel_error
 from guestagent.linux.fs import KernelFS
 from guestagent.ops import reclaimer as reclaimer_module
-from guestagent.ops.reclaim_policy import MIB, Mode, ReclaimPolicy
+from guestagent.ops.reclaim_policy import CHUNK_BYTES, MIB, Mode, ReclaimPolicy
 from guestagent.ops.reclaimer import Reclaimer
 from tests.fakes.root import FakeRoot
 
@@ -40,10 +42,52 @@ def make_target(fake_root: FakeRoot, name: str = "pod", current: int = 100 * MIB
     return directory
 
 
-def requested(directory: Path) -> str:
-    text = (directory / "memory.reclaim").read_text()
-    (directory / "memory.reclaim").write_text("")
-    return text
+@dataclass
+class KernelReclaim:
+    """memory.reclaim as the kernel answers it: each write is recorded; `yields` says, per
+    write, how many pages the kernel scanned and stole (kept in memory.stat pgscan/pgsteal)."""
+
+    writes: list[str] = field(default_factory=list)
+    yields: Callable[[int], tuple[int, int]] = lambda pages: (pages, pages)
+    refaults: Callable[[int], int] = lambda pages: 0  # Pages refaulted meanwhile, per write.
+
+    def __call__(self, fs: KernelFS, control: Path, request: str) -> bool:
+        self.writes.append(request)
+        control.write_text(request)
+        stat_path = control.parent / "memory.stat"
+        stat = dict(line.split() for line in stat_path.read_text().splitlines())
+        scanned, stolen = self.yields(int(request.split()[0]) // 4096)
+        stat["pgscan"] = str(int(stat.get("pgscan", 0)) + scanned)
+        stat["pgsteal"] = str(int(stat.get("pgsteal", 0)) + stolen)
+        refaulted = self.refaults(int(request.split()[0]) // 4096)
+        stat["workingset_refault_anon"] = str(
+            int(stat.get("workingset_refault_anon", 0)) + refaulted
+        )
+        stat_path.write_text("".join(f"{k} {v}\n" for k, v in stat.items()))
+        return True
+
+    def asked(self) -> list[str]:
+        writes, self.writes = self.writes, []
+        return writes
+
+
+@pytest.fixture
+def kernel(monkeypatch: pytest.MonkeyPatch) -> KernelReclaim:
+    fake = KernelReclaim()
+    monkeypatch.setattr(reclaimer_module, "write_memory_reclaim", fake)
+    return fake
+
+
+def chunks(total: int, suffix: str = "") -> list[str]:
+    return [f"{CHUNK_BYTES}{suffix}"] * (total // CHUNK_BYTES)
+
+
+def started_with_baseline(fake_root: FakeRoot, reclaimer: Reclaimer) -> Path:
+    """A target on with POLICY, its first reading (the baseline for deltas) taken."""
+    directory = make_target(fake_root)
+    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer.run_due()
+    return directory
 
 
 @pytest.fixture
@@ -60,16 +104,17 @@ POLICY = ReclaimPolicy(stall_target_us=1000, max_step_fraction=0.1)
 
 
 def test_a_step_each_interval_under_the_target(
-    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
 ) -> None:
-    directory = make_target(fake_root)
+    make_target(fake_root)
     reclaimer.set_policy("pod", True, POLICY)
     assert reclaimer.run_due() == pytest.approx(1.0)  # The baseline reading.
-    assert requested(directory) == ""
+    assert kernel.asked() == []
     clock.now += 1
     reclaimer.run_due()
-    # Anon not allowed: the kernel is asked to leave anon alone (Linux 6.12+).
-    assert requested(directory) == f"{10 * MIB} swappiness=0"
+    # Anon not allowed: the kernel is asked to leave anon alone (Linux 6.12+), a chunk at a
+    # time.
+    assert kernel.asked() == chunks(10 * MIB, " swappiness=0")
     status = reclaimer.status()[0]
     assert (status.mode, status.reclaimed_total, status.reclaimed_last) == (
         Mode.PROBING,
@@ -79,8 +124,76 @@ def test_a_step_each_interval_under_the_target(
     assert status.intervals == 1
 
 
+def test_a_step_stops_where_the_kernel_finds_the_rest_referenced(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
+) -> None:
+    started_with_baseline(fake_root, reclaimer)
+    # From the third chunk on the kernel scans 8 pages for each it takes: the working set.
+    kernel.yields = lambda pages: (pages, pages) if len(kernel.writes) < 3 else (pages * 8, pages)
+    clock.now += 1
+    reclaimer.run_due()
+    assert len(kernel.asked()) == 4
+    status = reclaimer.status()[0]
+    assert status.reclaimed_last == 4 * CHUNK_BYTES
+    assert "stole 512 of the 4096 pages it scanned in two chunks" in status.why
+    # The next interval backs off for it, though no stall or refault showed yet.
+    clock.now += 1
+    reclaimer.run_due()
+    assert kernel.asked() == []
+    status = reclaimer.status()[0]
+    assert status.mode == Mode.BACKING_OFF and "stopped early" in status.why
+
+
+def test_a_step_stops_when_what_it_took_refaults(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
+) -> None:
+    started_with_baseline(fake_root, reclaimer)
+    # From the second chunk on, half of what the kernel takes comes straight back.
+    kernel.refaults = lambda pages: pages // 2 if len(kernel.writes) >= 2 else 0
+    clock.now += 1
+    reclaimer.run_due()
+    # 128 of 512 pages after two chunks is on the line; 256 of 768 after three is over it.
+    assert len(kernel.asked()) == 3
+    status = reclaimer.status()[0]
+    assert "256 pages refaulted while it reclaimed 3145728 B" in status.why
+
+
+def test_turning_off_mid_step_stops_before_the_next_chunk(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
+) -> None:
+    started_with_baseline(fake_root, reclaimer)
+
+    def host_turns_it_off(pages: int) -> tuple[int, int]:
+        if len(kernel.writes) == 2:
+            reclaimer.set_policy("pod", False, POLICY)
+        return pages, pages
+
+    kernel.yields = host_turns_it_off
+    clock.now += 1
+    reclaimer.run_due()
+    assert len(kernel.asked()) == 2
+
+
+def test_a_slow_step_stops_at_its_share_of_the_interval(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
+) -> None:
+    started_with_baseline(fake_root, reclaimer)
+
+    def slow(pages: int) -> tuple[int, int]:
+        clock.now += 0.3  # Each chunk takes 300 ms of a 1 s interval.
+        return pages, pages
+
+    kernel.yields = slow
+    clock.now += 1
+    reclaimer.run_due()
+    assert len(kernel.asked()) == 4
+    status = reclaimer.status()[0]
+    assert "memory.reclaim took 1200 ms, over 1000 ms" in status.why
+    assert status.mode == Mode.PROBING  # Slow is not the working set: no back-off.
+
+
 def test_stall_over_the_target_backs_off(
-    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
 ) -> None:
     directory = make_target(fake_root)
     reclaimer.set_policy("pod", True, POLICY)
@@ -88,7 +201,7 @@ def test_stall_over_the_target_backs_off(
     (directory / "memory.pressure").write_text(pressure(5000))
     clock.now += 1
     reclaimer.run_due()
-    assert requested(directory) == ""
+    assert kernel.asked() == []
     status = reclaimer.status(["pod"])[0]
     assert status.mode == Mode.BACKING_OFF
     assert status.last_stall_us == 5000
@@ -96,9 +209,9 @@ def test_stall_over_the_target_backs_off(
 
 
 def test_anon_needs_swap_and_then_writes_the_plain_size(
-    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
 ) -> None:
-    directory = make_target(fake_root)
+    make_target(fake_root)
     anon = ReclaimPolicy(stall_target_us=1000, max_step_fraction=0.1, anon=True)
     with pytest.raises(FailedPrecondition, match="no active swap"):
         reclaimer.set_policy("pod", True, anon)
@@ -107,7 +220,7 @@ def test_anon_needs_swap_and_then_writes_the_plain_size(
     reclaimer.run_due()
     clock.now += 1
     reclaimer.run_due()
-    assert requested(directory) == str(10 * MIB)
+    assert kernel.asked() == chunks(10 * MIB)
 
 
 def test_a_kernel_without_the_swappiness_argument_gets_the_plain_size(
@@ -129,7 +242,7 @@ def test_a_kernel_without_the_swappiness_argument_gets_the_plain_size(
     reclaimer.run_due()
     clock.now += 1
     reclaimer.run_due()
-    assert writes == [f"{10 * MIB} swappiness=0", str(10 * MIB)]
+    assert writes == [f"{CHUNK_BYTES} swappiness=0", str(CHUNK_BYTES)]
     # Partial: memory.current did not move in the fake tree, so nothing counts as reclaimed,
     # and a step that got nothing is a back-off: what is left is the working set.
     status = reclaimer.status()[0]
@@ -137,15 +250,15 @@ def test_a_kernel_without_the_swappiness_argument_gets_the_plain_size(
     assert status.mode == Mode.BACKING_OFF and "little cold memory left" in status.why
 
 
-def test_turning_off_stops_at_once(fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock) -> None:
-    directory = make_target(fake_root)
-    reclaimer.set_policy("pod", True, POLICY)
-    reclaimer.run_due()
+def test_turning_off_stops_at_once(
+    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
+) -> None:
+    started_with_baseline(fake_root, reclaimer)
     status = reclaimer.set_policy("pod", False, POLICY)
     assert status.mode == Mode.DISABLED and status.why == "turned off"
     clock.now += 1
     assert reclaimer.run_due() is None  # Nothing on: sleep until a policy changes.
-    assert requested(directory) == ""
+    assert kernel.asked() == []
 
 
 def test_a_removed_cgroup_is_dropped(
