@@ -13,6 +13,7 @@ from pathlib import Path
 from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.keyed import parse_flat_keyed as parse_flat_keyed  # For the reclaimer.
 from guestagent.linux.memblocks import HotplugReport, hotplug_report_for
 from guestagent.linux.vmstat import VmStat, read_vmstat
 
@@ -142,20 +143,6 @@ def parse_pressure(text: str) -> Pressure:
     # Kernels before 5.13 print no 'full' line for the system-wide cpu file only;
     # memory always has it, but a zero line keeps the type total.
     return Pressure(some=lines["some"], full=lines.get("full", PressureLine(0.0, 0.0, 0.0, 0)))
-
-
-def parse_flat_keyed(text: str) -> dict[str, int]:
-    """Files of 'key value' lines: memory.events, memory.stat."""
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) != 2:
-            raise KernelFormat(f"line {line!r} is not 'key value'")
-        try:
-            values[fields[0]] = int(fields[1])
-        except ValueError:
-            raise KernelFormat(f"line {line!r} has a non-integer value") from None
-    return values
 
 
 def parse_limit(text: str) -> int | None:
