@@ -23,6 +23,7 @@ from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import read_report
 from guestagent.ops.compaction import Compactor, CompactResult
 from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
@@ -159,17 +160,22 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         self.swaps = swaps
         self.compactor = Compactor(fs)
         self.hotplug = hotplug
+        self.hotplug_reports = HotplugReportCache()  # Shared by GetMemoryInfo and every watch.
         self.peers = peers or PeerTable()
 
     @unary(wire.cgroups_from_pb, wire.report_pb)
     async def GetMemoryInfo(
         self, cgroups: tuple[str, ...], context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
     ) -> wire.Report:
-        return wire.Report(read_report(self.fs, cgroups), self.reclaimer.known(cgroups))
+        return wire.Report(
+            read_report(self.fs, cgroups, self.hotplug_reports), self.reclaimer.known(cgroups)
+        )
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:
-        return watch_memory(self.fs, spec, self._stopping, self.reclaimer.known)
+        return watch_memory(
+            self.fs, spec, self._stopping, self.reclaimer.known, self.hotplug_reports
+        )
 
     @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)
     async def SetReclaimPolicy(

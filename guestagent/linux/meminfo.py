@@ -14,7 +14,7 @@ from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.keyed import parse_flat_keyed as parse_flat_keyed  # For the reclaimer.
-from guestagent.linux.memblocks import HotplugReport, hotplug_report_for
+from guestagent.linux.memblocks import HotplugReport, HotplugReportCache, read_hotplug_report
 from guestagent.linux.vmstat import VmStat, read_vmstat
 
 UNLIMITED = None  # How a "max" limit is represented: no number at all.
@@ -207,7 +207,10 @@ def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
     )
 
 
-def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
+def read_report(
+    fs: KernelFS, cgroups: tuple[str, ...] = (), hotplug: HotplugReportCache | None = None
+) -> MemoryReport:
+    """hotplug: the cache that spares re-reading the hotplug section; None reads it afresh."""
     directories = [cgroup_dir(fs, name) for name in cgroups]  # Refuse bad names first.
     system = read_system_memory(fs)
     return MemoryReport(
@@ -217,6 +220,6 @@ def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
         cgroups=tuple(
             read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
         ),
-        hotplug=hotplug_report_for(fs, system.mem_total),
+        hotplug=hotplug.report(fs, system.mem_total) if hotplug else read_hotplug_report(fs),
         vmstat=read_vmstat(fs),
     )
