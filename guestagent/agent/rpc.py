@@ -63,6 +63,9 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 Req = TypeVar("Req", bound=Message)
+# What a unary decoder takes: the RPC's request or, for a decoder that serves several RPCs, a
+# union. The generated base class still checks each method takes its own request type.
+Decodable = TypeVar("Decodable", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
 Spec = TypeVar("Spec")
 Result = TypeVar("Result")
@@ -71,23 +74,25 @@ if TYPE_CHECKING:  # grpc.aio.ServicerContext is generic only in its type stubs.
 
 
 def unary(
-    decode: Callable[[Req], Spec],
+    decode: Callable[[Decodable], Spec],
     encode: Callable[[Result], Resp],
     *,
     audited: bool = False,
 ) -> Callable[
     [Callable[[MemoryAgentServicer, Spec, Context[Req, Resp]], Awaitable[Result]]],
-    Callable[[MemoryAgentServicer, Req, Context[Req, Resp]], Awaitable[Resp]],
+    Callable[[MemoryAgentServicer, Decodable, Context[Req, Resp]], Awaitable[Resp]],
 ]:
     """An RPC method from its operation: decode, call, encode, map errors, audit."""
 
     def decorate(
         call: Callable[[MemoryAgentServicer, Spec, Context[Req, Resp]], Awaitable[Result]],
-    ) -> Callable[[MemoryAgentServicer, Req, Context[Req, Resp]], Awaitable[Resp]]:
+    ) -> Callable[[MemoryAgentServicer, Decodable, Context[Req, Resp]], Awaitable[Resp]]:
         method = call.__name__
 
         @functools.wraps(call)
-        async def rpc(self: MemoryAgentServicer, request: Req, context: Context[Req, Resp]) -> Resp:
+        async def rpc(
+            self: MemoryAgentServicer, request: Decodable, context: Context[Req, Resp]
+        ) -> Resp:
             started = time.monotonic()
             # Looked up first: a relayed caller's connection may be gone when the call ends.
             peer = self.peers.caller(context.peer()) if audited else ""
@@ -187,7 +192,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
             self.reclaimer.set_policy, request.cgroup, request.enabled, request.policy
         )
 
-    @unary(wire.reclaim_status_request_from_pb, wire.reclaim_status_pb)
+    @unary(wire.cgroups_from_pb, wire.reclaim_status_pb)
     async def GetReclaimStatus(
         self,
         cgroups: tuple[str, ...],
