@@ -16,7 +16,9 @@ import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from guestagent.jsonlog import EventLog
@@ -27,6 +29,10 @@ CHUNK = 256 * 1024
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
 # A reset, or a peer gone, ends the whole connection, not only one direction.
 _GONE = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ESHUTDOWN, errno.ETIMEDOUT)
+# A unix listener with a full backlog refuses a non-blocking connect with EAGAIN, and nothing
+# signals when it has room again, so the connect is retried after these growing delays.
+RETRY_FIRST_SECONDS = 0.001
+RETRY_MAX_SECONDS = 0.05
 
 
 class _Direction:
@@ -168,14 +174,41 @@ class _Connection:
             self.release()
 
 
-Upstream = tuple[socket.socket, Callable[[], None] | None]
+@dataclass(frozen=True)
+class Upstream:
+    """The far side for an admitted caller, and what to call when the pair closes.
+
+    With an address, sock is not connected yet: the relay connects it without blocking its
+    loop. Without one, sock is connected already.
+    """
+
+    sock: socket.socket
+    release: Callable[[], None] | None = None
+    address: Any = None
+
+
+class _Dial:
+    """An admitted caller whose upstream has not answered yet."""
+
+    def __init__(self, conn: socket.socket, peer: Any, upstream: Upstream) -> None:
+        self.conn, self.peer, self.upstream = conn, peer, upstream
+        self.retry_at: float | None = None  # Set while the upstream's backlog is full.
+        self.delay = RETRY_FIRST_SECONDS
+
+    def close(self) -> None:
+        self.conn.close()
+        self.upstream.sock.close()
+        if self.upstream.release is not None:
+            self.upstream.release()
 
 
 class SocketRelay:
     """Accepts on a listener and joins each admitted connection to a freshly dialled one.
 
-    The dial runs on the loop's thread: the agent dials its own unix socket, which answers
-    at once, and the host client has one caller.
+    An upstream with an address (the agent's own unix socket) is connected without
+    blocking, so a slow upstream holds up only its own caller. The `dial` callable blocks
+    the loop: the host client uses it for vsock and hybrid vsock (a CONNECT exchange after
+    the connect), and has one caller.
     """
 
     def __init__(
@@ -192,6 +225,8 @@ class SocketRelay:
         self._epoll = select.epoll()
         self._wake_read, self._wake_write = os.pipe2(os.O_CLOEXEC)
         self._by_fd: dict[int, tuple[_Connection, socket.socket]] = {}
+        self._dials: dict[int, _Dial] = {}  # By the caller's fd.
+        self._connecting: dict[int, _Dial] = {}  # By the upstream's fd, until EPOLLOUT.
         self._accepting = True
         self._stopped_accepting = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -200,6 +235,11 @@ class SocketRelay:
     def connections(self) -> int:
         """Connections being relayed now (read from another thread: a snapshot)."""
         return len(self._by_fd) // 2
+
+    @property
+    def dialling(self) -> int:
+        """Callers waiting for their upstream to answer (a snapshot, as connections is)."""
+        return len(self._dials)
 
     def start(self) -> SocketRelay:
         self._epoll.register(self.listener.fileno(), select.EPOLLIN)
@@ -216,18 +256,27 @@ class SocketRelay:
 
     def _loop(self) -> None:
         try:
-            while self._accepting or self._by_fd:
-                for fd, events in self._epoll.poll():
+            while self._accepting or self._by_fd or self._dials:
+                for fd, events in self._epoll.poll(self._until_retry()):
                     if fd == self._wake_read:
                         self._stop_accepting()
                     elif fd == self.listener.fileno() and self._accepting:
                         self._accept()
                     elif fd in self._by_fd:
                         self._service(fd, events)
+                    elif fd in self._dials:
+                        self._caller_left(self._dials[fd])
+                    elif fd in self._connecting:
+                        self._connected(self._connecting[fd])
+                self._retry_due()
         finally:
             for connection in {connection for connection, _ in self._by_fd.values()}:
                 connection.close()
             self._by_fd.clear()
+            for dial in self._dials.values():
+                dial.close()
+            self._dials.clear()
+            self._connecting.clear()
             self._epoll.close()
             os.close(self._wake_read)
             os.close(self._wake_write)
@@ -249,21 +298,96 @@ class SocketRelay:
             conn.close()
             return
         try:
-            upstream, release = self.open_upstream(conn, peer)
+            upstream = self.open_upstream(conn, peer)
         except OSError as e:
             log.warning("relay_dial_failed", relay=self._name, peer=str(peer), error=str(e))
             conn.close()
             return
-        connection = _Connection(conn, upstream, release)
+        if upstream.address is None:
+            self._join(conn, upstream)
+            return
+        dial = _Dial(conn, peer, upstream)
+        upstream.sock.setblocking(False)
+        # Mask 0: epoll still reports the caller hanging up while its upstream is dialled.
+        self._epoll.register(conn.fileno(), 0)
+        self._dials[conn.fileno()] = dial
+        self._connect(dial)
+
+    def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
+        """The far side for an admitted caller: `dial`'s socket, connected already."""
+        return Upstream(self._dial())
+
+    def _connect(self, dial: _Dial) -> None:
+        """One non-blocking connect: done, in progress (EPOLLOUT will say), or retried."""
+        sock = dial.upstream.sock
+        try:
+            code = sock.connect_ex(dial.upstream.address)
+        except OSError as e:
+            code = e.errno or errno.EINVAL
+        if code in (0, errno.EISCONN):
+            self._joined(dial)
+        elif code == errno.EINPROGRESS:
+            self._epoll.register(sock.fileno(), select.EPOLLOUT)
+            self._connecting[sock.fileno()] = dial
+        elif code in _AGAIN:
+            dial.retry_at = time.monotonic() + dial.delay
+            dial.delay = min(dial.delay * 2, RETRY_MAX_SECONDS)
+        else:
+            self._dial_failed(dial, code)
+
+    def _caller_left(self, dial: _Dial) -> None:
+        """The caller hung up (or failed) before its upstream answered."""
+        self._end_dial(dial)
+        dial.close()
+
+    def _connected(self, dial: _Dial) -> None:
+        """EPOLLOUT after EINPROGRESS: SO_ERROR says whether the connect succeeded."""
+        code = dial.upstream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            self._dial_failed(dial, code)
+        else:
+            self._joined(dial)
+
+    def _until_retry(self) -> float | None:
+        """Seconds until the next connect is due again; None: no retry is waiting."""
+        due = [d.retry_at for d in self._dials.values() if d.retry_at is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else None
+
+    def _retry_due(self) -> None:
+        now = time.monotonic()
+        for dial in list(self._dials.values()):
+            if dial.retry_at is not None and dial.retry_at <= now:
+                dial.retry_at = None
+                self._connect(dial)
+
+    def _end_dial(self, dial: _Dial) -> None:
+        del self._dials[dial.conn.fileno()]
+        self._epoll.unregister(dial.conn.fileno())
+        if self._connecting.pop(dial.upstream.sock.fileno(), None) is not None:
+            self._epoll.unregister(dial.upstream.sock.fileno())
+
+    def _dial_failed(self, dial: _Dial, code: int) -> None:
+        self._end_dial(dial)
+        log.warning(
+            "relay_dial_failed",
+            relay=self._name,
+            peer=str(dial.peer),
+            errno=code,
+            error=os.strerror(code),
+        )
+        dial.close()
+
+    def _joined(self, dial: _Dial) -> None:
+        self._end_dial(dial)
+        self._join(dial.conn, dial.upstream)
+
+    def _join(self, conn: socket.socket, upstream: Upstream) -> None:
+        connection = _Connection(conn, upstream.sock, upstream.release)
         for sock in connection.sockets:
             sock.setblocking(False)
             self._by_fd[sock.fileno()] = (connection, sock)
             self._epoll.register(sock.fileno(), 0)
         self._update(connection)
-
-    def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
-        """The far side for an admitted caller, and what to call when the pair closes."""
-        return self._dial(), None
 
     def _service(self, fd: int, events: int) -> None:
         connection, sock = self._by_fd[fd]

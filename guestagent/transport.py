@@ -273,17 +273,17 @@ class PeerTable:
         self._lock = threading.Lock()
         self._callers: dict[str, str] = {}
 
-    def dial(self, path: str, caller: str) -> tuple[socket.socket, str]:
+    def bind(self, caller: str) -> tuple[socket.socket, str]:
+        """A unix socket, not yet connected, whose name now stands for caller."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind("")  # Autobind: a fresh abstract name chosen by the kernel.
             name = bytes(sock.getsockname())[1:].decode()
-            with self._lock:
-                self._callers[name] = caller
-            sock.connect(path)
         except OSError:
             sock.close()
             raise
+        with self._lock:
+            self._callers[name] = caller
         return sock, name
 
     def forget(self, name: str) -> None:
@@ -316,8 +316,8 @@ class NamedRelay(SocketRelay):
         self._peers = peers
 
     def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
-        upstream, name = self._peers.dial(self._upstream, describe_peer(conn, peer))
-        return upstream, lambda: self._peers.forget(name)
+        sock, name = self._peers.bind(describe_peer(conn, peer))
+        return Upstream(sock, lambda: self._peers.forget(name), self._upstream)
 
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid.

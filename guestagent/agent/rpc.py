@@ -23,6 +23,7 @@ from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import read_report
 from guestagent.ops.compaction import Compactor, CompactResult
 from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
@@ -62,6 +63,9 @@ def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 Req = TypeVar("Req", bound=Message)
+# What a unary decoder takes: the RPC's request or, for a decoder that serves several RPCs, a
+# union. The generated base class still checks each method takes its own request type.
+Decodable = TypeVar("Decodable", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
 Spec = TypeVar("Spec")
 Result = TypeVar("Result")
@@ -70,23 +74,25 @@ if TYPE_CHECKING:  # grpc.aio.ServicerContext is generic only in its type stubs.
 
 
 def unary(
-    decode: Callable[[Req], Spec],
+    decode: Callable[[Decodable], Spec],
     encode: Callable[[Result], Resp],
     *,
     audited: bool = False,
 ) -> Callable[
     [Callable[[MemoryAgentServicer, Spec, Context[Req, Resp]], Awaitable[Result]]],
-    Callable[[MemoryAgentServicer, Req, Context[Req, Resp]], Awaitable[Resp]],
+    Callable[[MemoryAgentServicer, Decodable, Context[Req, Resp]], Awaitable[Resp]],
 ]:
     """An RPC method from its operation: decode, call, encode, map errors, audit."""
 
     def decorate(
         call: Callable[[MemoryAgentServicer, Spec, Context[Req, Resp]], Awaitable[Result]],
-    ) -> Callable[[MemoryAgentServicer, Req, Context[Req, Resp]], Awaitable[Resp]]:
+    ) -> Callable[[MemoryAgentServicer, Decodable, Context[Req, Resp]], Awaitable[Resp]]:
         method = call.__name__
 
         @functools.wraps(call)
-        async def rpc(self: MemoryAgentServicer, request: Req, context: Context[Req, Resp]) -> Resp:
+        async def rpc(
+            self: MemoryAgentServicer, request: Decodable, context: Context[Req, Resp]
+        ) -> Resp:
             started = time.monotonic()
             # Looked up first: a relayed caller's connection may be gone when the call ends.
             peer = self.peers.caller(context.peer()) if audited else ""
@@ -159,17 +165,22 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         self.swaps = swaps
         self.compactor = Compactor(fs)
         self.hotplug = hotplug
+        self.hotplug_reports = HotplugReportCache()  # Shared by GetMemoryInfo and every watch.
         self.peers = peers or PeerTable()
 
     @unary(wire.cgroups_from_pb, wire.report_pb)
     async def GetMemoryInfo(
         self, cgroups: tuple[str, ...], context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
     ) -> wire.Report:
-        return wire.Report(read_report(self.fs, cgroups), self.reclaimer.known(cgroups))
+        return wire.Report(
+            read_report(self.fs, cgroups, self.hotplug_reports), self.reclaimer.known(cgroups)
+        )
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:
-        return watch_memory(self.fs, spec, self._stopping, self.reclaimer.known)
+        return watch_memory(
+            self.fs, spec, self._stopping, self.reclaimer.known, self.hotplug_reports
+        )
 
     @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)
     async def SetReclaimPolicy(
@@ -181,7 +192,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
             self.reclaimer.set_policy, request.cgroup, request.enabled, request.policy
         )
 
-    @unary(wire.reclaim_status_request_from_pb, wire.reclaim_status_pb)
+    @unary(wire.cgroups_from_pb, wire.reclaim_status_pb)
     async def GetReclaimStatus(
         self,
         cgroups: tuple[str, ...],

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from guestagent import errors
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal
 from guestagent.ops.reclaimer import TargetStatus
@@ -73,10 +74,11 @@ async def watch_memory(
     spec: WatchSpec,
     stopping: asyncio.Event,
     reclaim_status: Callable[[tuple[str, ...]], tuple[TargetStatus, ...]] = lambda names: (),
+    hotplug: HotplugReportCache | None = None,
 ) -> AsyncIterator[WatchUpdate]:
     """Updates until `stopping` is set or the caller stops iterating (which frees the
     inotify watch and the PSI trigger)."""
-    first = read_report(fs, spec.cgroups)  # Checks every name before anything is armed.
+    first = read_report(fs, spec.cgroups, hotplug)  # Checks every name before anything is armed.
     events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
     with KernelSignals(fs, events, spec.trigger) as signals:
         yield WatchUpdate(first, WatchReason.INITIAL, reclaim=reclaim_status(spec.cgroups))
@@ -85,7 +87,7 @@ async def watch_memory(
             if woke is None:
                 return
             reason, changed = reason_for(woke)
-            report = read_report(fs, spec.cgroups)
+            report = read_report(fs, spec.cgroups, hotplug)
             yield WatchUpdate(report, reason, changed, reclaim_status(spec.cgroups))
 
 

@@ -70,7 +70,9 @@ def online_memory_from_pb(request: pb.OnlineMemoryRequest) -> None:
     return None
 
 
-def cgroups_from_pb(request: pb.GetMemoryInfoRequest) -> tuple[str, ...]:
+def cgroups_from_pb(
+    request: pb.GetMemoryInfoRequest | pb.GetReclaimStatusRequest,
+) -> tuple[str, ...]:
     return tuple(request.cgroups)
 
 
@@ -369,10 +371,6 @@ def reclaim_policy_request_from_pb(request: pb.SetReclaimPolicyRequest) -> Recla
     return ReclaimPolicyRequest(
         request.cgroup, request.enabled, reclaim_policy_from_pb(request.policy)
     )
-
-
-def reclaim_status_request_from_pb(request: pb.GetReclaimStatusRequest) -> tuple[str, ...]:
-    return tuple(request.cgroups)
 
 
 def reclaim_policy_pb(policy: ReclaimPolicy) -> pb.ReclaimPolicy:

@@ -13,7 +13,8 @@ from pathlib import Path
 from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.memblocks import HotplugReport, hotplug_report_for
+from guestagent.linux.keyed import parse_flat_keyed as parse_flat_keyed  # For the reclaimer.
+from guestagent.linux.memblocks import HotplugReport, HotplugReportCache, read_hotplug_report
 from guestagent.linux.vmstat import VmStat, read_vmstat
 
 UNLIMITED = None  # How a "max" limit is represented: no number at all.
@@ -144,20 +145,6 @@ def parse_pressure(text: str) -> Pressure:
     return Pressure(some=lines["some"], full=lines.get("full", PressureLine(0.0, 0.0, 0.0, 0)))
 
 
-def parse_flat_keyed(text: str) -> dict[str, int]:
-    """Files of 'key value' lines: memory.events, memory.stat."""
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) != 2:
-            raise KernelFormat(f"line {line!r} is not 'key value'")
-        try:
-            values[fields[0]] = int(fields[1])
-        except ValueError:
-            raise KernelFormat(f"line {line!r} has a non-integer value") from None
-    return values
-
-
 def parse_limit(text: str) -> int | None:
     """A cgroup limit file: 'max' is unlimited (None), otherwise bytes."""
     value = text.strip()
@@ -220,7 +207,10 @@ def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
     )
 
 
-def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
+def read_report(
+    fs: KernelFS, cgroups: tuple[str, ...] = (), hotplug: HotplugReportCache | None = None
+) -> MemoryReport:
+    """hotplug: the cache that spares re-reading the hotplug section; None reads it afresh."""
     directories = [cgroup_dir(fs, name) for name in cgroups]  # Refuse bad names first.
     system = read_system_memory(fs)
     return MemoryReport(
@@ -230,6 +220,6 @@ def read_report(fs: KernelFS, cgroups: tuple[str, ...] = ()) -> MemoryReport:
         cgroups=tuple(
             read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
         ),
-        hotplug=hotplug_report_for(fs, system.mem_total),
+        hotplug=hotplug.report(fs, system.mem_total) if hotplug else read_hotplug_report(fs),
         vmstat=read_vmstat(fs),
     )

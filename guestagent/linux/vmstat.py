@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from guestagent.errors import KernelFormat
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.keyed import parse_flat_keyed
 
 
 @dataclass(frozen=True)
@@ -23,19 +23,6 @@ class VmStat:
     oom_kill: int
     allocstall: int  # Sum of allocstall_* (one counter per zone type since 4.x).
     compact_stall: int
-
-
-def parse_vmstat(text: str, prefix: str = "") -> dict[str, int]:
-    """'name value' lines, those starting with prefix, as a dict."""
-    values = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key.startswith(prefix):
-            try:
-                values[key] = int(value)
-            except ValueError:
-                raise KernelFormat(f"vmstat line {line!r} is malformed") from None
-    return values
 
 
 def vmstat_from(values: dict[str, int]) -> VmStat:
@@ -56,4 +43,4 @@ def vmstat_from(values: dict[str, int]) -> VmStat:
 
 def read_vmstat(fs: KernelFS) -> VmStat | None:
     text = fs.read_optional(fs.proc("vmstat"))
-    return vmstat_from(parse_vmstat(text)) if text is not None else None
+    return vmstat_from(parse_flat_keyed(text)) if text is not None else None

@@ -17,7 +17,7 @@ from pathlib import Path
 from guestagent.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, KernelFormat
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.vmstat import parse_vmstat
+from guestagent.linux.keyed import parse_flat_keyed
 
 log = EventLog("guestagent.ops.compaction")
 
@@ -88,7 +88,7 @@ class Compactor:
 
     def _compact(self, node: int | None, path: Path) -> CompactResult:
         buddy_before = parse_buddyinfo(self.fs.read(self.fs.proc("buddyinfo")), node)
-        vmstat_before = parse_vmstat(self.fs.read(self.fs.proc("vmstat")), "compact_")
+        vmstat_before = parse_flat_keyed(self.fs.read(self.fs.proc("vmstat")), "compact_")
         started = time.monotonic()
         self.fs.write(path, "1")
         duration = time.monotonic() - started
@@ -99,7 +99,7 @@ class Compactor:
             free_blocks_before=buddy_before,
             free_blocks_after=buddy_after,
             counters=counter_deltas(
-                vmstat_before, parse_vmstat(self.fs.read(self.fs.proc("vmstat")), "compact_")
+                vmstat_before, parse_flat_keyed(self.fs.read(self.fs.proc("vmstat")), "compact_")
             ),
             huge_block_bytes=self.page_size << HUGE_ORDER,
             free_huge_bytes_before=free_bytes_at_or_above(buddy_before, HUGE_ORDER, self.page_size),

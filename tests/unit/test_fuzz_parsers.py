@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from guestagent.errors import AgentError
 from guestagent.linux.blockdev import DeviceSelector, parse_mountinfo, probe_signatures
 from guestagent.linux.cgroups import validate_cgroup_name
-from guestagent.linux.meminfo import parse_flat_keyed, parse_limit, parse_meminfo, parse_pressure
+from guestagent.linux.keyed import parse_flat_keyed
+from guestagent.linux.meminfo import parse_limit, parse_meminfo, parse_pressure
 from guestagent.linux.swaps import parse_swap_header
 from guestagent.linux.watch import parse_inotify_events
-from guestagent.ops.compaction import parse_buddyinfo, parse_vmstat
+from guestagent.ops.compaction import parse_buddyinfo
 from guestagent.ops.overhead import parse_zoneinfo_present, rss_bytes
 from guestagent.transport import parse_address
 
@@ -51,7 +52,6 @@ TEXT_PARSERS: list[Callable[[str], Any]] = [
     parse_limit,
     parse_mountinfo,
     parse_buddyinfo,
-    parse_vmstat,
     parse_zoneinfo_present,
     rss_bytes,
     parse_address,

@@ -11,17 +11,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from guestagent.relay import SocketRelay
+from guestagent.relay import SocketRelay, Upstream
 from guestagent.transport import dial_unix
 
 
-def _listen(path: Path) -> socket.socket:
+def _listen(path: Path, backlog: int = 256) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
-    listener.listen(256)
+    listener.listen(backlog)
     return listener
 
 
@@ -67,10 +68,15 @@ def _exchange(front: Path, payload: bytes) -> bytes:
             target=lambda: (client.sendall(payload), client.shutdown(socket.SHUT_WR))
         )
         sender.start()
-        received = bytearray()
-        while chunk := client.recv(1 << 16):
-            received += chunk
+        received = _recv_all(client)
         sender.join()
+    return received
+
+
+def _recv_all(sock: socket.socket) -> bytes:
+    received = bytearray()
+    while chunk := sock.recv(1 << 16):
+        received += chunk
     return bytes(received)
 
 
@@ -212,3 +218,127 @@ def test_sockets_that_cannot_splice_fall_back_to_a_buffer(
     payload = os.urandom(2 * 1024 * 1024 + 3)
     assert _exchange(front, payload) == payload + b"bye"
     assert refused
+
+
+class RoutedRelay(SocketRelay):
+    """Each caller's upstream is the next address in the list, connected by the relay."""
+
+    def __init__(self, listener: socket.socket, routes: list[tuple[int, Any]]) -> None:
+        super().__init__(listener, dial=lambda: pytest.fail("the relay must connect"))
+        self.routes = iter(routes)
+        self.released: list[Any] = []
+
+    def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
+        family, address = next(self.routes)
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        return Upstream(sock, lambda: self.released.append(address), address)
+
+
+@pytest.fixture
+def full_upstream(tmp_path: Path) -> Iterator[socket.socket]:
+    """A unix listener whose backlog is full: a connect to it blocks, or is EAGAIN."""
+    listener = _listen(tmp_path / "busy.sock", backlog=0)
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    filler.connect(str(tmp_path / "busy.sock"))  # Backlog 0 holds one; the next is refused.
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    assert probe.connect_ex(str(tmp_path / "busy.sock")) == errno.EAGAIN
+    probe.close()
+    yield listener
+    filler.close()
+    listener.close()
+
+
+def test_a_slow_upstream_dial_holds_up_only_its_own_caller(
+    tmp_path: Path, echo_upstream: Path, full_upstream: socket.socket
+) -> None:
+    busy = str(tmp_path / "busy.sock")
+    routes = [(socket.AF_UNIX, busy), (socket.AF_UNIX, str(echo_upstream))]
+    relay = RoutedRelay(_listen(tmp_path / "front.sock"), routes).start()
+    try:
+        first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        first.settimeout(10)
+        first.connect(str(tmp_path / "front.sock"))
+        first.sendall(b"first")
+        _wait_until(lambda: relay.dialling == 1, "the first caller's dial to be pending")
+        # A blocking dial would hold the loop here, and this exchange would time out.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
+            second.settimeout(10)
+            second.connect(str(tmp_path / "front.sock"))
+            second.sendall(b"second")
+            second.shutdown(socket.SHUT_WR)
+            assert _recv_all(second) == b"secondbye"
+        assert relay.dialling == 1
+        full_upstream.settimeout(10)
+        full_upstream.accept()[0].close()  # Room in the backlog: the retried connect lands.
+        upstream, _ = full_upstream.accept()
+        with upstream, first:
+            assert upstream.recv(5) == b"first"  # Sent while the dial was pending.
+            upstream.sendall(b"reply")
+            assert first.recv(5) == b"reply"
+        assert relay.dialling == 0
+    finally:
+        relay.close()
+
+
+def test_a_caller_that_leaves_during_the_dial_is_dropped(
+    tmp_path: Path, full_upstream: socket.socket
+) -> None:
+    busy = str(tmp_path / "busy.sock")
+    relay = RoutedRelay(_listen(tmp_path / "front.sock"), [(socket.AF_UNIX, busy)]).start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(tmp_path / "front.sock"))
+            _wait_until(lambda: relay.dialling == 1, "the dial to be pending")
+        _wait_until(lambda: relay.dialling == 0, "the relay to drop the pending dial")
+        assert relay.released == [busy]
+        assert relay.connections == 0
+    finally:
+        relay.close()
+
+
+@pytest.fixture
+def tcp_echo() -> Iterator[tuple[str, int]]:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                threading.Thread(target=_echo_until_eof, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()
+    server.close()
+
+
+def test_a_connect_in_progress_completes_on_epollout(
+    tmp_path: Path, tcp_echo: tuple[str, int]
+) -> None:
+    """TCP answers a non-blocking connect with EINPROGRESS; SO_ERROR says how it ended."""
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        refused = closed.getsockname()
+    routes = [(socket.AF_INET, tcp_echo), (socket.AF_INET, refused)]
+    relay = RoutedRelay(_listen(tmp_path / "front.sock"), routes).start()
+    try:
+        assert _exchange(tmp_path / "front.sock", b"over tcp") == b"over tcpbye"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(10)
+            client.connect(str(tmp_path / "front.sock"))
+            assert client.recv(1) == b""  # Refused: the caller is closed.
+        _wait_until(lambda: relay.released == [tcp_echo, refused], "both upstreams released")
+    finally:
+        relay.close()
+
+
+def test_an_upstream_that_is_not_there_closes_the_caller(tmp_path: Path) -> None:
+    missing = str(tmp_path / "none")
+    relay = RoutedRelay(_listen(tmp_path / "front.sock"), [(socket.AF_UNIX, missing)]).start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(10)
+            client.connect(str(tmp_path / "front.sock"))
+            assert client.recv(1) == b""
+        _wait_until(lambda: relay.released == [missing], "the upstream released")
+    finally:
+        relay.close()

@@ -133,7 +133,8 @@ async def test_a_success_is_audited_with_the_relayed_caller(
     path = f"{tmp_path}/upstream.sock"
     listener.bind(path)
     listener.listen()
-    sock, name = servicer.peers.dial(path, "vsock:2:50123")
+    sock, name = servicer.peers.bind("vsock:2:50123")
+    sock.connect(path)
     try:
         context = FakeContext(peer=f"unix-abstract:{name}")
         with caplog.at_level(logging.INFO):

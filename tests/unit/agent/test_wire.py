@@ -18,8 +18,10 @@ from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 
 
-def test_memory_info_and_overhead_requests_name_cgroups() -> None:
+def test_memory_info_reclaim_status_and_overhead_requests_name_cgroups() -> None:
     assert wire.cgroups_from_pb(pb.GetMemoryInfoRequest(cgroups=["a", "b/c"])) == ("a", "b/c")
+    assert wire.cgroups_from_pb(pb.GetReclaimStatusRequest(cgroups=["a"])) == ("a",)
+    assert wire.cgroups_from_pb(pb.GetReclaimStatusRequest()) == ()
     assert wire.workloads_from_pb(pb.GetGuestOverheadRequest(workload_cgroups=["w"])) == ("w",)
 
 

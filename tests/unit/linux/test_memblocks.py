@@ -2,19 +2,21 @@ import pytest
 
 from guestagent.errors import KernelFormat
 from guestagent.linux.memblocks import (
+    HotplugReportCache,
     MemoryBlock,
     VirtioMemRegion,
     hotplug_report,
-    hotplug_report_for,
     parse_iomem,
     read_hotplug_report,
     virtio_mem_regions,
     zone_of,
 )
+from guestagent.linux.meminfo import read_report
 from tests.fakes.root import FakeRoot
 
 MIB = 1 << 20
 BLOCK = 128 * MIB
+MEMORY = "sys/devices/system/memory"
 
 # What a 512 MiB guest with a 3 GiB virtio-mem device and 512 MiB plugged showed (abridged).
 IOMEM = """\
@@ -93,15 +95,14 @@ def test_hotplug_report_counts_zones_overall_and_per_region() -> None:
 
 
 def test_read_report_skips_valid_zones_of_offline_blocks(fake_root: FakeRoot) -> None:
-    memory = "sys/devices/system/memory"
-    fake_root.write(f"{memory}/block_size_bytes", "8000000\n")
+    fake_root.write(f"{MEMORY}/block_size_bytes", "8000000\n")
     fake_root.write("proc/iomem", IOMEM)
     for index, state, zones in [(0, "online", "DMA32"), (32, "online", "Movable")]:
-        fake_root.write(f"{memory}/memory{index}/state", f"{state}\n")
-        fake_root.write(f"{memory}/memory{index}/valid_zones", f"{zones}\n")
+        fake_root.write(f"{MEMORY}/memory{index}/state", f"{state}\n")
+        fake_root.write(f"{MEMORY}/memory{index}/valid_zones", f"{zones}\n")
     # A directory instead of a file: reading this valid_zones would raise, as the oops did.
-    (fake_root.root / memory / "memory33/valid_zones").mkdir(parents=True)
-    fake_root.write(f"{memory}/memory33/state", "offline\n")
+    (fake_root.root / MEMORY / "memory33/valid_zones").mkdir(parents=True)
+    fake_root.write(f"{MEMORY}/memory33/state", "offline\n")
     report = read_hotplug_report(fake_root.fs)
     assert report is not None
     assert (report.movable_blocks, report.normal_blocks, report.offline_blocks) == (1, 1, 1)
@@ -113,24 +114,57 @@ def test_no_memory_hotplug_means_no_report(fake_root: FakeRoot) -> None:
     assert read_hotplug_report(fake_root.fs) is None
 
 
+def _one_online_one_offline(fake_root: FakeRoot) -> None:
+    fake_root.write(f"{MEMORY}/block_size_bytes", "8000000\n")
+    fake_root.write(f"{MEMORY}/memory0/state", "online\n")
+    fake_root.write(f"{MEMORY}/memory0/valid_zones", "Normal\n")
+    fake_root.write(f"{MEMORY}/memory1/state", "offline\n")
+
+
+def _online_block_1(fake_root: FakeRoot) -> None:
+    fake_root.write(f"{MEMORY}/memory1/state", "online\n")
+    fake_root.write(f"{MEMORY}/memory1/valid_zones", "Movable\n")
+
+
+def _offline_blocks(cache: HotplugReportCache, fake_root: FakeRoot, mem_total: int) -> int:
+    report = cache.report(fake_root.fs, mem_total)
+    assert report is not None
+    return report.offline_blocks
+
+
 def test_the_hotplug_section_is_read_again_when_memtotal_or_the_blocks_change(
     fake_root: FakeRoot,
 ) -> None:
-    memory = "sys/devices/system/memory"
-    fake_root.write(f"{memory}/block_size_bytes", "8000000\n")
-    fake_root.write(f"{memory}/memory0/state", "online\n")
-    fake_root.write(f"{memory}/memory0/valid_zones", "Normal\n")
-    fake_root.write(f"{memory}/memory1/state", "offline\n")
+    _one_online_one_offline(fake_root)
+    cache = HotplugReportCache()
+    assert _offline_blocks(cache, fake_root, 1 << 30) == 1
+    _online_block_1(fake_root)
+    assert _offline_blocks(cache, fake_root, 1 << 30) == 1  # Nothing it keys on changed.
+    assert _offline_blocks(cache, fake_root, (1 << 30) + (128 << 20)) == 0  # MemTotal grew.
+    fake_root.write(f"{MEMORY}/memory2/state", "offline\n")
+    assert _offline_blocks(cache, fake_root, (1 << 30) + (128 << 20)) == 1  # A block was added.
 
-    def offline(mem_total: int) -> int:
-        report = hotplug_report_for(fake_root.fs, mem_total)
+
+def test_each_cache_keeps_its_own_reading(fake_root: FakeRoot) -> None:
+    _one_online_one_offline(fake_root)
+    first = HotplugReportCache()
+    assert _offline_blocks(first, fake_root, 1 << 30) == 1
+    _online_block_1(fake_root)
+    assert _offline_blocks(first, fake_root, 1 << 30) == 1
+    # Another daemon's (or test's) cache has not read before: it sees the block online.
+    assert _offline_blocks(HotplugReportCache(), fake_root, 1 << 30) == 0
+
+
+def test_the_report_reads_hotplug_through_the_cache_it_is_given(fake_root: FakeRoot) -> None:
+    _one_online_one_offline(fake_root)
+    cache = HotplugReportCache()
+
+    def offline(hotplug: HotplugReportCache | None) -> int:
+        report = read_report(fake_root.fs, hotplug=hotplug).hotplug
         assert report is not None
         return report.offline_blocks
 
-    assert offline(1 << 30) == 1
-    fake_root.write(f"{memory}/memory1/state", "online\n")
-    fake_root.write(f"{memory}/memory1/valid_zones", "Movable\n")
-    assert offline(1 << 30) == 1  # Nothing it keys on changed: the last reading stands.
-    assert offline((1 << 30) + (128 << 20)) == 0  # Onlining grew MemTotal.
-    fake_root.write(f"{memory}/memory2/state", "offline\n")
-    assert offline((1 << 30) + (128 << 20)) == 1  # A block was added.
+    assert offline(cache) == 1
+    _online_block_1(fake_root)  # MemTotal in the fake /proc/meminfo stays as it was.
+    assert offline(cache) == 1
+    assert offline(None) == 0  # No cache: read afresh every time.

@@ -3,7 +3,6 @@ import pytest
 from guestagent.errors import FailedPrecondition, KernelFormat, NotFound
 from guestagent.linux.meminfo import (
     PressureLine,
-    parse_flat_keyed,
     parse_limit,
     parse_meminfo,
     parse_pressure,
@@ -63,12 +62,6 @@ def test_pressure_lines() -> None:
 def test_pressure_rejects_malformed(text: str) -> None:
     with pytest.raises(KernelFormat):
         parse_pressure(text)
-
-
-def test_flat_keyed() -> None:
-    assert parse_flat_keyed("low 0\noom_kill 7\n") == {"low": 0, "oom_kill": 7}
-    with pytest.raises(KernelFormat):
-        parse_flat_keyed("low 0 1\n")
 
 
 def test_report_reads_system_psi_and_cgroups(fake_root: FakeRoot) -> None:

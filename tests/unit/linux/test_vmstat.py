@@ -1,4 +1,5 @@
-from guestagent.linux.vmstat import VmStat, parse_vmstat, read_vmstat, vmstat_from
+from guestagent.linux.keyed import parse_flat_keyed
+from guestagent.linux.vmstat import VmStat, read_vmstat, vmstat_from
 from tests.fakes.root import FakeRoot
 
 VMSTAT = """\
@@ -18,7 +19,7 @@ oom_kill 1
 
 
 def test_the_counters_a_host_policy_needs() -> None:
-    assert vmstat_from(parse_vmstat(VMSTAT)) == VmStat(
+    assert vmstat_from(parse_flat_keyed(VMSTAT)) == VmStat(
         pswpin=10,
         pswpout=20,
         pgmajfault=321,
@@ -31,11 +32,11 @@ def test_the_counters_a_host_policy_needs() -> None:
 
 
 def test_before_5_9_the_one_refault_counter_counts_as_file() -> None:
-    stat = vmstat_from(parse_vmstat("workingset_refault 9\n"))
+    stat = vmstat_from(parse_flat_keyed("workingset_refault 9\n"))
     assert (stat.workingset_refault_anon, stat.workingset_refault_file) == (0, 9)
 
 
 def test_no_vmstat_file_is_none(fake_root: FakeRoot) -> None:
     assert read_vmstat(fake_root.fs) is None
     fake_root.write("proc/vmstat", VMSTAT)
-    assert read_vmstat(fake_root.fs) == vmstat_from(parse_vmstat(VMSTAT))
+    assert read_vmstat(fake_root.fs) == vmstat_from(parse_flat_keyed(VMSTAT))

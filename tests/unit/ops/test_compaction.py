@@ -4,12 +4,12 @@ import threading
 import pytest
 
 from guestagent.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.ops.compaction import (
     Compactor,
     counter_deltas,
     free_bytes_at_or_above,
     parse_buddyinfo,
-    parse_vmstat,
 )
 from tests.fakes.root import FakeRoot
 
@@ -33,7 +33,7 @@ def test_free_bytes_at_or_above_order() -> None:
 
 
 def test_vmstat_deltas() -> None:
-    before = parse_vmstat("compact_stall 1\ncompact_success 2\nnr_free_pages 9\n", "compact_")
+    before = parse_flat_keyed("compact_stall 1\ncompact_success 2\nnr_free_pages 9\n", "compact_")
     after = {"compact_stall": 4, "compact_success": 2}
     assert before == {"compact_stall": 1, "compact_success": 2}
     assert counter_deltas(before, after) == {"compact_stall": 3, "compact_success": 0}
