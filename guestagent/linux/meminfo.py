@@ -13,7 +13,7 @@ from pathlib import Path
 from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.keyed import parse_flat_keyed as parse_flat_keyed  # For the reclaimer.
+from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.memblocks import HotplugReport, HotplugReportCache, read_hotplug_report
 from guestagent.linux.vmstat import VmStat, read_vmstat
 

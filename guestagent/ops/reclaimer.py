@@ -24,8 +24,8 @@ from guestagent.errors import AgentError, FailedPrecondition, NotFound
 from guestagent.jsonlog import EventLog
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.meminfo import parse_flat_keyed, parse_pressure
-from guestagent.linux.swaps import parse_proc_swaps
+from guestagent.linux.keyed import parse_flat_keyed
+from guestagent.linux.meminfo import parse_pressure
 from guestagent.ops.compaction import Compactor, parse_buddyinfo
 from guestagent.ops.reclaim import write_memory_reclaim
 from guestagent.ops.reclaim_policy import (
@@ -41,6 +41,7 @@ from guestagent.ops.reclaim_policy import (
     stop_step_after_chunk,
     validate_policy,
 )
+from guestagent.ops.swap import active_swaps
 
 log = EventLog("guestagent.ops.reclaimer")
 
@@ -233,13 +234,7 @@ class Reclaimer:
             )
 
     def _swap_active(self) -> bool:
-        try:
-            swaps = self.fs.read_bytes(self.fs.proc("swaps"))
-        except AgentError as e:
-            if e.errno == errno.ENOENT:  # A kernel built without swap.
-                return False
-            raise
-        return bool(parse_proc_swaps(swaps))
+        return bool(active_swaps(self.fs))
 
     def status(self, cgroups: Iterable[str] = ()) -> tuple[TargetStatus, ...]:
         names = tuple(cgroups)

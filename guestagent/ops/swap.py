@@ -147,10 +147,10 @@ class SwapManager:
         temporary.replace(self._state_path)
 
     def active(self) -> list[ActiveSwap]:
-        path = self.fs.proc("swaps")
-        if not self.fs.exists(path):
+        areas = active_swaps(self.fs)
+        if areas is None:
             raise FailedPrecondition("the kernel has no swap support (no /proc/swaps)")
-        return parse_proc_swaps(self.fs.read_bytes(path))
+        return areas
 
     def _active_entry(self, device: BlockDevice) -> ActiveSwap | None:
         for area in self.active():
@@ -341,6 +341,14 @@ class SwapManager:
             else:
                 areas.append(self._area(device, entry))
         return areas
+
+
+def active_swaps(fs: KernelFS) -> list[ActiveSwap] | None:
+    """The swap areas in use, from /proc/swaps; None for a kernel built without swap."""
+    path = fs.proc("swaps")
+    if not fs.exists(path):
+        return None
+    return parse_proc_swaps(fs.read_bytes(path))
 
 
 def device_for_node(fs: KernelFS, devnode: str) -> BlockDevice | None:
