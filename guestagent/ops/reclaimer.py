@@ -214,7 +214,15 @@ class Reclaimer:
             status = target.status()
             if persist:
                 self._save_locked()
-        log.info("reclaim_policy", cgroup=cgroup, enabled=enabled, **asdict(policy))
+        # The reclaimer works best with the multi-gen LRU (README: Working-set reclaimer).
+        lru_gen = self.fs.read_optional(self.fs.sys("kernel", "mm", "lru_gen", "enabled"))
+        log.info(
+            "reclaim_policy",
+            cgroup=cgroup,
+            enabled=enabled,
+            multigen_lru=(lru_gen or "absent").strip(),
+            **asdict(policy),
+        )
         if enabled:
             self._run_thread()
         self._wake.set()

@@ -295,7 +295,12 @@ def no_thrash(vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300) 
         ),
         "majfaults_per_s_last_20_s": round((late[-1]["pgmajfault"] - late[0]["pgmajfault"]) / span),
         "refaults_per_s_last_20_s": round((late[-1]["refaults"] - late[0]["refaults"]) / span),
+        # Over the whole window, with the crossing into the hot set, and after the back-off.
         "stall_us_per_s_on": round(stall_per_second(on_rows)),
+        "stall_us_per_s_last_20_s": round(stall_per_second(late)),
+        "stall_ms_whole_window": round(
+            (on_rows[-1]["stall_total_us"] - on_rows[0]["stall_total_us"]) / 1000, 1
+        ),
         "hot_median_ms_off": median_ms(between(log, guest_off_start, guest_on_start)),
         "hot_median_ms_on": median_ms(between(log, guest_on_start + 20, guest_on_end)),
         "timeline": sampler.rows,

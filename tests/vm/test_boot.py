@@ -45,6 +45,12 @@ def test_cgroup2_delegates_memory_controller(vm: GuestVM) -> None:
     assert "memory" in vm.exec(["cat", "/sys/fs/cgroup/cgroup.subtree_control"]).stdout.split()
 
 
+def test_init_turns_on_the_multigen_lru(vm: GuestVM) -> None:
+    # Bit 0 is the core (Documentation/admin-guide/mm/multigen_lru.rst); "y" sets every bit
+    # the CPU supports.
+    assert int(vm.exec(["cat", "/sys/kernel/mm/lru_gen/enabled"]).stdout, 16) & 1
+
+
 def test_memory_pressure_is_reported(vm: GuestVM) -> None:
     assert vm.exec(["cat", "/proc/pressure/memory"]).stdout.startswith("some avg10=")
 

@@ -86,6 +86,11 @@ def test_agent_runs_in_its_own_bounded_cgroup(vm: GuestVM) -> None:
     )
 
 
+def test_the_bundles_tmpfiles_line_turns_on_the_multigen_lru(vm: GuestVM) -> None:
+    assert read_guest(vm, "/etc/tmpfiles.d/guestagent.conf").count("lru_gen/enabled") == 1
+    assert int(read_guest(vm, "/sys/kernel/mm/lru_gen/enabled"), 16) & 1  # The core is on.
+
+
 def test_unit_hardening_is_in_effect(vm: GuestVM) -> None:
     pid = main_pid(vm)
     assert int(status_field(vm, pid, "CapBnd"), 16) == UNIT_CAPABILITIES
