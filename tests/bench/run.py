@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 
 from guestagent.host.client import AgentClient
+from tests.bench.figures import footprint, load_sample, ratio_verdict
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
 
 CALLS = 2000
@@ -33,19 +34,8 @@ WARMUP = 200
 
 
 def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS, RssAnon and Threads from /proc/PID/status, Pss from smaps_rollup: Pss is what
-    the process costs once shared library pages are split among their users."""
-    values = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "RssAnon"):
-            values[key] = int(rest.split()[0]) * 1024
-        elif key == "Threads":
-            values[key] = int(rest)
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            values["Pss"] = int(line.split()[1]) * 1024
-    return values
+    proc = Path(f"/proc/{pid}")
+    return footprint((proc / "status").read_text(), (proc / "smaps_rollup").read_text())
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -260,10 +250,10 @@ def relayed_latency(unix_target: str, tcp_target: str) -> list[dict[str, float]]
 def agent_figures(pid: int) -> dict[str, float]:
     """RssAnon and CPU seconds used so far: the agent's side of the load, apart from the
     client's, which shares this machine's two cores."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    status = proc_status(pid)
-    return {"rss_anon": status["RssAnon"], "threads": status["Threads"], "cpu_s": cpu}
+    proc = Path(f"/proc/{pid}")
+    return load_sample(
+        (proc / "status").read_text(), (proc / "stat").read_text(), os.sysconf("SC_CLK_TCK")
+    )
 
 
 def measure_local_load(workdir: Path, seconds: float, through: str) -> dict[str, Any]:
@@ -295,10 +285,6 @@ def measure_local_load(workdir: Path, seconds: float, through: str) -> dict[str,
         agent.wait()
 
 
-def ratio_verdict(value: float, target: float) -> dict[str, Any]:
-    return {"value": round(value, 3), "target": target, "met": value <= target}
-
-
 def verdicts(results: dict[str, Any]) -> dict[str, Any]:
     """The footprint issue's targets: against the grpcio floor for memory, against the bare
     health server for start-up (both measured in this run), and the relay against unix."""
@@ -312,36 +298,72 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def host_sections(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as workdir:
+        daemon = measure_daemons(Path(workdir))
+        load_local = {
+            through: measure_local_load(Path(workdir), args.load_seconds, through)
+            for through in ("relay", "direct")
+        }
+    return {"daemon": daemon, "load_local": load_local, "targets": verdicts(daemon)}
+
+
+def vm_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.vm import measure_vm
+
+    return {"vm": measure_vm(args.load_seconds)}
+
+
+def virtio_mem_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.virtio_mem import measure_virtio_mem
+
+    return {"virtio_mem": measure_virtio_mem()}
+
+
+def reclaimer_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.reclaimer import measure_reclaimer
+
+    # The plot sits beside the JSON: latest.json -> latest-reclaimer.png.
+    return {"reclaimer": measure_reclaimer(args.out.with_name(f"{args.out.stem}-reclaimer.png"))}
+
+
+# In the order they run. "host" writes daemon, load_local and targets; each other its own key.
+SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "host": host_sections,
+    "vm": vm_section,
+    "virtio_mem": virtio_mem_section,
+    "reclaimer": reclaimer_section,
+}
+
+
+def section_list(text: str) -> list[str]:
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - SECTIONS.keys())
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown) or 'none given'}: sections are {', '.join(SECTIONS)}"
+        )
+    return chosen
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--no-vm", action="store_true", help="skip the QEMU section")
+    parser.add_argument(
+        "--sections",
+        type=section_list,
+        default=list(SECTIONS),
+        help=f"comma list of {','.join(SECTIONS)} (default: all); the QEMU ones need `make image`",
+    )
     parser.add_argument("--load-seconds", type=float, default=60.0)
     args = parser.parse_args()
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    with tempfile.TemporaryDirectory() as workdir:
-        report["daemon"] = measure_daemons(Path(workdir))
-        report["load_local"] = {
-            through: measure_local_load(Path(workdir), args.load_seconds, through)
-            for through in ("relay", "direct")
-        }
-    report["targets"] = verdicts(report["daemon"])
-    if not args.no_vm:
-        from tests.bench.vm import measure_vm
-
-        report["vm"] = measure_vm(args.load_seconds)
-        from tests.bench.virtio_mem import measure_virtio_mem
-
-        report["virtio_mem"] = measure_virtio_mem()
-        from tests.bench.reclaimer import measure_reclaimer
-
-        # The plot sits beside the JSON: latest.json -> latest-reclaimer.png.
-        report["reclaimer"] = measure_reclaimer(
-            args.out.with_name(f"{args.out.stem}-reclaimer.png")
-        )
+    for name, measure in SECTIONS.items():
+        if name in args.sections:
+            report.update(measure(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -1,0 +1,55 @@
+"""The bench's pure half: a process's /proc text turned into figures, and figures held against
+targets. The host reads its own /proc and the guest's comes back through vm.exec; both parse
+here, so a figure means the same on either side of the vsock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MIB = 1 << 20
+
+
+def footprint(status: str, smaps_rollup: str = "") -> dict[str, int]:
+    """VmRSS, RssAnon and Threads from /proc/PID/status, Pss from smaps_rollup (when given): Pss
+    is what the process costs once shared library pages are split among their users."""
+    figures = {}
+    for line in status.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "RssAnon"):
+            figures[key] = int(rest.split()[0]) * 1024
+        elif key == "Threads":
+            figures[key] = int(rest)
+    for line in smaps_rollup.splitlines():
+        if line.startswith("Pss:"):
+            figures["Pss"] = int(line.split()[1]) * 1024
+    return figures
+
+
+def cpu_seconds(stat: str, ticks_per_second: int) -> float:
+    """User plus system time from /proc/PID/stat; the fields are counted after the command
+    name's closing parenthesis, since the name itself may hold spaces."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / ticks_per_second
+
+
+def load_sample(status: str, stat: str, ticks_per_second: int) -> dict[str, float]:
+    """What the load bench samples of the agent: RssAnon, threads and CPU seconds so far."""
+    figures = footprint(status)
+    return {
+        "rss_anon": figures["RssAnon"],
+        "threads": figures["Threads"],
+        "cpu_s": cpu_seconds(stat, ticks_per_second),
+    }
+
+
+def ratio_verdict(value: float, target: float) -> dict[str, Any]:
+    return {"value": round(value, 3), "target": target, "met": value <= target}
+
+
+def ratios(numerator: dict[str, int], denominator: dict[str, int]) -> dict[str, float]:
+    """numerator / denominator for VmRSS and RssAnon, the two memory figures the targets name."""
+    return {key: round(numerator[key] / denominator[key], 3) for key in ("VmRSS", "RssAnon")}
+
+
+def mib_verdict(size: int, target_mib: float) -> dict[str, Any]:
+    return {"mib": round(size / MIB, 1), "target_mib": target_mib, "met": size <= target_mib * MIB}

@@ -1,0 +1,58 @@
+"""The bench's /proc parsing, the same for the host's processes and the guest's."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench.figures import cpu_seconds, footprint, load_sample, mib_verdict, ratios
+
+STATUS = """Name:\tpython3
+VmPeak:\t  300000 kB
+VmRSS:\t   30720 kB
+RssAnon:\t   12288 kB
+RssFile:\t   18432 kB
+Threads:\t8
+"""
+SMAPS_ROLLUP = """55d0c0000000-7ffd00000000 ---p 00000000 00:00 0 [rollup]
+Rss:               30720 kB
+Pss:               20480 kB
+Pss_Anon:          12288 kB
+"""
+# The command name holds a space and a parenthesis: fields count from the last ")".
+STAT = "412 (py (x) y) S 1 412 412 0 -1 4194560 5000 0 0 0 250 50 0 0 20 0 8 0 100 0 0"
+
+
+@pytest.mark.parametrize(
+    ("smaps_rollup", "expected"),
+    [
+        (
+            SMAPS_ROLLUP,
+            {"VmRSS": 30 << 20, "RssAnon": 12 << 20, "Threads": 8, "Pss": 20 << 20},
+        ),
+        ("", {"VmRSS": 30 << 20, "RssAnon": 12 << 20, "Threads": 8}),
+    ],
+)
+def test_footprint(smaps_rollup: str, expected: dict[str, int]) -> None:
+    assert footprint(STATUS, smaps_rollup) == expected
+
+
+def test_cpu_seconds_are_utime_plus_stime() -> None:
+    assert cpu_seconds(STAT, 100) == 3.0
+
+
+def test_load_sample() -> None:
+    assert load_sample(STATUS, STAT, 100) == {"rss_anon": 12 << 20, "threads": 8, "cpu_s": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("size", "mib", "met"),
+    [(30 << 20, 30.0, True), ((30 << 20) + 4096, 30.0, False), (31 << 20, 31.0, False)],
+)
+def test_mib_verdict(size: int, mib: float, met: bool) -> None:
+    assert mib_verdict(size, 30) == {"mib": mib, "target_mib": 30, "met": met}
+
+
+def test_ratios_of_the_two_memory_figures() -> None:
+    agent = {"VmRSS": 36 << 20, "RssAnon": 18 << 20, "Threads": 10}
+    floor = {"VmRSS": 30 << 20, "RssAnon": 12 << 20, "Threads": 8}
+    assert ratios(agent, floor) == {"VmRSS": 1.2, "RssAnon": 1.5}
