@@ -151,3 +151,51 @@ async def run_load(
         "agent_cpu_s": round(end["cpu_s"] - start["cpu_s"], 2),
         "agent_cpu_us_per_message": round((end["cpu_s"] - start["cpu_s"]) * 1e6 / max(calls, 1)),
     }
+
+
+async def run_floor_load(
+    target: str, method: str, seconds: float, server_figures: Callable[[], dict[str, float]]
+) -> dict[str, Any]:
+    """The same 200 connections against the grpcio floor server (one raw-bytes method), each
+    calling it in a loop: what grpcio itself costs per connection, measured beside the agent."""
+    errors: Counter[str] = Counter()
+    calls = 0
+    deadline = time.monotonic() + seconds
+    start = server_figures()
+    options = [("grpc.use_local_subchannel_pool", 1), *channel_options(30.0)]
+    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(CLIENTS)]
+
+    async def caller(channel: grpc.aio.Channel) -> None:
+        nonlocal calls
+        echo = channel.unary_unary(method)
+        while time.monotonic() < deadline:
+            try:
+                await echo(b"x" * 200, timeout=30.0)
+                calls += 1
+            except grpc.aio.AioRpcError as e:
+                errors[e.code().name] += 1
+
+    loaded: list[dict[str, float]] = []
+
+    async def sample_under_load() -> None:
+        await asyncio.sleep(seconds / 2)
+        loaded.append(await asyncio.to_thread(server_figures))
+
+    try:
+        await asyncio.gather(sample_under_load(), *(caller(c) for c in channels))
+    finally:
+        for channel in channels:
+            await channel.close()
+    end = server_figures()
+    return {
+        "clients": CLIENTS,
+        "calls": calls,
+        "errors": dict(errors),
+        "rss_anon_start": int(start["rss_anon"]),
+        "rss_anon_under_load": int(loaded[0]["rss_anon"]),
+        "rss_anon_end": int(end["rss_anon"]),
+        "rss_anon_growth": int(end["rss_anon"] - start["rss_anon"]),
+        "rss_anon_per_connection": int((loaded[0]["rss_anon"] - start["rss_anon"]) / CLIENTS),
+        "threads_start": int(start["threads"]),
+        "threads_under_load": int(loaded[0]["threads"]),
+    }

@@ -298,6 +298,42 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def measure_floor_load(workdir: Path, seconds: float) -> dict[str, Any]:
+    """The 200 connections against the grpcio floor server: the per-connection cost that
+    comes with grpcio, whatever the server does."""
+    from tests.bench.load import run_floor_load
+
+    target = f"unix://{workdir}/floor-load.sock"
+    floor_command = [sys.executable, "-OO", str(Path(__file__).with_name("floor_server.py"))]
+    floor, _ = start_and_wait([*floor_command, target], target, probe=floor_serving)
+    try:
+        return asyncio.run(
+            run_floor_load(target, FLOOR_METHOD, seconds, lambda: agent_figures(floor.pid))
+        )
+    finally:
+        floor.terminate()
+        floor.wait()
+
+
+def load_verdicts(load_local: dict[str, Any]) -> dict[str, Any]:
+    """The 200-connection targets: no errors, at most 12 threads, RssAnon growth <= 4 MiB
+    (and, beside it, what the floor server grew under the same connections)."""
+    verdicts = {}
+    for through in ("relay", "direct"):
+        load = load_local[through]
+        growth = load["agent_rss_anon_growth"]
+        verdicts[through] = {
+            "errors": {"value": sum(load["errors"].values()), "target": 0},
+            "threads": ratio_verdict(load["agent_threads_under_load"], 12),
+            "rss_anon_growth_mib": ratio_verdict(growth / (1 << 20), 4.0),
+            "floor_rss_anon_growth_mib": round(
+                load_local["floor"]["rss_anon_growth"] / (1 << 20), 1
+            ),
+        }
+        verdicts[through]["errors"]["met"] = verdicts[through]["errors"]["value"] == 0
+    return verdicts
+
+
 def host_sections(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as workdir:
         daemon = measure_daemons(Path(workdir))
@@ -305,7 +341,9 @@ def host_sections(args: argparse.Namespace) -> dict[str, Any]:
             through: measure_local_load(Path(workdir), args.load_seconds, through)
             for through in ("relay", "direct")
         }
-    return {"daemon": daemon, "load_local": load_local, "targets": verdicts(daemon)}
+        load_local["floor"] = measure_floor_load(Path(workdir), args.load_seconds)
+    targets = {**verdicts(daemon), "load": load_verdicts(load_local)}
+    return {"daemon": daemon, "load_local": load_local, "targets": targets}
 
 
 def vm_section(args: argparse.Namespace) -> dict[str, Any]:
