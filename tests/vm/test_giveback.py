@@ -31,17 +31,15 @@ MIB = 1 << 20
 RESULTS: dict[str, object] = {}
 HOG_MIB = 600
 
-# Fills all but 64 MiB of available memory with one tmpfs file, then punches out every other
-# page: free memory in single-page holes, which free page reporting cannot take. Filling
-# nearly all of it spreads the holes over the whole zone; with 160 MiB left, the file could
-# land above compaction's meeting point, and one run in three then moved nothing.
+# Fills all but LEFT MiB (argv) of available memory with one tmpfs file, then punches out
+# every other page: free memory in single-page holes, which free page reporting cannot take.
 FRAGMENT = """
-import ctypes, os
+import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 PUNCH_HOLE_KEEP_SIZE = 0x02 | 0x01
 meminfo = dict(line.split(":") for line in open("/proc/meminfo"))
-size = (int(meminfo["MemAvailable"].split()[0]) // 1024 - 64) << 20
+size = (int(meminfo["MemAvailable"].split()[0]) // 1024 - int(sys.argv[1])) << 20
 fd = os.open("/mnt/frag/big", os.O_RDWR | os.O_CREAT)
 chunk = b"x" * (1 << 20)
 for _ in range(size >> 20):
@@ -49,6 +47,13 @@ for _ in range(size >> 20):
 for offset in range(0, size, 8192):
     assert libc.fallocate(fd, PUNCH_HOLE_KEEP_SIZE, offset, 4096) == 0
 """
+# How much compaction gains depends on where the holes lie, which the test cannot choose.
+# Leaving 64 MiB spreads them over the whole zone, but in two of six stressed runs the holes
+# sat in pageblocks compaction does not use as targets (its free scanner takes only movable
+# pageblocks): the scanners met 60 MiB into the zone and three passes gained nothing. With
+# 160 MiB left the file could land above the scanners' meeting point, and one run in three
+# moved nothing. So a second layout is tried when the first gives compaction nothing to do.
+LAYOUTS_LEFT_MIB = (64, 160)
 
 
 @pytest.fixture(scope="module")
@@ -65,46 +70,76 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
     (out / "giveback.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
 
 
-def test_compaction_gathers_free_pages_into_high_orders(vm: GuestVM, agent: AgentClient) -> None:
-    # First in the module: compaction moves pages from the zone's start to free pages near
-    # its end, so the holes must be where a freshly booted guest puts a big file.
+def fragment_and_compact(vm: GuestVM, agent: AgentClient, left_mib: int) -> list[pb.CompactResult]:
+    """Fragment free memory with FRAGMENT, then Compact until a pass gains or three passes
+    have run (one pass can stop early, seen: 9 ms, nothing gained, under a busy host; a host
+    policy would ask again). Each call is a full compact_memory."""
     vm.exec("mkdir -p /mnt/frag && mount -t tmpfs -o size=90% tmpfs /mnt/frag")
     try:
-        vm.exec(["python3", "-c", FRAGMENT], timeout=600)
-        # One pass can stop early (seen: 9 ms, nothing gained, under a busy host), so a
-        # caller asks again, as a host policy would; each call is a full compact_memory.
+        vm.exec(["python3", "-c", FRAGMENT, str(left_mib)], timeout=600)
         results = [agent.compact()]
-        while (
-            len(results) < 3
-            and results[-1].free_huge_bytes_after <= results[0].free_huge_bytes_before
-        ):
+        while len(results) < 3 and gained_bytes(results) <= 0:
             results.append(agent.compact())
     finally:
         vm.exec("umount /mnt/frag")
+    return results
+
+
+def gained_bytes(results: list[pb.CompactResult]) -> int:
+    return results[-1].free_huge_bytes_after - results[0].free_huge_bytes_before
+
+
+def pageblock_types(vm: GuestVM) -> str:
+    """/proc/pagetypeinfo's pageblock counts per migratetype: where compaction may look."""
+    text = vm.exec(["cat", "/proc/pagetypeinfo"]).stdout
+    return text[text.find("Number of blocks type") :].strip()
+
+
+def test_compaction_gathers_free_pages_into_high_orders(vm: GuestVM, agent: AgentClient) -> None:
+    # First in the module: compaction moves pages from the zone's start to free pages near
+    # its end, so the holes must be where a freshly booted guest puts a big file.
+    attempts = []
+    for left_mib in LAYOUTS_LEFT_MIB:
+        results = fragment_and_compact(vm, agent, left_mib)
+        attempts.append(
+            {
+                "left_mib": left_mib,
+                "calls": len(results),
+                "duration_ms": [r.duration_us / 1000 for r in results],
+                "gained_mib": round(gained_bytes(results) / MIB, 1),
+                "free_blocks_before": list(results[0].free_blocks_before),
+                # Every pass, so a layout that gains nothing says what compaction did.
+                "passes": [
+                    {
+                        "free_huge_mib": [
+                            r.free_huge_bytes_before / MIB,
+                            r.free_huge_bytes_after / MIB,
+                        ],
+                        "counters": {k: v for k, v in r.counters.items() if v},
+                        "free_blocks_after": list(r.free_blocks_after),
+                    }
+                    for r in results
+                ],
+                "pageblock_types": pageblock_types(vm),
+            }
+        )
+        if gained_bytes(results) >= 2 * MIB:
+            break
     first, result = results[0], results[-1]
     RESULTS["compact"] = {
+        "layouts_tried": len(attempts),
         "calls": len(results),
-        "duration_ms": [r.duration_us / 1000 for r in results],
         "free_huge_mib_before": round(first.free_huge_bytes_before / MIB, 1),
         "free_huge_mib_after": round(result.free_huge_bytes_after / MIB, 1),
         "counters": dict(result.counters),
         "free_blocks_before": list(first.free_blocks_before),
         "free_blocks_after": list(result.free_blocks_after),
-        # Every pass, so a run that gains nothing says what compaction scanned and moved.
-        "passes": [
-            {
-                "free_huge_mib": [r.free_huge_bytes_before / MIB, r.free_huge_bytes_after / MIB],
-                "counters": {k: v for k, v in r.counters.items() if v},
-                "free_blocks_after": list(r.free_blocks_after),
-            }
-            for r in results
-        ],
+        "attempts": attempts,
     }
     said = json.dumps(RESULTS["compact"])  # Whole: pytest would cut a dict short.
-    # At least one more free 2 MiB block. Seen: +30 MiB once, +194 to +250 MiB in six runs;
+    # At least one more free 2 MiB block. Seen: +30 MiB once, +194 to +250 MiB in most runs;
     # how far compaction gets depends on where its two scanners meet.
-    gained = result.free_huge_bytes_after - first.free_huge_bytes_before
-    assert gained >= 2 * MIB, said
+    assert gained_bytes(results) >= 2 * MIB, said
     assert result.counters["compact_migrate_scanned"] > 0, said
     assert len(result.free_blocks_before) == 11
 
