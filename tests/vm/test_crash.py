@@ -19,11 +19,12 @@ import pytest
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
-from tests.vm.guest import boot, filler_ready, start_filler, stop_filler, wait_until
+from tests.vm.guest import boot_and_record, filler_ready, start_filler, stop_filler, wait_until
 
 pytestmark = pytest.mark.vm
 
 MIB = 1 << 20
+RESULTS: dict[str, object] = {}
 CGROUP = "crash"
 JOURNAL = "/run/guestagent/limits-journal.json"
 FILES = ("memory.max", "memory.swap.max", "memory.low")
@@ -50,7 +51,7 @@ echo "$current"
 @pytest.fixture(scope="module")
 def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
     config = VMConfig(memory_mib=512, disks=(Disk("swap", 1 << 30, serial="swap0"),))
-    yield from boot(config, image, tmp_path_factory)
+    yield from boot_and_record(config, image, tmp_path_factory, RESULTS, "crash")
 
 
 def limit_values(vm: GuestVM) -> dict[str, str]:
@@ -95,11 +96,14 @@ def test_a_kill_inside_memory_max_is_rolled_back_at_restart(
         for line in vm.exec(["cat", "/var/log/guestagent.log"]).stdout.splitlines()
         if '"limits_rolled_back"' in line
     ]
-    print(f"\nbefore:  {before}")
-    print(f"at kill: {at_kill} (memory.current {int(current_text) / MIB:.0f} MiB)")
-    print(f"after:   {after}")
-    print(f"log:     {log}")
-    print(f"caller:  {outcome}")
+    RESULTS.update(
+        before=before,
+        at_kill=at_kill,
+        memory_current_mib_at_kill=round(int(current_text) / MIB),
+        after=after,
+        rolled_back_log=log,
+        caller=str(outcome),
+    )
 
     assert "error" in outcome, outcome  # The caller never got an answer...
     assert at_kill not in (OLD, NEW), at_kill  # ...because the kill left the files mixed...

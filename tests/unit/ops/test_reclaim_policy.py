@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from guestagent.errors import InvalidArgument
 from guestagent.ops.reclaim_policy import (
+    CLEAN_STEPS_PER_BACKOFF,
     MAX_HOLD_INTERVALS,
     MIB,
     CompactionRule,
@@ -77,26 +78,40 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
         holds.append(state.hold)
     assert holds == [1, 4, 16, 32, 32, 32, 32, 32]
     assert max(holds) == MAX_HOLD_INTERVALS
-    # Calm intervals count the hold down, then a step; a clean sample after it shortens
-    # the next hold.
+    # Calm intervals count the hold down, then a step; CLEAN_STEPS_PER_BACKOFF clean samples
+    # after steps shorten the next hold.
     for left in range(31, -1, -1):
         decision = decide(sample(), POLICY, state)
         state = decision.state
         assert decision.step_bytes == 0 and state.hold == left
-    decision = decide(sample(), POLICY, state)
-    # Eight back-offs not worked off: 1/4**8 of the full step is under a page, so a page.
-    assert decision.step_bytes == PAGE and decision.state.stepped
-    after = decide(sample(reclaimed=decision.step_bytes), POLICY, decision.state).state
-    assert after.backoffs == state.backoffs - 1
-    # Each clean step after that quadruples the probe.
+    backoffs = state.backoffs
+    for judged in range(CLEAN_STEPS_PER_BACKOFF + 1):  # The first step has none to judge.
+        decision = decide(sample(reclaimed=state.last_step), POLICY, state)
+        # Eight back-offs not worked off: 1/4**8 of the full step is under a page, so a page.
+        assert decision.step_bytes == PAGE and decision.state.stepped
+        state = decision.state
+        worked_off = 1 if judged == CLEAN_STEPS_PER_BACKOFF else 0
+        assert state.backoffs == backoffs - worked_off
+    # The probe grows BACKOFF_FACTOR-fold once every CLEAN_STEPS_PER_BACKOFF clean steps.
     probes = []
     state = ControllerState(backoffs=3)
-    for _ in range(4):
+    for _ in range(3 * CLEAN_STEPS_PER_BACKOFF + 1):
         decision = decide(sample(reclaimed=probes[-1] if probes else 0), POLICY, state)
         probes.append(decision.step_bytes)
         state = decision.state
     full = 10 * MIB
-    assert probes == [full // 64 - (full // 64) % PAGE, full // 16, full // 4, full]
+    levels = [full // 64 - (full // 64) % PAGE, full // 16, full // 4]
+    assert probes == [p for p in levels for _ in range(CLEAN_STEPS_PER_BACKOFF)] + [full]
+
+
+def test_a_back_off_restarts_the_count_of_clean_steps() -> None:
+    state = ControllerState(backoffs=2)
+    for _ in range(CLEAN_STEPS_PER_BACKOFF):  # The first steps; each later one judges a step.
+        decision = decide(sample(reclaimed=state.last_step), POLICY, state)
+        state = decision.state
+    assert state.clean_steps == CLEAN_STEPS_PER_BACKOFF - 1
+    state = decide(sample(stall=5000), POLICY, state).state
+    assert (state.backoffs, state.clean_steps, state.hold) == (3, 0, 16)
 
 
 @pytest.mark.parametrize(("reclaimed", "backs_off"), [(0, True), (MIB - 1, True), (MIB, False)])
