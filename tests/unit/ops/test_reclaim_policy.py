@@ -212,6 +212,7 @@ states = st.builds(
     hold=st.integers(0, MAX_HOLD_INTERVALS),
     backoffs=st.integers(0, 10),
     last_step=st.integers(0, 1 << 30),
+    clean_steps=st.integers(0, CLEAN_STEPS_PER_BACKOFF - 1),
 )
 
 
@@ -225,6 +226,17 @@ def test_never_more_than_the_max_step_nor_below_the_floor(
     if step:
         assert s.current - step >= max(policy.floor_bytes, s.protected)
         assert s.stall_us <= policy.stall_target_us
+
+
+@given(samples, policies, states)
+def test_back_offs_wear_off_one_at_a_time(
+    s: Sample, policy: ReclaimPolicy, state: ControllerState
+) -> None:
+    after = decide(s, policy, state).state
+    assert after.backoffs >= state.backoffs - 1
+    if after.backoffs < state.backoffs:
+        assert state.stepped and state.clean_steps == CLEAN_STEPS_PER_BACKOFF - 1
+        assert after.clean_steps == 0
 
 
 @given(samples, policies, states)
