@@ -37,7 +37,11 @@ CONFIG = VMConfig(
 
 # argv: anon MiB, hot MiB, file path or "-", file MiB, output directory.
 # Every page of the allocation gets bytes of its own, so none is a zero page; the hot loop
-# only reads, as a working set mostly does, and logs "wall_time seconds" per iteration.
+# only reads, as a working set mostly does, and logs "wall_time seconds reference_seconds" per
+# iteration. The reference is a fixed loop of arithmetic that touches no page of the
+# allocation, timed right after: on a busy host the guest's pace changes between windows by
+# more than the 20 % a test allows (seen: 1.1x-3.7x per boot), and hot/reference cancels it,
+# while a hot set that faults slows only the hot pass.
 WORKLOAD = """
 import mmap, os, sys, time
 anon_mib, hot_mib, file_mib = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
@@ -63,7 +67,11 @@ while True:
     total = 0
     for offset in range(0, hot, page):
         total += buf[offset]
-    log.write(f"{time.time():.3f} {time.monotonic() - started:.6f}\\n")
+    hot_seconds = time.monotonic() - started
+    started = time.monotonic()
+    for i in range(20000):
+        total += i
+    log.write(f"{time.time():.3f} {hot_seconds:.6f} {time.monotonic() - started:.6f}\\n")
 """
 
 
@@ -107,17 +115,36 @@ def stop_workload(vm: GuestVM, out: str) -> None:
     )
 
 
-def iteration_log(vm: GuestVM, out: str) -> list[tuple[float, float]]:
-    """(guest wall time, seconds) for each hot-loop iteration so far."""
+@dataclass(frozen=True)
+class Iteration:
+    stamp: float  # Guest wall time at its end.
+    seconds: float  # The hot pass.
+    reference_seconds: float  # The reference loop right after it.
+
+
+def iteration_log(vm: GuestVM, out: str) -> list[Iteration]:
+    """Each hot-loop iteration so far."""
     rows = []
     for line in vm.exec(["cat", f"{out}/times"]).stdout.splitlines():
-        stamp, seconds = line.split()
-        rows.append((float(stamp), float(seconds)))
+        stamp, seconds, reference = line.split()
+        rows.append(Iteration(float(stamp), float(seconds), float(reference)))
     return rows
 
 
-def between(log: list[tuple[float, float]], since: float, until: float) -> list[float]:
-    return [seconds for stamp, seconds in log if since <= stamp < until]
+def between(log: list[Iteration], since: float, until: float) -> list[float]:
+    return [i.seconds for i in log if since <= i.stamp < until]
+
+
+def paced_between(log: list[Iteration], since: float, until: float) -> list[float]:
+    """Hot pass over reference loop: the hot loop's time in units of the guest's pace."""
+    return [i.seconds / i.reference_seconds for i in log if since <= i.stamp < until]
+
+
+def slowdown(log: list[Iteration], off: tuple[float, float], on: tuple[float, float]) -> float:
+    """Median hot/reference with the policy on over the same with it off."""
+    return round(
+        statistics.median(paced_between(log, *on)) / statistics.median(paced_between(log, *off)), 3
+    )
 
 
 def guest_free_memory(vm: GuestVM) -> dict[str, float]:
@@ -248,6 +275,9 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
         "oom_kills": on_rows[-1]["oom_kill"] - off_rows[0]["oom_kill"],
         "hot_median_ms_off": median_ms(hot_off),
         "hot_median_ms_on": median_ms(hot_on),
+        "hot_slowdown_paced": slowdown(
+            log, (guest_off_start, guest_on_start), (guest_on_start, guest_on_end)
+        ),
         "hot_iterations": [len(hot_off), len(hot_on)],
         "stall_us_per_s_off": round(stall_per_second(off_rows)),
         "stall_us_per_s_on": round(stall_per_second(on_rows)),
@@ -265,7 +295,7 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
         "thp": vm.exec(["cat", "/sys/kernel/mm/transparent_hugepage/enabled"]).stdout.strip(),
         **free_at_end,
         "timeline": sampler.rows,
-        "hot_timeline": [(round(stamp - offset, 2), seconds) for stamp, seconds in log],
+        "hot_timeline": [(round(i.stamp - offset, 2), i.seconds) for i in log],
     }
 
 
@@ -303,5 +333,14 @@ def no_thrash(vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300) 
         ),
         "hot_median_ms_off": median_ms(between(log, guest_off_start, guest_on_start)),
         "hot_median_ms_on": median_ms(between(log, guest_on_start + 20, guest_on_end)),
+        "reference_median_ms_off": median_ms(
+            [i.reference_seconds for i in log if guest_off_start <= i.stamp < guest_on_start]
+        ),
+        "reference_median_ms_on": median_ms(
+            [i.reference_seconds for i in log if guest_on_start + 20 <= i.stamp < guest_on_end]
+        ),
+        "hot_slowdown_paced": slowdown(
+            log, (guest_off_start, guest_on_start), (guest_on_start + 20, guest_on_end)
+        ),
         "timeline": sampler.rows,
     }

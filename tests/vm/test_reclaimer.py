@@ -53,7 +53,7 @@ def test_cold_memory_goes_back_to_the_host_only_with_the_policy_on(
     assert figures["seconds_to_80_percent"] is not None, summary
     assert figures["swap_file_allocated_mib"] <= (ANON_MIB - HOT_MIB) * 1.1, summary
     assert figures["oom_kills"] == 0, summary
-    assert figures["hot_median_ms_on"] <= 1.5 * figures["hot_median_ms_off"], summary
+    assert figures["hot_slowdown_paced"] <= 1.5, summary
     assert figures["stall_us_per_s_on"] <= STALL_TARGET_US, summary
 
 
@@ -68,7 +68,10 @@ def test_no_thrash_when_the_hot_set_is_most_of_the_memory(vm: GuestVM, agent: Ag
     assert figures["reclaimed_mib_last_20_s"] <= 32, summary  # A plateau, not a slope.
     assert figures["majfaults_per_s_last_20_s"] <= 2048, summary  # Under 8 MiB/s of swap-in.
     assert figures["stall_us_per_s_last_20_s"] <= STALL_TARGET_US, summary
-    assert figures["hot_median_ms_on"] <= 1.2 * figures["hot_median_ms_off"], summary
+    # The hot loop in units of the guest's pace (see reclaim_workload.WORKLOAD): the raw
+    # medians went 122.8 -> 154.9 ms (1.26x) in a stressed run with the reclaimer idle and
+    # 1 major fault/s, the host's pace changing between the windows.
+    assert figures["hot_slowdown_paced"] <= 1.2, summary
 
 
 def test_turns_with_the_host(vm: GuestVM, agent: AgentClient) -> None:
