@@ -131,20 +131,16 @@ def iteration_log(vm: GuestVM, out: str) -> list[Iteration]:
     return rows
 
 
-def between(log: list[Iteration], since: float, until: float) -> list[float]:
-    return [i.seconds for i in log if since <= i.stamp < until]
+def within(log: list[Iteration], since: float, until: float) -> list[Iteration]:
+    return [i for i in log if since <= i.stamp < until]
 
 
-def paced_between(log: list[Iteration], since: float, until: float) -> list[float]:
-    """Hot pass over reference loop: the hot loop's time in units of the guest's pace."""
-    return [i.seconds / i.reference_seconds for i in log if since <= i.stamp < until]
-
-
-def slowdown(log: list[Iteration], off: tuple[float, float], on: tuple[float, float]) -> float:
-    """Median hot/reference with the policy on over the same with it off."""
-    return round(
-        statistics.median(paced_between(log, *on)) / statistics.median(paced_between(log, *off)), 3
-    )
+def slowdown(off: list[Iteration], on: list[Iteration]) -> float:
+    """Median hot/reference with the policy on over the same with it off: the hot loop's
+    time in units of the guest's pace."""
+    on_paced = statistics.median(i.seconds / i.reference_seconds for i in on)
+    off_paced = statistics.median(i.seconds / i.reference_seconds for i in off)
+    return round(on_paced / off_paced, 3)
 
 
 def guest_free_memory(vm: GuestVM) -> dict[str, float]:
@@ -256,8 +252,8 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
     status = agent.reclaim_status(["pod"])
     stop_workload(vm, out)
     off_rows, on_rows = sampler.between(off_start, off_end), sampler.between(off_end, on_end)
-    hot_off = between(log, guest_off_start, guest_on_start)
-    hot_on = between(log, guest_on_start, guest_on_end)
+    hot_off = within(log, guest_off_start, guest_on_start)
+    hot_on = within(log, guest_on_start, guest_on_end)
     target = status.targets[0]
     cold = COLD_MIB * MIB
     offset = guest_off_start - off_start  # Guest wall time minus sampler time.
@@ -273,11 +269,9 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
         "swap_file_allocated_mib": round(swap_allocated / MIB, 1),
         "cold_anon_mib": ANON_MIB - HOT_MIB,
         "oom_kills": on_rows[-1]["oom_kill"] - off_rows[0]["oom_kill"],
-        "hot_median_ms_off": median_ms(hot_off),
-        "hot_median_ms_on": median_ms(hot_on),
-        "hot_slowdown_paced": slowdown(
-            log, (guest_off_start, guest_on_start), (guest_on_start, guest_on_end)
-        ),
+        "hot_median_ms_off": median_ms([i.seconds for i in hot_off]),
+        "hot_median_ms_on": median_ms([i.seconds for i in hot_on]),
+        "hot_slowdown_paced": slowdown(hot_off, hot_on),
         "hot_iterations": [len(hot_off), len(hot_on)],
         "stall_us_per_s_off": round(stall_per_second(off_rows)),
         "stall_us_per_s_on": round(stall_per_second(on_rows)),
@@ -313,6 +307,8 @@ def no_thrash(vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300) 
     log = iteration_log(vm, out)
     stop_workload(vm, out)
     agent.set_reclaim_policy("thrash", False)
+    hot_off = within(log, guest_off_start, guest_on_start)
+    hot_on = within(log, guest_on_start + 20, guest_on_end)  # Once backed off.
     late = sampler.between(on_end - 20, on_end)  # After the cold 100 MiB is gone.
     on_rows = sampler.between(on_start, on_end)
     span = late[-1]["t"] - late[0]["t"]
@@ -331,16 +327,10 @@ def no_thrash(vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300) 
         "stall_ms_whole_window": round(
             (on_rows[-1]["stall_total_us"] - on_rows[0]["stall_total_us"]) / 1000, 1
         ),
-        "hot_median_ms_off": median_ms(between(log, guest_off_start, guest_on_start)),
-        "hot_median_ms_on": median_ms(between(log, guest_on_start + 20, guest_on_end)),
-        "reference_median_ms_off": median_ms(
-            [i.reference_seconds for i in log if guest_off_start <= i.stamp < guest_on_start]
-        ),
-        "reference_median_ms_on": median_ms(
-            [i.reference_seconds for i in log if guest_on_start + 20 <= i.stamp < guest_on_end]
-        ),
-        "hot_slowdown_paced": slowdown(
-            log, (guest_off_start, guest_on_start), (guest_on_start + 20, guest_on_end)
-        ),
+        "hot_median_ms_off": median_ms([i.seconds for i in hot_off]),
+        "hot_median_ms_on": median_ms([i.seconds for i in hot_on]),
+        "reference_median_ms_off": median_ms([i.reference_seconds for i in hot_off]),
+        "reference_median_ms_on": median_ms([i.reference_seconds for i in hot_on]),
+        "hot_slowdown_paced": slowdown(hot_off, hot_on),
         "timeline": sampler.rows,
     }
