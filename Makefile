@@ -34,7 +34,7 @@ $(WHEEL_STAMP): $(STAMP) $(SOURCES)
 image: $(WHEEL_STAMP)
 	$(MAKE) -C image image WHEEL=$(abspath $(wildcard dist/guestagent-*.whl))
 
-# The extension bundle for any systemd guest image (docs/notes/image.md says how to add it).
+# The extension bundle for any systemd guest image (docs/guest-image.md says how to add it).
 bundle: $(WHEEL_STAMP)
 	$(MAKE) -C image bundle WHEEL=$(abspath $(wildcard dist/guestagent-*.whl))
 	cp image/build/guestagent-bundle.tar.gz $(BUNDLE)
