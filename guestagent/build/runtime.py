@@ -1,0 +1,448 @@
+"""Assemble the agent's self-contained runtime tree for one install prefix.
+
+Everything the agent executes comes from this tree: Debian 12's CPython 3.11 with the stdlib
+modules the agent can import, the pinned wheels, the agent's guest side, the shared
+libraries all of them load, glibc and its loader, and the tools the agent runs. The
+interpreter and the tools are rewritten (patchelf) to name the tree's loader and to search
+the tree's lib/ first, so they run in a guest with any libc or none, with no shell on the
+start path. Paths are absolute, so the tree works only at the prefix it was built for.
+
+Usage: python -m guestagent.build.runtime --debs TREE --site DIR --wheel WHL --prefix P --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import py_compile
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from guestagent.build import elf
+from guestagent.build.modules import Module, closure
+
+PYTHON_VERSION = "3.11"
+# The agent's command line: what it imports, directly or not, is the guest side.
+GUEST_ROOTS = ("guestagent.__main__", "guestagent.agent.cli")
+# Never in a guest: the host's tools, the VM harness and this build.
+HOST_ONLY = ("guestagent.host", "guestagent.vm", "guestagent.build")
+# Imported by the interpreter itself, not by an import statement the closure can read.
+STARTUP_MODULES = ("site", "_sitebuiltins", "encodings", "codecs", "io", "abc", "stat", "os")
+# Codecs are looked up by name, never imported by a statement. The agent runs in UTF-8 mode
+# (-X utf8), whatever the guest's locale, so these are all it can use: the interpreter's own,
+# and idna for host names in socket addresses.
+CODECS = tuple(
+    f"encodings.{name}"
+    for name in (
+        "aliases",
+        "utf_8",
+        "utf_8_sig",
+        "ascii",
+        "latin_1",
+        "idna",
+        "raw_unicode_escape",
+        "unicode_escape",
+    )
+)
+# Reached only through interactive help() (pydoc), self-tests, or process pools that the
+# agent never starts (it runs blocking work on threads): left out of the closure.
+NEVER_IMPORTED = frozenset({"pydoc", "doctest", "unittest", "test", "concurrent.futures.process"})
+# The programs the agent runs (guestagent/linux/tools.py finds them here first).
+TOOLS = ("mkswap", "blkid")
+# Loaded with dlopen, so no NEEDED entry names them: glibc's libgcc_s for pthread_exit (a
+# CPython thread at shutdown), and libudev, which pyudev opens through ctypes.
+DLOPENED_LIBRARIES = ("libgcc_s.so.1", "libudev.so.1")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A machine the tree is built for: Debian's multiarch triplet and its loader."""
+
+    machine: str
+    triplet: str
+    loader: str
+
+    @property
+    def extension_suffixes(self) -> tuple[str, ...]:
+        return (f".cpython-311-{self.triplet}.so", ".abi3.so", ".so")
+
+
+TARGETS = {
+    "x86_64": Target("x86_64", "x86_64-linux-gnu", "ld-linux-x86-64.so.2"),
+    "aarch64": Target("aarch64", "aarch64-linux-gnu", "ld-linux-aarch64.so.1"),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where things go in the tree, relative to its root."""
+
+    bin: Path = Path("bin")
+    sbin: Path = Path("sbin")
+    lib: Path = Path("lib")
+    stdlib: Path = Path("lib/python3.11")
+    dynload: Path = Path("lib/python3.11/lib-dynload")
+    # Debian's site.py adds PREFIX/lib/python3/dist-packages to sys.path.
+    site: Path = Path("lib/python3/dist-packages")
+    share: Path = Path("share/guestagent")
+
+
+LAYOUT = Layout()
+
+
+class BuildError(RuntimeError):
+    """The tree cannot be built as asked; the message names what and why."""
+
+
+@dataclass
+class Summary:
+    modules: int = 0
+    dropped_extensions: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()
+    missing_imports: int = 0
+
+
+def library_dirs(debs: Path, target: Target) -> list[Path]:
+    return [debs / "lib" / target.triplet, debs / "usr/lib" / target.triplet, debs / "lib"]
+
+
+def find_library(name: str, debs: Path, target: Target) -> Path | None:
+    for directory in library_dirs(debs, target):
+        if (directory / name).exists():
+            return (directory / name).resolve()
+    return None
+
+
+def needed_closure(
+    start: Iterable[Path], debs: Path, target: Target
+) -> tuple[dict[str, Path], set[str]]:
+    """The shared libraries start needs, directly or not, from the unpacked packages."""
+    found: dict[str, Path] = {}
+    missing: set[str] = set()
+    pending = [name for path in start for name in elf.parse_elf(path.read_bytes()).needed]
+    while pending:
+        name = pending.pop()
+        if name in found or name in missing:
+            continue
+        path = find_library(name, debs, target)
+        if path is None:
+            missing.add(name)
+            continue
+        found[name] = path
+        pending.extend(elf.parse_elf(path.read_bytes()).needed)
+    return found, missing
+
+
+def loadable(path: Path, debs: Path, target: Target) -> bool:
+    return not needed_closure([path], debs, target)[1]
+
+
+def copy_file(source: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source, dest, follow_symlinks=True)
+
+
+def patch_executable(path: Path, prefix: PurePosixPath, target: Target) -> None:
+    """The tree's loader, and the tree's lib/ searched first for every library the process
+    loads (DT_RPATH, not DT_RUNPATH: glibc applies an executable's RPATH to the libraries
+    and extension modules it loads too)."""
+    subprocess.run(
+        [
+            "patchelf",
+            "--set-interpreter",
+            str(prefix / LAYOUT.lib / target.loader),
+            "--force-rpath",
+            "--set-rpath",
+            str(prefix / LAYOUT.lib),
+            str(path),
+        ],
+        check=True,
+    )
+
+
+def unpack_guest_side(wheel: Path, into: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.namelist():
+            if member.startswith("guestagent/"):
+                archive.extract(member, into)
+
+
+def entry_script(prefix: PurePosixPath) -> str:
+    # The kernel runs the shebang itself: no shell, no env. -I: the guest's PYTHON*
+    # variables and user site never reach the agent; -B: a read-only tree stays unwritten;
+    # -X utf8: no dependence on the guest's locales.
+    return (
+        f"#!{prefix / LAYOUT.bin / 'python3.11'} -IBXutf8\n"
+        "import sys\n\n"
+        "from guestagent.agent.cli import entry\n\n"
+        "sys.exit(entry())\n"
+    )
+
+
+def ship_modules(
+    modules: dict[str, Module],
+    sources: dict[str, Path],
+    dest: Path,
+    debs: Path,
+    target: Target,
+) -> tuple[str, ...]:
+    """Copy each module to its place in the tree; extension modules whose libraries are not
+    in the packages are left out (their Python callers fall back, as hashlib does)."""
+    dropped = []
+    whole_packages: set[str] = set()
+    for name, module in sorted(modules.items()):
+        top = name.split(".")[0]
+        origin, destination = next(
+            (root, dest / place)
+            for place, root in sources.items()
+            if module.path == root or root in module.path.parents
+        )
+        if origin == sources[str(LAYOUT.site)]:
+            whole_packages.add(top)  # Third-party packages ship whole, data files included.
+            continue
+        if module.path.is_dir():
+            continue  # A namespace package: its modules bring the directory.
+        if module.path.suffix == ".so" and not loadable(module.path, debs, target):
+            dropped.append(name)
+            continue
+        copy_file(module.path, destination / module.path.relative_to(origin))
+    site = sources[str(LAYOUT.site)]
+    for top in sorted(whole_packages):
+        source = site / top
+        if source.is_dir():
+            shutil.copytree(source, dest / LAYOUT.site / top, dirs_exist_ok=True)
+        else:
+            copy_file(source.with_suffix(".py"), dest / LAYOUT.site / f"{top}.py")
+    for info in sorted(site.glob("*.dist-info")):
+        record = (info / "RECORD").read_text() if (info / "RECORD").exists() else ""
+        if any(line.split("/")[0] in whole_packages for line in record.splitlines()):
+            shutil.copytree(info, dest / LAYOUT.site / info.name, dirs_exist_ok=True)
+    return tuple(dropped)
+
+
+def run_staged(dest: Path, target: Target, python: Path, *args: str) -> str:
+    """Run an interpreter through the tree's own loader and libraries, before the tree is
+    installed at its prefix (the patched loader path does not exist on the build host)."""
+    command = [
+        str(dest / LAYOUT.lib / target.loader),
+        "--library-path",
+        str(dest / LAYOUT.lib),
+        str(python),
+        *args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BuildError(f"{' '.join(args)} in the staged tree failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def copy_licenses(debs: Path, dest: Path, packages: Sequence[str]) -> None:
+    for package in packages:
+        copyright_file = debs / "usr/share/doc" / package / "copyright"
+        if copyright_file.exists():
+            copy_file(copyright_file, dest / "share/doc" / package / "copyright")
+
+
+def assemble(
+    debs: Path, site: Path, wheel: Path, prefix: PurePosixPath, dest: Path, target: Target
+) -> Summary:
+    if dest.exists():
+        shutil.rmtree(dest)
+    summary = Summary()
+    stdlib_source = debs / "usr/lib/python3.11"
+    copy_file(debs / "usr/bin/python3.11", dest / LAYOUT.bin / "python3.11")
+    for tool in TOOLS:
+        copy_file(debs / "sbin" / tool, dest / LAYOUT.sbin / tool)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        guest_source = Path(scratch)
+        unpack_guest_side(wheel, guest_source)
+        builtins = frozenset(
+            stdlib_builtins(debs, dest, target, [dest / LAYOUT.bin / "python3.11"])
+        )
+        search = [guest_source, site, stdlib_source, stdlib_source / "lib-dynload"]
+        loaded = traced_imports(debs, dest, target, [guest_source, site])
+        modules, missing = closure(
+            [*GUEST_ROOTS, *STARTUP_MODULES, *CODECS, *loaded],
+            search,
+            target.extension_suffixes,
+            builtins,
+            NEVER_IMPORTED,
+        )
+        leaked = sorted(
+            n for n in modules if any(n == h or n.startswith(h + ".") for h in HOST_ONLY)
+        )
+        if leaked:
+            raise BuildError(f"the guest side imports host-only modules: {', '.join(leaked)}")
+        summary.modules = len(modules)
+        summary.missing_imports = len({m.split(".")[0] for m in missing})
+        sources = {
+            str(LAYOUT.site / "guestagent"): guest_source / "guestagent",
+            str(LAYOUT.site): site,
+            str(LAYOUT.dynload): stdlib_source / "lib-dynload",
+            str(LAYOUT.stdlib): stdlib_source,
+        }
+        summary.dropped_extensions = ship_modules(modules, sources, dest, debs, target)
+
+    shutil.rmtree(dest / LAYOUT.site / "bin", ignore_errors=True)
+    elf_files = [
+        p for p in sorted(dest.rglob("*")) if p.is_file() and elf.is_elf(p.read_bytes()[:4])
+    ]
+    libraries, unresolved = needed_closure(elf_files, debs, target)
+    for name in DLOPENED_LIBRARIES:
+        libraries[name] = find_library(name, debs, target) or Path("/nonexistent")
+    unresolved |= {n for n, p in libraries.items() if not p.exists()}
+    if unresolved:
+        raise BuildError(f"libraries not in the packages: {', '.join(sorted(unresolved))}")
+    for name, path in sorted(libraries.items()):
+        copy_file(path, dest / LAYOUT.lib / name)
+    summary.libraries = tuple(sorted(libraries))
+
+    for executable in [dest / LAYOUT.bin / "python3.11", *(dest / LAYOUT.sbin / t for t in TOOLS)]:
+        patch_executable(executable, prefix, target)
+    (dest / LAYOUT.bin / "python").symlink_to("python3.11")
+    (dest / LAYOUT.bin / "python3").symlink_to("python3.11")
+    script = dest / LAYOUT.bin / "guestagent"
+    script.write_text(entry_script(prefix))
+    script.chmod(0o755)
+
+    compile_tree(dest, prefix)
+    # The trimmed tree must at least start the daemon's modules.
+    run_staged(
+        dest,
+        target,
+        dest / LAYOUT.bin / "python3.11",
+        "-IB",
+        "-c",
+        "import guestagent.agent.daemon, pyudev",
+    )
+    versions = (debs.parent / "versions.txt").read_text()
+    copy_licenses(debs, dest, [line.split()[0] for line in versions.splitlines() if line])
+    (dest / LAYOUT.share).mkdir(parents=True, exist_ok=True)
+    (dest / LAYOUT.share / "packages.txt").write_text(versions)
+    return summary
+
+
+def compile_tree(dest: Path, prefix: PurePosixPath) -> None:
+    """A guest's tree is read-only (EROFS) or a throwaway copy, so bytecode is compiled here,
+    as unchecked-hash pycs, valid whatever mtimes unpacking gives the sources. The stdlib
+    ships as bytecode alone (4 MB less; its frames in a traceback show no source line); the
+    agent and its libraries keep their sources beside it."""
+    for directory, legacy in ((dest / LAYOUT.stdlib, True), (dest / LAYOUT.site, False)):
+        compiled = compileall.compile_dir(
+            directory,
+            quiet=1,
+            legacy=legacy,
+            stripdir=str(dest),
+            prependdir=str(prefix),
+            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+        )
+        if not compiled:
+            raise BuildError(f"compiling {directory} failed")
+    for source in (dest / LAYOUT.stdlib).rglob("*.py"):
+        source.unlink()
+
+
+def stdlib_builtins(debs: Path, dest: Path, target: Target, executables: list[Path]) -> list[str]:
+    """The interpreter's built-in modules, as the staged interpreter itself reports them."""
+    libraries, missing = needed_closure(executables, debs, target)
+    if missing:
+        raise BuildError(f"the interpreter needs libraries not in the packages: {sorted(missing)}")
+    for name, path in libraries.items():
+        copy_file(path, dest / LAYOUT.lib / name)
+    loader = find_library(target.loader, debs, target)
+    if loader is None:
+        raise BuildError(f"no {target.loader} in the packages")
+    copy_file(loader, dest / LAYOUT.lib / target.loader)
+    # The packages' own interpreter, beside its whole stdlib, on the tree's loader and libraries.
+    out = run_staged(
+        dest,
+        target,
+        debs / "usr/bin/python3.11",
+        "-S",
+        "-I",
+        "-c",
+        "import sys; print(*sys.builtin_module_names)",
+    )
+    return out.split()
+
+
+# What the agent's start and a served call load, C extensions' own imports included (cygrpc
+# imports pkgutil from C, for instance, where no import statement shows it).
+TRACE = """
+import asyncio, os, sys, tempfile
+sys.path[:0] = sys.argv[1:]
+sys.modules["ssl"] = None
+import guestagent.agent.daemon, grpc, grpc.aio, pyudev
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+async def serve_once(path):
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    server.add_insecure_port("unix://" + path)
+    await server.start()
+    async with grpc.aio.insecure_channel("unix://" + path) as channel:
+        await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    await server.stop(None)
+
+with tempfile.TemporaryDirectory() as d:
+    asyncio.run(serve_once(os.path.join(d, "s")))
+print(*sorted(sys.modules))
+"""
+
+
+def traced_imports(debs: Path, dest: Path, target: Target, path: list[Path]) -> list[str]:
+    """The modules a health call through grpc.aio loads, traced in the packages' own
+    interpreter with its whole stdlib."""
+    python = debs / "usr/bin/python3.11"
+    return run_staged(dest, target, python, "-S", "-I", "-c", TRACE, *map(str, path)).split()
+
+
+def check(tree: Path, prefix: PurePosixPath, machine: str) -> tuple[list[str], list[str]]:
+    """The ELF check: the report lines (every file checked) and the problems found."""
+    resolved = elf.resolve(elf.scan_tree(tree, prefix), prefix)
+    return list(elf.report(resolved)), elf.problems(resolved, machine)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m guestagent.build.runtime")
+    parser.add_argument("--debs", type=Path, required=True, help="the unpacked Debian packages")
+    parser.add_argument("--site", type=Path, required=True, help="the pinned wheels, installed")
+    parser.add_argument("--wheel", type=Path, required=True, help="the guestagent wheel")
+    parser.add_argument("--prefix", required=True, help="where the tree lives in the guest")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--machine", default="x86_64", choices=sorted(TARGETS))
+    args = parser.parse_args(argv)
+    target = TARGETS[args.machine]
+    prefix = PurePosixPath(args.prefix)
+    try:
+        summary = assemble(args.debs, args.site, args.wheel, prefix, args.out, target)
+    except BuildError as e:
+        print(f"runtime: {e}", file=sys.stderr)
+        return 1
+    lines, problems = check(args.out, prefix, target.machine)
+    print(
+        f"runtime: {args.out} for {prefix}: {summary.modules} modules, "
+        f"libraries {' '.join(summary.libraries)}"
+    )
+    if summary.dropped_extensions:
+        print(
+            "runtime: left out (their libraries are not shipped):",
+            *summary.dropped_extensions,
+        )
+    print(f"runtime: ELF check, {len(lines)} files:")
+    for line in lines:
+        print(f"  {line}")
+    for problem in problems:
+        print(f"runtime: ELF check: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
