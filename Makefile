@@ -7,7 +7,7 @@ WHEEL_STAMP := dist/.built
 SOURCES := $(shell find guestagent protos -name '*.py' -o -name '*.proto' | grep -v _pb2) pyproject.toml setup.py
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-BUNDLE := dist/guestagent-bundle-$(VERSION)-x86_64.tar.gz
+BUNDLE := dist/guestagent-bundle-$(VERSION)-x86_64.tar.xz
 
 .PHONY: setup protos test unit vm vm-stress run bench lint image bundle wheel clean
 
@@ -37,7 +37,7 @@ image: $(WHEEL_STAMP)
 # The extension bundle for any systemd guest image (docs/guest-image.md says how to add it).
 bundle: $(WHEEL_STAMP)
 	$(MAKE) -C image bundle WHEEL=$(abspath $(wildcard dist/guestagent-*.whl))
-	cp image/build/guestagent-bundle.tar.gz $(BUNDLE)
+	cp image/build/guestagent-bundle.tar.xz $(BUNDLE)
 
 # The README's test command: unit, integration and VM tests, the VM ones required.
 test: image

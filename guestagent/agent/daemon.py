@@ -169,7 +169,10 @@ class Agent:
     def _private_socket(self) -> str:
         """The unix socket relays dial: in a 0700 directory only this process can enter."""
         if self._private_dir is None:
-            temporary = os.environ.get("TMPDIR") or "/tmp"  # where mkdtemp would put it
+            # Where mkdtemp would put it; a minimal guest root may have /run but no /tmp.
+            temporary = os.environ.get("TMPDIR") or next(
+                (d for d in ("/tmp", "/run") if os.path.isdir(d)), "/tmp"
+            )
             self._private_dir = Path(private_directory(temporary, "guestagent-"))
             path = self._private_dir / "grpc.sock"
             self._add_port(f"unix://{path}")

@@ -149,7 +149,8 @@ def resolve(files: dict[PurePosixPath, ElfInfo], prefix: PurePosixPath) -> list[
             directories = tuple(expand_origin(d, path) for d in info.runpath)
         else:
             own = tuple(expand_origin(d, path) for d in info.rpath)
-            directories = own + executables_rpath
+            # A library may be loaded by any of the executables: their RPATH applies to it.
+            directories = own if info.is_executable else own + executables_rpath
         directories = tuple(d for d in dict.fromkeys(directories) if inside(d, prefix))
         libraries = []
         for name in info.needed:
@@ -189,11 +190,11 @@ def report(resolved: Iterable[Resolved]) -> Iterator[str]:
 
 
 def scan_tree(root: Path, prefix: PurePosixPath) -> dict[PurePosixPath, ElfInfo]:
-    """Every ELF file (symbolic links too, under their own names) below root, keyed by where
-    it will be installed. A link counts as the file it names, as the loader sees it."""
+    """Every ELF file below root, keyed by where it will be installed. Symbolic links are
+    left out: the file a link names is checked under its own name."""
     files: dict[PurePosixPath, ElfInfo] = {}
     for path in sorted(root.rglob("*")):
-        if not path.is_file():
+        if path.is_symlink() or not path.is_file():
             continue
         with path.open("rb") as f:
             if not is_elf(f.read(4)):

@@ -13,8 +13,6 @@ Usage: python -m guestagent.build.runtime --debs TREE --site DIR --wheel WHL --p
 from __future__ import annotations
 
 import argparse
-import compileall
-import py_compile
 import shutil
 import subprocess
 import sys
@@ -312,7 +310,7 @@ def assemble(
     script.write_text(entry_script(prefix))
     script.chmod(0o755)
 
-    compile_tree(dest, prefix)
+    compile_tree(dest, prefix, debs, target)
     # The trimmed tree must at least start the daemon's modules.
     run_staged(
         dest,
@@ -329,22 +327,17 @@ def assemble(
     return summary
 
 
-def compile_tree(dest: Path, prefix: PurePosixPath) -> None:
+def compile_tree(dest: Path, prefix: PurePosixPath, debs: Path, target: Target) -> None:
     """A guest's tree is read-only (EROFS) or a throwaway copy, so bytecode is compiled here,
-    as unchecked-hash pycs, valid whatever mtimes unpacking gives the sources. The stdlib
-    ships as bytecode alone (4 MB less; its frames in a traceback show no source line); the
-    agent and its libraries keep their sources beside it."""
-    for directory, legacy in ((dest / LAYOUT.stdlib, True), (dest / LAYOUT.site, False)):
-        compiled = compileall.compile_dir(
-            directory,
-            quiet=1,
-            legacy=legacy,
-            stripdir=str(dest),
-            prependdir=str(prefix),
-            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
-        )
-        if not compiled:
-            raise BuildError(f"compiling {directory} failed")
+    by the packages' own interpreter, as unchecked-hash pycs: valid whatever mtimes unpacking
+    gives the sources, and the same bytes from the same inputs. The stdlib ships as bytecode
+    alone (4 MB less; its frames in a traceback show no source line); the agent and its
+    libraries keep their sources beside it."""
+    python = debs / "usr/bin/python3.11"
+    common = ["-S", "-I", "-m", "compileall", "-q", "-s", str(dest), "-p", str(prefix)]
+    common += ["--invalidation-mode", "unchecked-hash"]
+    run_staged(dest, target, python, *common, "-b", str(dest / LAYOUT.stdlib))
+    run_staged(dest, target, python, *common, str(dest / LAYOUT.site))
     for source in (dest / LAYOUT.stdlib).rglob("*.py"):
         source.unlink()
 

@@ -1,4 +1,4 @@
-"""Block devices: finding them through udev, and reading what sysfs and the disk say.
+"""Block devices: finding them through libudev, and reading what sysfs and the disk say.
 
 Pure probes (on-disk signatures, /proc/self/mountinfo) are plain functions over bytes and
 text; the udev lookup is the only part that needs a live system.
@@ -24,6 +24,7 @@ from guestagent.errors import (
     NotFound,
 )
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.udev import open_udev
 
 # Enough of a disk's start to see every signature below (btrfs sits at 64 KiB).
 HEAD_BYTES = 128 * 1024
@@ -266,13 +267,11 @@ def open_exclusive(fs: KernelFS, device: BlockDevice) -> int:
 
 
 class UdevDevices:
-    """Block devices as udev sees them; waits for add events so hot-plugged disks work."""
+    """Block devices as libudev sees them; waits for add events so hot-plugged disks work.
+    A disk's serial is udev's ID_SERIAL where udevd runs, sysfs's `serial` where it does not."""
 
-    def __init__(self) -> None:
-        import pyudev
-
-        self._pyudev = pyudev
-        self._context = pyudev.Context()
+    def __init__(self, fs: KernelFS) -> None:
+        self._udev = open_udev(fs)
 
     def _convert(self, device: Any) -> BlockDevice:
         properties = device.properties
@@ -282,14 +281,13 @@ class UdevDevices:
             devtype=str(device.device_type),
             major=int(properties["MAJOR"]),
             minor=int(properties["MINOR"]),
-            serial=properties.get("ID_SERIAL"),
+            serial=self._udev.serial(device),
         )
 
     def _matches(self, device: Any, selector: DeviceSelector) -> bool:
         if selector.serial is not None:
-            properties = device.properties
             return bool(
-                device.device_type == "disk" and properties.get("ID_SERIAL") == selector.serial
+                device.device_type == "disk" and self._udev.serial(device) == selector.serial
             )
         # Not an assert: the daemon may run with -O, which strips asserts.
         if selector.path is None:
@@ -302,14 +300,13 @@ class UdevDevices:
                 return None
             if not stat.S_ISBLK(os.stat(selector.path).st_mode):
                 raise FailedPrecondition(f"{selector.path} is not a block device")
-        for device in self._context.list_devices(subsystem="block"):
+        for device in self._udev.context.list_devices(subsystem="block"):
             if self._matches(device, selector):
                 return self._convert(device)
         return None
 
     def wait(self, selector: DeviceSelector, timeout_s: float) -> BlockDevice | None:
-        monitor = self._pyudev.Monitor.from_netlink(self._context)
-        monitor.filter_by("block")
+        monitor = self._udev.monitor("block")
         monitor.start()
         found = self.find(selector)  # After start(), so an add event cannot slip between.
         deadline = time.monotonic() + timeout_s

@@ -33,6 +33,7 @@ from guestagent.linux.memblocks import (
     read_virtio_mem_regions,
 )
 from guestagent.linux.meminfo import read_system_memory
+from guestagent.linux.udev import open_udev
 
 log = EventLog("guestagent.ops.hotplug")
 
@@ -123,7 +124,7 @@ def online_memory(fs: KernelFS, policy: OnlinePolicy = OnlinePolicy()) -> Online
 
 
 class HotplugWatcher:
-    """Onlines memory when udev says a block was added, on a thread of its own."""
+    """Onlines memory when a block is added (udev or kernel uevents), on a thread of its own."""
 
     def __init__(self, fs: KernelFS, policy: OnlinePolicy | None) -> None:
         """policy None: onlining is off (--online-memory off), on demand too."""
@@ -141,16 +142,16 @@ class HotplugWatcher:
             return online_memory(self.fs, self.policy)
 
     def start(self) -> None:
-        import pyudev
-
-        monitor = pyudev.Monitor.from_netlink(pyudev.Context())
-        monitor.filter_by("memory")
+        udev = open_udev(self.fs)
+        monitor = udev.monitor("memory")
 
         def on_device(device: Any) -> None:
             if device.action == "add":
                 self.online_now()
 
-        self._observer = pyudev.MonitorObserver(monitor, callback=on_device, name="memory-hotplug")
+        self._observer = udev.pyudev.MonitorObserver(
+            monitor, callback=on_device, name="memory-hotplug"
+        )
         self._observer.start()
         self.online_now()  # After the monitor starts, so no block is missed in between.
 

@@ -121,11 +121,11 @@ class SwapManager:
     def finder(self) -> DeviceFinder:
         if self._finder is None:
             if not self.fs.is_real:
-                # udev knows the live system's disks, not a test tree's.
+                # libudev knows the live system's disks, not a test tree's.
                 raise FailedPrecondition(
                     f"finding block devices needs udev; this agent runs over {self.fs.root}"
                 )
-            self._finder = UdevDevices()
+            self._finder = UdevDevices(self.fs)
         return self._finder
 
     @property

@@ -459,6 +459,20 @@ class GuestVM:
         self.qmp("device_add", driver="pc-dimm", id=dimm_id, memdev=f"mem-{dimm_id}")
         return dimm_id
 
+    def hotplug_disk(self, disk: Disk) -> None:
+        """Plug a virtio-blk disk backed by a new sparse file, as a runtime adds a volume."""
+        with open(self.disk_path(disk.name), "wb") as backing:
+            backing.truncate(disk.size_bytes)
+        node = f"disk-{disk.name}"
+        file_node = {"driver": "file", "filename": str(self.disk_path(disk.name))}
+        discard = "unmap" if disk.discard else "ignore"
+        self.qmp(
+            "blockdev-add",
+            **{"driver": "raw", "node-name": node, "file": file_node, "discard": discard},
+        )
+        serial = {"serial": disk.serial} if disk.serial else {}
+        self.qmp("device_add", driver="virtio-blk-pci", id=node, drive=node, **serial)
+
     def set_virtio_mem_requested(self, size_bytes: int, device: str = "vmem0") -> None:
         """Ask the guest to plug (or unplug down to) size_bytes; the driver acts on its own."""
         path = f"/machine/peripheral/{device}"

@@ -3,10 +3,10 @@
 # with mkfs.ext4 -d (no loop mount, so no privileges beyond file ownership are needed).
 # FLAVOUR is fast (PID 1 is image/init, a shell script) or systemd (PID 1 is systemd, the agent
 # a unit, as in Kata's guest images).
-# Usage: rootfs.sh FLAVOUR BASE_STAMP KERNEL_DIR BUNDLE IMAGE_DIR OUTPUT
+# Usage: rootfs.sh FLAVOUR BASE_STAMP KERNEL_DIR BUNDLE WHEEL IMAGE_DIR OUTPUT
 # (BASE_STAMP holds the cached base tarball's path; BUNDLE is the `make bundle` tarball)
 set -eu
-flavour=$1 base=$(cat "$2") kernel=$3 bundle=$4 image=$5 output=$6
+flavour=$1 base=$(cat "$2") kernel=$3 bundle=$4 wheel=$5 image=$6 output=$7
 
 staging=$output.d
 rm -rf "$staging"
@@ -27,7 +27,16 @@ modules=lib/modules/$kver
 depmod -b "$staging/usr" "$kver"
 
 # The agent: the bundle's venv, unit and defaults, exactly as an operator would unpack them.
-tar -C "$staging" -xzf "$bundle"
+tar -C "$staging" -xJf "$bundle"
+# Test tooling, never in the bundle: guestctl in the guest, the whole package (host side
+# included) run by the bundle's interpreter.
+mkdir -p "$staging/usr/local/lib/guestctl" "$staging/usr/local/bin"
+python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("guestagent/")])' \
+    "$wheel" "$staging/usr/local/lib/guestctl"
+printf '%s\n' '#!/opt/guestagent/bin/python3.11 -IBXutf8' 'import sys' \
+    'sys.path.insert(0, "/usr/local/lib/guestctl")' 'from guestagent.host.ctl import main' \
+    'sys.exit(main())' > "$staging/usr/local/bin/guestctl"
+chmod 755 "$staging/usr/local/bin/guestctl"
 install -m 755 "$image/testexec.py" "$staging/usr/local/sbin/guestagent-testexec"
 install -m 755 "$image/standin-agent.py" "$staging/usr/local/sbin/guestagent-standin"
 for applet in poweroff reboot halt; do ln -sf /bin/busybox "$staging/usr/local/sbin/$applet"; done

@@ -365,9 +365,16 @@ def reclaimer_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"reclaimer": measure_reclaimer(args.out.with_name(f"{args.out.stem}-reclaimer.png"))}
 
 
+def runtime_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.runtime import measure_runtime
+
+    return {"runtime": measure_runtime()}
+
+
 # In the order they run. "host" writes daemon, load_local and targets; each other its own key.
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "host": host_sections,
+    "runtime": runtime_section,
     "vm": vm_section,
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,

@@ -24,7 +24,8 @@ RELAY_CALLS = 300
 # Runs in the guest: GetMemoryInfo over vsock (through the agent's relay) and over the
 # agent's unix socket, interleaved; prints p50/p99 of each in microseconds.
 RELAY_SCRIPT = f"""
-import json, time
+import json, sys, time
+sys.path.insert(0, "/usr/local/lib/guestctl")  # the test image's copy of the host side
 from guestagent.host.client import AgentClient
 def pct(xs, f): xs = sorted(xs); return round(xs[min(len(xs) - 1, int(f * len(xs)))], 1)
 with AgentClient("vsock://1:1025") as relayed, AgentClient("unix:///run/bench.sock") as direct:

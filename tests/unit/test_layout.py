@@ -73,6 +73,10 @@ def violations() -> list[str]:
                 found.append(f"{module} imports {target}: shared modules stay leaf-ward")
             if {own, theirs} == {"agent", "host"}:
                 found.append(f"{module} imports {target}: agent and host never import each other")
+            if theirs == "build" and own != "build":
+                found.append(f"{module} imports {target}: the guest build is a tool, not a library")
+            if own == "build" and theirs not in (None, "build"):
+                found.append(f"{module} imports {target}: the build needs nothing of the agent")
             if theirs == "vm" and own != "vm" and module not in VM_USERS_OUTSIDE_VM:
                 found.append(f"{module} imports {target}: only vm/ and tests use the harness")
     return found
@@ -80,7 +84,7 @@ def violations() -> list[str]:
 
 def test_every_module_is_in_a_layer() -> None:
     layers = {layer(m) for m in SOURCES}
-    assert layers <= {"shared", "linux", "ops", "agent", "host", "vm", "v1"}, layers
+    assert layers <= {"shared", "linux", "ops", "agent", "host", "vm", "v1", "build"}, layers
 
 
 def test_import_contracts_hold() -> None:
@@ -94,6 +98,7 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.linux.planted": "from guestagent.ops import swap\n",
         "guestagent.host.planted": "def f():\n    from guestagent.agent.wire import x\n",
         "guestagent.agent.planted": "from guestagent.vm import qemu\n",
+        "guestagent.build.planted": "from guestagent.linux import fs\n",
     }
     fake = dict(SOURCES)
     for name, text in planted.items():
@@ -108,6 +113,7 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.linux.planted imports guestagent.ops.swap",
         "guestagent.host.planted imports guestagent.agent.wire",
         "guestagent.agent.planted imports guestagent.vm.qemu",
+        "guestagent.build.planted imports guestagent.linux.fs",
     ):
         assert expected in found
 

@@ -17,7 +17,7 @@ from tests.vm.pace import Deadline
 
 T = TypeVar("T")
 
-GUESTCTL = "/opt/guestagent/bin/guestctl"
+GUESTCTL = "/usr/local/bin/guestctl"
 # guestctl's own start-up in an idle TCG guest (Python, grpc, protobuf): 3.5-6 s measured.
 GUESTCTL_START_SECONDS = 10.0
 # virtio-balloon's free page reporting runs 2 s after pages are freed; one window more.

@@ -16,7 +16,7 @@ from tests.vm.guest import boot_and_record, read_guest
 pytestmark = pytest.mark.vm
 
 INIT_AGENT_PORT = 1024
-GUESTCTL = "/opt/guestagent/bin/guestctl"
+GUESTCTL = "/usr/local/bin/guestctl"
 STANDIN = "/usr/local/sbin/guestagent-standin"
 LOOPBACK_CID = 1
 RESULTS: dict[str, object] = {}
@@ -54,7 +54,9 @@ def only_pid(vm: GuestVM, pattern: str) -> str:
 
 def test_the_stand_in_started_first(vm: GuestVM) -> None:
     standin = only_pid(vm, f"^/usr/bin/python3 {STANDIN} {INIT_AGENT_PORT}$")
-    agent = only_pid(vm, "^/opt/guestagent/bin/python /opt/guestagent/bin/guestagent serve")
+    agent = only_pid(
+        vm, "^/opt/guestagent/bin/python3.11 -IBXutf8 /opt/guestagent/bin/guestagent serve"
+    )
     assert start_ticks(vm, standin) <= start_ticks(vm, agent)
 
 
