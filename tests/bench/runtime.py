@@ -41,14 +41,18 @@ started = time.monotonic()
 agent = subprocess.Popen(command + ["--listen", "unix://" + socket],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 with grpc.insecure_channel("unix://" + socket) as channel:
-    call = channel.unary_unary("/guestagent.v1.Agent/GetMemoryInfo")
+    call = channel.unary_unary("/guestagent.v1.MemoryAgent/GetMemoryInfo")
     while True:
         try:
             call(b"", timeout=2)
             break
-        except grpc.RpcError:
-            if agent.poll() is not None:
-                sys.exit("the agent exited before serving")
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or agent.poll() is not None:
+                agent.kill()
+                sys.exit(f"the agent did not serve: {error.code()}, exit {agent.poll()}")
+            if time.monotonic() - started > 300:
+                agent.kill()
+                sys.exit("the agent did not serve within 300 s")
             time.sleep(0.02)
     ready = time.monotonic() - started
     for _ in range(int(sys.argv[3])):
