@@ -81,7 +81,7 @@ def test_enable_swap_request() -> None:
     ("request_", "words"),
     [
         (pb.EnableSwapRequest(), "no device given"),
-        (pb.EnableSwapRequest(device=pb.DeviceSelector(path="/dev/vdb"), discard=9), "9"),
+        (pb.EnableSwapRequest(device=pb.DeviceSelector(path="/dev/vdb"), discard=9), "9"),  # type: ignore[arg-type]
         (pb.EnableSwapRequest(device=pb.DeviceSelector(path="/etc/passwd")), "not under /dev"),
     ],
 )
@@ -122,8 +122,8 @@ def test_compact_and_reclaim_requests() -> None:
 
 
 def test_requests_without_fields() -> None:
-    assert wire.list_swaps_from_pb(pb.ListSwapsRequest()) is None
-    assert wire.online_memory_from_pb(pb.OnlineMemoryRequest()) is None
+    assert wire.list_swaps_from_pb(pb.ListSwapsRequest()) is None  # type: ignore[func-returns-value]
+    assert wire.online_memory_from_pb(pb.OnlineMemoryRequest()) is None  # type: ignore[func-returns-value]
 
 
 def test_compact_result_carries_the_domain_figures() -> None:

@@ -291,7 +291,7 @@ def kill_inside(monkeypatch: pytest.MonkeyPatch, file: str) -> None:
     """The kernel stores the new limit, then reclaims; the agent is killed while it does.
     Once: the next start (recover) writes through the real file system."""
     real_write = KernelFS.write
-    killed = []
+    killed: list[Path] = []
 
     def write(fs: KernelFS, path: Path, value: str) -> None:
         real_write(fs, path, value)

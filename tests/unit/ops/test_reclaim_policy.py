@@ -93,7 +93,7 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
         worked_off = 1 if judged == CLEAN_STEPS_PER_BACKOFF else 0
         assert state.backoffs == backoffs - worked_off
     # The probe grows BACKOFF_FACTOR-fold once every CLEAN_STEPS_PER_BACKOFF clean steps.
-    probes = []
+    probes: list[int] = []
     state = ControllerState(backoffs=3)
     for _ in range(3 * CLEAN_STEPS_PER_BACKOFF + 1):
         decision = decide(sample(reclaimed=probes[-1] if probes else 0), POLICY, state)
