@@ -22,7 +22,7 @@ from guestagent import errors
 from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
-from guestagent.ops import limits_journal
+from guestagent.ops import limits
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.reclaimer import Reclaimer
 from guestagent.ops.swap import SwapManager
@@ -226,7 +226,7 @@ async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then stop accepting and let in-flight calls finish."""
     # Before any listener: a limits change a dead agent left half done is rolled back
     # before a caller can see or change that cgroup.
-    limits_journal.recover(config.fs)
+    limits.recover(config.fs)
     # Blocking kernel work (mkswap, a memory.max write reclaiming, Compact) runs in threads;
     # asyncio's default pool grows to cpus + 4 under load, and each thread is paid for in
     # every guest. Two keep one slow write from holding up the others.

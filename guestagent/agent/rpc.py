@@ -27,7 +27,7 @@ from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import read_report
 from guestagent.ops.compaction import Compactor, CompactResult
 from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
-from guestagent.ops.limits import AppliedLimits, apply_memory_limits
+from guestagent.ops.limits import AppliedLimits, SetLimitsSpec, apply_memory_limits
 from guestagent.ops.overhead import GuestOverhead, guest_overhead
 from guestagent.ops.reclaim import ReclaimResult, reclaim
 from guestagent.ops.reclaimer import Reclaimer, TargetStatus
@@ -221,12 +221,10 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     @unary(wire.set_limits_spec_from_pb, wire.applied_limits_pb, audited=True)
     async def SetMemoryLimits(
         self,
-        spec: wire.SetLimitsSpec,
+        spec: SetLimitsSpec,
         context: Context[pb.SetMemoryLimitsRequest, pb.AppliedLimits],
     ) -> AppliedLimits:
-        return await asyncio.to_thread(
-            apply_memory_limits, self.fs, spec.cgroup, spec.memory, spec.create
-        )
+        return await asyncio.to_thread(apply_memory_limits, self.fs, spec)
 
     @unary(wire.compact_node_from_pb, wire.compact_result_pb, audited=True)
     async def Compact(

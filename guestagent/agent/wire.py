@@ -22,7 +22,7 @@ from guestagent.linux.vmstat import VmStat
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
 from guestagent.ops.compaction import CompactResult
 from guestagent.ops.hotplug import OnlineResult
-from guestagent.ops.limits import AppliedLimits, MemorySpec
+from guestagent.ops.limits import AppliedLimits, MemorySpec, SetLimitsSpec
 from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.reclaim import ReclaimResult
 from guestagent.ops.reclaim_policy import Mode, ReclaimPolicy
@@ -43,13 +43,6 @@ WATCH_REASON_TO_PB = {
     WatchReason.MEMORY_EVENTS: pb.WATCH_REASON_MEMORY_EVENTS,
     WatchReason.PRESSURE: pb.WATCH_REASON_PRESSURE,
 }
-
-
-@dataclass(frozen=True)
-class SetLimitsSpec:
-    cgroup: str
-    memory: MemorySpec
-    create: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ When free memory is left in blocks too small for free page reporting, it compact
 from __future__ import annotations
 
 import errno
-import json
 import os
 import threading
 import time
@@ -26,6 +25,7 @@ from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.meminfo import parse_pressure
+from guestagent.linux.statefile import RECLAIM_POLICIES, StateFileError, state_file
 from guestagent.ops.compaction import Compactor, parse_buddyinfo
 from guestagent.ops.reclaim import write_memory_reclaim
 from guestagent.ops.reclaim_policy import (
@@ -186,10 +186,7 @@ class Reclaimer:
         self._system_stall_us: int | None = None
         self._reclaimed_since_compaction = 0
         self._started = False
-
-    @property
-    def _state_path(self) -> Path:
-        return self.fs.run("guestagent", "reclaim-policy.json")
+        self._store = state_file(fs, RECLAIM_POLICIES)
 
     # The host's side: policies and status.
 
@@ -301,19 +298,15 @@ class Reclaimer:
             name: {"enabled": t.enabled, "policy": asdict(t.policy)}
             for name, t in sorted(self._targets.items())
         }
-        path = self._state_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(state, indent=1))
-        temporary.replace(path)
+        self._store.save(state)
 
     def _load(self) -> None:
         try:
-            state = json.loads(self._state_path.read_text())
-        except FileNotFoundError:
+            state = self._store.load()
+        except StateFileError as e:
+            log.warning("reclaim_state_unreadable", error=str(e))
             return
-        except (OSError, ValueError) as e:
-            log.warning("reclaim_state_unreadable", path=str(self._state_path), error=str(e))
+        if not isinstance(state, dict):
             return
         for cgroup, entry in state.items():
             try:

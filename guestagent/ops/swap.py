@@ -11,12 +11,10 @@ was there.
 from __future__ import annotations
 
 import enum
-import json
 import os
 import subprocess
 import threading
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from guestagent.errors import (
     Aborted,
@@ -28,6 +26,7 @@ from guestagent.errors import (
 )
 from guestagent.jsonlog import EventLog
 from guestagent.linux import syscalls
+from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.blockdev import (
     HEAD_BYTES,
     SWAP_SIGNATURE,
@@ -44,6 +43,7 @@ from guestagent.linux.blockdev import (
     write_queue_value,
 )
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.statefile import SWAPS, StateFileError, state_file
 from guestagent.linux.swaps import ActiveSwap, SwapHeader, parse_proc_swaps, parse_swap_header
 
 log = EventLog("guestagent.ops.swap")
@@ -115,7 +115,8 @@ class SwapManager:
         self.fs = fs
         self._finder = finder
         self._lock = threading.Lock()
-        self._page_size = os.sysconf("SC_PAGE_SIZE")
+        self._page_size = PAGE_SIZE
+        self._store = state_file(fs, SWAPS)
 
     @property
     def finder(self) -> DeviceFinder:
@@ -128,23 +129,17 @@ class SwapManager:
             self._finder = UdevDevices()
         return self._finder
 
-    @property
-    def _state_path(self) -> Path:
-        # What /proc/swaps cannot say (the discard policy, the label) survives an agent restart.
-        return self.fs.run("guestagent", "swaps.json")
-
     def _read_state(self) -> dict[str, dict[str, str]]:
+        """What /proc/swaps cannot say (the discard policy), kept across agent restarts."""
         try:
-            state: dict[str, dict[str, str]] = json.loads(self._state_path.read_text())
-            return state
-        except (FileNotFoundError, ValueError):
+            state = self._store.load()
+        except StateFileError as e:
+            log.warning("swap_state_unreadable", error=str(e))
             return {}
+        return state if isinstance(state, dict) else {}
 
     def _write_state(self, state: dict[str, dict[str, str]]) -> None:
-        self._state_path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self._state_path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(state, indent=1))
-        temporary.replace(self._state_path)
+        self._store.save(state)
 
     def active(self) -> list[ActiveSwap]:
         areas = active_swaps(self.fs)

@@ -11,7 +11,7 @@ from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.meminfo import read_report
 from guestagent.linux.watch import PressureTriggerSpec
 from guestagent.ops.compaction import CompactResult
-from guestagent.ops.limits import MemorySpec
+from guestagent.ops.limits import MemorySpec, SetLimitsSpec
 from guestagent.ops.reclaim import ReclaimResult
 from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec
 from guestagent.v1 import agent_pb2 as pb
@@ -103,7 +103,7 @@ def test_set_limits_request() -> None:
             cgroup="pod/ctr", memory=pb.LinuxMemory(limit=64 << 20, swap=-1), create=True
         )
     )
-    assert spec == wire.SetLimitsSpec("pod/ctr", MemorySpec(64 << 20, -1, None), True)
+    assert spec == SetLimitsSpec("pod/ctr", MemorySpec(64 << 20, -1, None), True)
 
 
 def test_set_limits_refuses_every_v1_knob_by_name() -> None:
