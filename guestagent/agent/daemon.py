@@ -24,8 +24,8 @@ from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
 from guestagent.ops import limits
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
-from guestagent.ops.reclaimer import Reclaimer
 from guestagent.ops.swap import SwapManager
+from guestagent.ops.workingset.reclaimer import Reclaimer
 from guestagent.transport import (
     Address,
     AddressInUse,

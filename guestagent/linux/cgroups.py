@@ -158,3 +158,18 @@ def _has_controller(fs: KernelFS, name: str, controller: str) -> bool:
         return controller in subtree_controllers(fs, fs.cgroup_root / name)
     except AgentError:
         return False  # Not a cgroup (create_cgroup refuses it), or gone with one that was made.
+
+
+def own_cgroup(proc_self_cgroup: str) -> str | None:
+    """The cgroup2 path in /proc/self/cgroup ("0::/x" -> "/x"); None without cgroup2."""
+    for line in proc_self_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            return path
+    return None
+
+
+def read_own_cgroup(fs: KernelFS) -> str | None:
+    """The cgroup2 cgroup this process runs in, None without cgroup2 (or without /proc)."""
+    return own_cgroup(fs.read_optional(fs.proc("self", "cgroup")) or "")

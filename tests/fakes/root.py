@@ -44,6 +44,15 @@ class FakeRoot:
         path.write_text(text)
         return path
 
+    def add_memory_blocks(self, states: dict[int, str]) -> None:
+        """Memory blocks of 128 MiB in the given states, online ones in ZONE_NORMAL."""
+        memory = "sys/devices/system/memory"
+        self.write(f"{memory}/block_size_bytes", "8000000\n")
+        for index, state in states.items():
+            self.write(f"{memory}/memory{index}/state", f"{state}\n")
+            if state == "online":
+                self.write(f"{memory}/memory{index}/valid_zones", "Normal\n")
+
     def add_cgroup(
         self,
         name: str,

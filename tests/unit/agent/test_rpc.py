@@ -183,7 +183,7 @@ async def test_a_bug_is_internal_and_logged(
     def broken(*args: object) -> NoReturn:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("guestagent.agent.rpc.read_report", broken)
+    monkeypatch.setattr("guestagent.agent.rpc.memory_info", broken)
     context: Any = FakeContext()
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):
         await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(), context)

@@ -12,7 +12,7 @@ from guestagent.linux.meminfo import read_report
 from guestagent.linux.watch import PressureTriggerSpec
 from guestagent.ops.compaction import CompactResult
 from guestagent.ops.limits import MemorySpec, SetLimitsSpec
-from guestagent.ops.reclaim import ReclaimResult
+from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
 from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
@@ -118,7 +118,7 @@ def test_compact_and_reclaim_requests() -> None:
     assert wire.compact_node_from_pb(pb.CompactRequest(node=0)) == 0
     assert wire.reclaim_spec_from_pb(
         pb.ReclaimRequest(cgroup="pod", bytes=1 << 20, drop_caches=1)
-    ) == wire.ReclaimSpec("pod", 1 << 20, 1)
+    ) == ReclaimSpec("pod", 1 << 20, 1)
 
 
 def test_requests_without_fields() -> None:

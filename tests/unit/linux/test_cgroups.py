@@ -16,7 +16,13 @@ from guestagent.errors import (
     kernel_error,
 )
 from guestagent.linux import cgroups
-from guestagent.linux.cgroups import cgroup_dir, create_cgroup, undo_create, validate_cgroup_name
+from guestagent.linux.cgroups import (
+    cgroup_dir,
+    create_cgroup,
+    own_cgroup,
+    undo_create,
+    validate_cgroup_name,
+)
 from guestagent.linux.fs import KernelFS
 from tests.fakes.root import MEMORY_EVENTS, MEMORY_STAT, FakeRoot
 
@@ -267,3 +273,17 @@ def test_undo_says_what_it_could_not_remove(fake_root: FakeRoot) -> None:
     created = cgroups.CreatedCgroup(pod, made=(pod,))
     assert "could not remove" in undo_create(fake_root.fs, created)
     assert "ENOTEMPTY" in undo_create(fake_root.fs, created)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0::/\n", "/"),
+        ("0::/system.slice/guestagent.service\n", "/system.slice/guestagent.service"),
+        ("9:name=systemd:/\n4:memory:/x\n0::/guestagent\n", "/guestagent"),
+        ("4:memory:/x\n1:cpu:/\n", None),  # cgroup v1 only
+        ("", None),
+    ],
+)
+def test_own_cgroup(text: str, expected: str | None) -> None:
+    assert own_cgroup(text) == expected
