@@ -19,6 +19,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from guestagent import errors
+from guestagent.agent.listen import (
+    AddressInUse,
+    open_unix_listener,
+    open_vsock_listener,
+    private_directory,
+)
+from guestagent.agent.peers import NamedRelay, PeerTable, vsock_admitter
 from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
@@ -26,19 +33,13 @@ from guestagent.ops import limits
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.swap import SwapManager
 from guestagent.ops.workingset.reclaimer import Reclaimer
-from guestagent.transport import (
+from guestagent.transport.address import (
+    HOST_CID,
     Address,
-    AddressInUse,
-    NamedRelay,
-    PeerTable,
     TcpAddress,
     UnixAddress,
     VsockAddress,
     grpc_target,
-    open_unix_listener,
-    open_vsock_listener,
-    private_directory,
-    vsock_admitter,
 )
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
@@ -56,7 +57,7 @@ MAX_UNREQUESTED_SECONDS = 600
 class ServerConfig:
     listen: tuple[Address, ...]
     fs: KernelFS = field(default_factory=KernelFS)
-    allowed_cids: frozenset[int] = frozenset({2})
+    allowed_cids: frozenset[int] = frozenset({HOST_CID})
     grace_seconds: float = 10.0
     # How hot-plugged memory is onlined; None leaves it offline.
     online_memory: OnlinePolicy | None = field(default_factory=OnlinePolicy)

@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 from guestagent import errors
 from guestagent.agent import wire
 from guestagent.agent.audit import audit
+from guestagent.agent.peers import PeerTable
 from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
@@ -37,7 +38,6 @@ from guestagent.ops.workingset.reclaimer import (
     ReclaimPolicyRequest,
     TargetStatus,
 )
-from guestagent.transport import PeerTable
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 

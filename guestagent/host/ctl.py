@@ -35,7 +35,7 @@ from guestagent.host.units import SIZE_HELP, parse_limit, parse_size
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.watch import PSI_MIN_WINDOW_US
-from guestagent.transport import TcpAddress, parse_address
+from guestagent.transport.address import TcpAddress, parse_address
 from guestagent.v1 import agent_pb2 as pb
 
 Run = Callable[[argparse.Namespace], int]

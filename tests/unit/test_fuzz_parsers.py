@@ -20,7 +20,7 @@ from guestagent.linux.meminfo import parse_limit, parse_meminfo, parse_pressure
 from guestagent.linux.mm import parse_buddyinfo, parse_zoneinfo_present, rss_bytes
 from guestagent.linux.swaps import parse_swap_header
 from guestagent.linux.watch import parse_inotify_events
-from guestagent.transport import parse_address
+from guestagent.transport.address import parse_address
 
 # Thousands of examples: `make test` runs them, `make unit` does not.
 pytestmark = pytest.mark.slow

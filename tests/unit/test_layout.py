@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
 
 # Modules at the top of the package that both sides of the vsock use.
-SHARED = {"errors", "jsonlog", "relay", "transport"}
+SHARED = {"errors", "jsonlog", "transport"}
 GRPC_OR_CONTRACT = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "guestagent.v1")
 
 

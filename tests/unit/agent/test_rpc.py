@@ -15,12 +15,12 @@ import grpc
 import pytest
 
 from guestagent import errors
+from guestagent.agent.peers import PeerTable
 from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_for
 from guestagent.errors import kernel_error
 from guestagent.linux.fs import KernelFS
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.swap import SwapManager
-from guestagent.transport import PeerTable
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from guestagent.relay import SocketRelay, Upstream
-from guestagent.transport import dial_unix
+from guestagent.transport.dial import dial_unix
+from guestagent.transport.relay import SocketRelay, Upstream
 
 
 def _listen(path: Path, backlog: int = 256) -> socket.socket:
