@@ -63,5 +63,5 @@ def test_guestctl_reclaim_on_status_off(agent: AgentProcess) -> None:
     assert "pod/ctr" in status.stdout and "compaction:" in status.stdout
     off = guestctl("--target", agent.unix_target, "reclaim", "off", "--cgroup", "pod/ctr")
     assert "disabled (turned off)" in off.stdout
-    missing = guestctl("--target", agent.unix_target, "reclaim", "--cgroup", "pod/ctr")
-    assert missing.returncode == 1 and "--bytes" in missing.stderr
+    missing = guestctl("--target", agent.unix_target, "reclaim", "now", "--cgroup", "pod/ctr")
+    assert missing.returncode == 2 and "--bytes" in missing.stderr
