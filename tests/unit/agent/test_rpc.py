@@ -211,3 +211,21 @@ async def test_a_failed_write_is_audited_as_aborted(
     (line,) = audit_lines(caplog)
     assert line["code"] == "ABORTED" == getattr(context.code, "name", None)
     assert "EBUSY" in str(line["error"])
+
+
+@pytest.mark.parametrize(
+    ("number", "code"),
+    [
+        (errno.EXDEV, grpc.StatusCode.INVALID_ARGUMENT),
+        (errno.EBUSY, grpc.StatusCode.FAILED_PRECONDITION),
+        (errno.EAGAIN, grpc.StatusCode.ABORTED),
+        (errno.EIO, grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_kernel_errors_reach_the_caller_as_their_status(number: int, code: grpc.StatusCode) -> None:
+    error = kernel_error(
+        "write", "/proc/sys/vm/compact_memory", "1", OSError(number, os.strerror(number))
+    )
+    status, message = status_for(error)
+    assert status == code
+    assert "/proc/sys/vm/compact_memory" in message

@@ -13,7 +13,7 @@ from guestagent.linux.watch import PressureTriggerSpec
 from guestagent.ops.compaction import CompactResult
 from guestagent.ops.limits import MemorySpec, SetLimitsSpec
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
-from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec
+from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec, SwapArea
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 
@@ -172,3 +172,17 @@ def test_watch_update_reason(
     assert message.reason == expected
     assert list(message.changed_cgroups) == ["pod"]
     assert message.cgroups[0].path == "pod"
+
+
+def swap_area(rotational: bool | None) -> SwapArea:
+    return SwapArea(
+        "/dev/vdb", 1 << 30, 0, 10, DiscardPolicy.BOTH, True, rotational, "u", "guestagent-swap"
+    )
+
+
+@pytest.mark.parametrize("rotational", [False, True, None])
+def test_rotational_is_sent_only_when_known(rotational: bool | None) -> None:
+    message = wire.swap_area_pb(swap_area(rotational))
+    assert message.HasField("rotational") == (rotational is not None)
+    if rotational is not None:
+        assert message.rotational is rotational

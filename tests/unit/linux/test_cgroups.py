@@ -19,6 +19,7 @@ from guestagent.linux import cgroups
 from guestagent.linux.cgroups import (
     cgroup_dir,
     create_cgroup,
+    creation_plan,
     own_cgroup,
     undo_create,
     validate_cgroup_name,
@@ -287,3 +288,15 @@ def test_undo_says_what_it_could_not_remove(fake_root: FakeRoot) -> None:
 )
 def test_own_cgroup(text: str, expected: str | None) -> None:
     assert own_cgroup(text) == expected
+
+
+def test_creation_plan(fake_root: FakeRoot) -> None:
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
+    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod", "pod/ctr"), ("", "pod"))
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu memory\n")
+    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod", "pod/ctr"), ("pod",))
+    fake_root.add_cgroup("pod")
+    fake_root.write("sys/fs/cgroup/pod/cgroup.subtree_control", "memory\n")
+    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod/ctr",), ())
+    fake_root.add_cgroup("pod/ctr")
+    assert creation_plan(fake_root.fs, "pod/ctr") == ((), ())

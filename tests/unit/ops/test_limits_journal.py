@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.errors import Aborted, FailedPrecondition, kernel_error
-from guestagent.linux.cgroups import creation_plan
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.memcg import same_limit
 from guestagent.ops import limits, limits_journal
 from guestagent.ops.limits import (
     MemorySpec,
@@ -122,25 +120,6 @@ def test_decode_refuses(body: object, words: str) -> None:
         decode(body)
 
 
-@pytest.mark.parametrize(
-    ("a", "b", "same"),
-    [
-        ("max", "max", True),
-        ("max\n", "max", True),
-        ("4096", "4097", True),  # the kernel keeps whole pages
-        ("4096", "8191", True),
-        ("4096", "8192", False),
-        ("0", "max", False),
-        (str(2**63 - 1), "max", True),  # as large as the kernel counts: it shows "max"
-        (str(2**64), "max", True),
-        (str(64 * MiB), "max", False),
-    ],
-)
-def test_same_limit(a: str, b: str, same: bool) -> None:
-    assert same_limit(a, b, PAGE) is same
-    assert same_limit(b, a, PAGE) is same
-
-
 def test_rollback_plan_restores_last_written_first() -> None:
     current = dict(NEW)
     assert rollback_plan(JOURNAL, current, PAGE) == (
@@ -166,18 +145,6 @@ def test_rollback_plan_skips_old_and_missing_files() -> None:
         "memory.low": "0",
     }
     assert rollback_plan(JOURNAL, current, PAGE) == ()
-
-
-def test_creation_plan(fake_root: FakeRoot) -> None:
-    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
-    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod", "pod/ctr"), ("", "pod"))
-    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu memory\n")
-    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod", "pod/ctr"), ("pod",))
-    fake_root.add_cgroup("pod")
-    fake_root.write("sys/fs/cgroup/pod/cgroup.subtree_control", "memory\n")
-    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod/ctr",), ())
-    fake_root.add_cgroup("pod/ctr")
-    assert creation_plan(fake_root.fs, "pod/ctr") == ((), ())
 
 
 # The journal around SetMemoryLimits.
