@@ -8,7 +8,6 @@ import errno
 import logging
 import os
 import socket
-from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
@@ -18,7 +17,6 @@ from guestagent import errors
 from guestagent.agent.peers import PeerTable
 from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_for
 from guestagent.errors import kernel_error
-from guestagent.linux.fs import KernelFS
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.swap import SwapManager
 from guestagent.v1 import agent_pb2 as pb
@@ -197,13 +195,10 @@ async def test_a_bug_is_internal_and_logged(
 
 async def test_a_failed_write_is_audited_as_aborted(
     servicer: MemoryAgentServicer,
+    fake_root: FakeRoot,
     caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def busy(fs: KernelFS, path: Path, value: str) -> NoReturn:
-        raise kernel_error("write", path, value, OSError(errno.EBUSY, os.strerror(errno.EBUSY)))
-
-    monkeypatch.setattr(KernelFS, "write", busy)
+    fake_root.kernel.fail("write", "memory.max", errno.EBUSY)
     context: Any = FakeContext()
     request = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=1 << 30))
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, kernel_error
+from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux.abi import LONG_MAX
-from guestagent.linux.fs import KernelFS
 from guestagent.ops.limits import (
     AppliedLimits,
     CgroupMemoryValues,
@@ -17,7 +16,7 @@ from guestagent.ops.limits import (
     apply_memory_limits,
     cgroup_values,
 )
-from tests.fakes.root import FakeRoot
+from tests.fakes.root import FakeRoot, Proceed
 from tests.unit.linux.test_cgroups import FakeCgroupKernel
 
 MiB = 1024 * 1024
@@ -143,8 +142,8 @@ def ctr(fake_root: FakeRoot) -> Path:
 
 
 @pytest.fixture
-def kernel(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupKernel:
-    return FakeCgroupKernel(fake_root).install(monkeypatch)
+def kernel(fake_root: FakeRoot) -> FakeCgroupKernel:
+    return FakeCgroupKernel(fake_root).install()
 
 
 def test_writes_and_reads_back(fake_root: FakeRoot, ctr: Path) -> None:
@@ -164,16 +163,12 @@ def test_writes_and_reads_back(fake_root: FakeRoot, ctr: Path) -> None:
     assert (ctr / "memory.low").read_text() == str(128 * MiB)
 
 
-def test_reports_what_the_kernel_holds(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real_write = KernelFS.write
-
-    def rounding_write(fs: KernelFS, path: Path, value: str) -> None:
+def test_reports_what_the_kernel_holds(fake_root: FakeRoot, ctr: Path) -> None:
+    def rounding(path: Path, value: str, proceed: Proceed) -> None:
         # The kernel keeps whole pages: 1000 bytes reads back as 0.
-        real_write(fs, path, str(int(value) // 4096 * 4096) if value.isdigit() else value)
+        proceed(str(int(value) // 4096 * 4096) if value.isdigit() else value)
 
-    monkeypatch.setattr(KernelFS, "write", rounding_write)
+    fake_root.kernel.on("write", rounding)
     applied = apply_memory_limits(
         fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=4096 + 1000))
     )
@@ -282,26 +277,22 @@ def test_no_swap_accounting_refuses_a_swap_size(fake_root: FakeRoot) -> None:
     assert files(ctr) == before
 
 
-def failing_write(monkeypatch: pytest.MonkeyPatch, fails: dict[str, int]) -> list[tuple[str, str]]:
+def failing_write(fake_root: FakeRoot, fails: dict[str, int]) -> list[tuple[str, str]]:
     """Make writes to the named files fail with the given errno; record the ones that pass."""
-    real_write = KernelFS.write
     written: list[tuple[str, str]] = []
 
-    def write(fs: KernelFS, path: Path, value: str) -> None:
-        if path.name in fails:
-            number = fails[path.name]
-            raise kernel_error("write", path, value, OSError(number, os.strerror(number)))
-        real_write(fs, path, value)
+    def record(path: Path, value: str, proceed: Proceed) -> None:
+        proceed(value)
         written.append((path.name, value))
 
-    monkeypatch.setattr(KernelFS, "write", write)
+    fake_root.kernel.on("write", record)
+    for name, number in fails.items():
+        fake_root.kernel.fail("write", name, number)
     return written
 
 
-def test_failed_memory_max_restores_swap(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    written = failing_write(monkeypatch, {"memory.max": errno.EBUSY})
+def test_failed_memory_max_restores_swap(fake_root: FakeRoot, ctr: Path) -> None:
+    written = failing_write(fake_root, {"memory.max": errno.EBUSY})
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(
             fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
@@ -314,11 +305,9 @@ def test_failed_memory_max_restores_swap(
     assert written == [("memory.swap.max", str(512 * MiB)), ("memory.swap.max", "max")]
 
 
-def test_failed_memory_low_restores_in_reverse_order(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_memory_low_restores_in_reverse_order(fake_root: FakeRoot, ctr: Path) -> None:
     (ctr / "memory.max").write_text(f"{GiB}\n")
-    written = failing_write(monkeypatch, {"memory.low": errno.EINVAL})
+    written = failing_write(fake_root, {"memory.low": errno.EINVAL})
     with pytest.raises(Aborted, match="EINVAL") as raised:
         apply_memory_limits(
             fake_root.fs,
@@ -331,10 +320,8 @@ def test_failed_memory_low_restores_in_reverse_order(
     assert (ctr / "memory.max").read_text() == str(GiB)
 
 
-def test_failed_first_write_had_nothing_to_restore(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    failing_write(monkeypatch, {"memory.swap.max": errno.EACCES})
+def test_failed_first_write_had_nothing_to_restore(fake_root: FakeRoot, ctr: Path) -> None:
+    failing_write(fake_root, {"memory.swap.max": errno.EACCES})
     with pytest.raises(Aborted, match=r"EACCES.*nothing had been written"):
         apply_memory_limits(
             fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
@@ -342,19 +329,9 @@ def test_failed_first_write_had_nothing_to_restore(
     assert (ctr / "memory.max").read_text() == "max\n"
 
 
-def test_failed_restore_is_reported(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real_write = KernelFS.write
-    calls: list[str] = []
-
-    def write(fs: KernelFS, path: Path, value: str) -> None:
-        calls.append(path.name)
-        if path.name == "memory.max" or len(calls) > 2:
-            raise kernel_error("write", path, value, OSError(errno.EIO, os.strerror(errno.EIO)))
-        real_write(fs, path, value)
-
-    monkeypatch.setattr(KernelFS, "write", write)
+def test_failed_restore_is_reported(fake_root: FakeRoot, ctr: Path) -> None:
+    fake_root.kernel.fail("write", "memory.max", errno.EIO)
+    fake_root.kernel.fail("write", "memory.swap.max", errno.EIO, after=1)  # Its restore fails.
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(
             fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
@@ -413,9 +390,9 @@ def test_create_without_swap_accounting_refuses_and_removes(
 
 
 def test_create_then_failed_write_removes_the_cgroup(
-    fake_root: FakeRoot, kernel: FakeCgroupKernel, monkeypatch: pytest.MonkeyPatch
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
 ) -> None:
-    failing_write(monkeypatch, {"memory.max": errno.EBUSY})
+    failing_write(fake_root, {"memory.max": errno.EBUSY})
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(
             fake_root.fs,
@@ -437,10 +414,8 @@ def test_create_failing_midway_is_aborted(fake_root: FakeRoot, kernel: FakeCgrou
     assert not (fake_root.root / "sys/fs/cgroup/pod").exists()
 
 
-def test_writes_swap_then_memory_then_low(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    written = failing_write(monkeypatch, {})
+def test_writes_swap_then_memory_then_low(fake_root: FakeRoot, ctr: Path) -> None:
+    written = failing_write(fake_root, {})
     apply_memory_limits(
         fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB, swap=-1, reservation=MiB))
     )

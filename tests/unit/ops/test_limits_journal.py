@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.errors import Aborted, FailedPrecondition, kernel_error
-from guestagent.linux.fs import KernelFS
+from guestagent.errors import Aborted, FailedPrecondition
 from guestagent.ops import limits, limits_journal
 from guestagent.ops.limits import (
     MemorySpec,
@@ -24,7 +23,7 @@ from guestagent.ops.limits_journal import (
     decode,
     encode,
 )
-from tests.fakes.root import FakeRoot
+from tests.fakes.root import FakeRoot, Proceed
 from tests.unit.linux.test_cgroups import FakeCgroupKernel
 
 MiB = 1024 * 1024
@@ -151,16 +150,15 @@ def test_rollback_plan_skips_old_and_missing_files() -> None:
 
 
 def test_journal_is_written_before_the_first_write_and_removed_after(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
+    fake_root: FakeRoot, ctr: Path
 ) -> None:
-    real_write = KernelFS.write
     seen: list[Journal | None] = []
 
-    def write(fs: KernelFS, path: Path, value: str) -> None:
+    def look(path: Path, value: str, proceed: Proceed) -> None:
         seen.append(limits_journal.load(fake_root.fs))
-        real_write(fs, path, value)
+        proceed(value)
 
-    monkeypatch.setattr(KernelFS, "write", write)
+    fake_root.kernel.on("write", look)
     apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
     assert seen == [JOURNAL] * 3
     assert not journal_path(fake_root).exists()
@@ -186,17 +184,8 @@ def test_no_journal_when_nothing_changes(
     assert saves == []
 
 
-def test_journal_removed_after_an_in_process_rollback(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real_write = KernelFS.write
-
-    def write(fs: KernelFS, path: Path, value: str) -> None:
-        if path.name == "memory.low":
-            raise kernel_error("write", path, value, OSError(errno.EACCES, "Permission denied"))
-        real_write(fs, path, value)
-
-    monkeypatch.setattr(KernelFS, "write", write)
+def test_journal_removed_after_an_in_process_rollback(fake_root: FakeRoot, ctr: Path) -> None:
+    fake_root.kernel.fail("write", "memory.low", errno.EACCES)
     with pytest.raises(Aborted, match=r"restored memory\.max to max"):
         apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
     assert not journal_path(fake_root).exists()
@@ -212,18 +201,14 @@ def test_unwritable_journal_refuses_before_any_change(fake_root: FakeRoot, ctr: 
     assert limit_files(ctr) == OLD
 
 
-def test_a_read_back_that_differs_is_rolled_back(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real_write = KernelFS.write
-
-    def write(fs: KernelFS, path: Path, value: str) -> None:
+def test_a_read_back_that_differs_is_rolled_back(fake_root: FakeRoot, ctr: Path) -> None:
+    def meddle(path: Path, value: str, proceed: Proceed) -> None:
         # Someone else writes memory.max right after this call did.
-        real_write(fs, path, value)
+        proceed(value)
         if path.name == "memory.max" and value != "max":
-            real_write(fs, path, str(32 * MiB))
+            proceed(str(32 * MiB))
 
-    monkeypatch.setattr(KernelFS, "write", write)
+    fake_root.kernel.on("write", meddle)
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
     message = str(raised.value)
@@ -255,28 +240,26 @@ def test_an_unexpected_error_rolls_back_from_the_journal(
 # A crash inside the memory.max write, and the next start.
 
 
-def kill_inside(monkeypatch: pytest.MonkeyPatch, file: str) -> None:
+def kill_inside(fake_root: FakeRoot, file: str) -> None:
     """The kernel stores the new limit, then reclaims; the agent is killed while it does.
-    Once: the next start (recover) writes through the real file system."""
-    real_write = KernelFS.write
+    Once: the next start (recover) writes through."""
     killed: list[Path] = []
 
-    def write(fs: KernelFS, path: Path, value: str) -> None:
-        real_write(fs, path, value)
+    def kill(path: Path, value: str, proceed: Proceed) -> None:
+        proceed(value)
         if path.name == file and not killed:
             killed.append(path)
             raise SimulatedKill
 
-    monkeypatch.setattr(KernelFS, "write", write)
+    fake_root.kernel.on("write", kill)
 
 
 def test_a_kill_leaves_the_journal_and_the_next_start_rolls_back(
     fake_root: FakeRoot,
     ctr: Path,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    kill_inside(monkeypatch, "memory.max")
+    kill_inside(fake_root, "memory.max")
     with pytest.raises(SimulatedKill):
         apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
     assert limit_files(ctr) == {**NEW, "memory.low": "0"}  # half applied
@@ -297,10 +280,10 @@ def test_a_kill_leaves_the_journal_and_the_next_start_rolls_back(
 
 
 def test_a_kill_while_creating_removes_what_was_made(
-    fake_root: FakeRoot, kernel: FakeCgroupKernel, monkeypatch: pytest.MonkeyPatch
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
 ) -> None:
     fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
-    kill_inside(monkeypatch, "memory.max")
+    kill_inside(fake_root, "memory.max")
     with pytest.raises(SimulatedKill):
         apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC, create=True))
     mount = fake_root.root / "sys/fs/cgroup"
@@ -314,8 +297,8 @@ def test_a_kill_while_creating_removes_what_was_made(
 
 
 @pytest.fixture
-def kernel(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupKernel:
-    return FakeCgroupKernel(fake_root).install(monkeypatch)
+def kernel(fake_root: FakeRoot) -> FakeCgroupKernel:
+    return FakeCgroupKernel(fake_root).install()
 
 
 def test_a_journal_for_a_gone_cgroup_is_dropped(
@@ -351,17 +334,14 @@ def test_no_journal_no_work(fake_root: FakeRoot, caplog: pytest.LogCaptureFixtur
 def test_a_failed_rollback_write_is_logged(
     fake_root: FakeRoot,
     ctr: Path,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     for name, value in NEW.items():
         (ctr / name).write_text(value)
     limits_journal.save(fake_root.fs, JOURNAL)
 
-    def write(fs: KernelFS, path: Path, value: str) -> None:
-        raise kernel_error("write", path, value, OSError(errno.EBUSY, "Device or resource busy"))
-
-    monkeypatch.setattr(KernelFS, "write", write)
+    for name in NEW:
+        fake_root.kernel.fail("write", name, errno.EBUSY)
     with caplog.at_level(logging.INFO):
         recover(fake_root.fs)
     (line,) = events(caplog, "limits_rollback_failed")

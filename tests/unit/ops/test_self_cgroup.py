@@ -61,9 +61,9 @@ def test_decide(
 
 
 @pytest.fixture
-def guest(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> FakeRoot:
+def guest(fake_root: FakeRoot) -> FakeRoot:
     """A guest whose agent runs in the root cgroup, as the image's shell init starts it."""
-    FakeKernel(fake_root).install(monkeypatch)
+    FakeKernel(fake_root).install()
     fake_root.write("sys/fs/cgroup/cgroup.controllers", ROOT_CONTROLLERS + "\n")
     fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
     fake_root.write("proc/self/cgroup", IN_ROOT)
@@ -114,10 +114,8 @@ def test_leaves_everything_alone_otherwise(
     assert vars(record)["fields"]["reason"] == decision.reason
 
 
-def test_a_failure_is_logged_not_fatal(
-    guest: FakeRoot, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    FakeKernel(guest, fail_mkdir="guestagent").install(monkeypatch)
+def test_a_failure_is_logged_not_fatal(guest: FakeRoot, caplog: pytest.LogCaptureFixture) -> None:
+    FakeKernel(guest, fail_mkdir="guestagent").install()
     with caplog.at_level(logging.INFO):
         decision = protect_self(guest.fs, pid=4242, euid=0)
     assert decision.action is Action.SKIP
