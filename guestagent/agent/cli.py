@@ -17,7 +17,7 @@ from guestagent.errors import AgentError
 from guestagent.linux.fs import KernelFS
 from guestagent.ops.hotplug import AUTO_MOVABLE, DEFAULT_MOVABLE_RATIO, POLICIES, OnlinePolicy
 from guestagent.ops.self_cgroup import protect_self
-from guestagent.transport import DEFAULT_VSOCK_PORT, parse_address
+from guestagent.transport.address import DEFAULT_VSOCK_PORT, HOST_CID, parse_address
 
 
 def entry() -> int:
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parse_address(a) for a in args.listen or [f"vsock://:{DEFAULT_VSOCK_PORT}"]
             ),
             fs=fs,
-            allowed_cids=frozenset({2, *args.allow_cid}),
+            allowed_cids=frozenset({HOST_CID, *args.allow_cid}),
             grace_seconds=args.grace_seconds,
             online_memory=None
             if args.online_memory == "off"

@@ -19,26 +19,27 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from guestagent import errors
+from guestagent.agent.listen import (
+    AddressInUse,
+    open_unix_listener,
+    open_vsock_listener,
+    private_directory,
+)
+from guestagent.agent.peers import NamedRelay, PeerTable, vsock_admitter
 from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
-from guestagent.ops import limits_journal
+from guestagent.ops import limits
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
-from guestagent.ops.reclaimer import Reclaimer
 from guestagent.ops.swap import SwapManager
-from guestagent.transport import (
+from guestagent.ops.workingset.reclaimer import Reclaimer
+from guestagent.transport.address import (
+    HOST_CID,
     Address,
-    AddressInUse,
-    NamedRelay,
-    PeerTable,
     TcpAddress,
     UnixAddress,
     VsockAddress,
     grpc_target,
-    open_unix_listener,
-    open_vsock_listener,
-    private_directory,
-    vsock_admitter,
 )
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
@@ -56,7 +57,7 @@ MAX_UNREQUESTED_SECONDS = 600
 class ServerConfig:
     listen: tuple[Address, ...]
     fs: KernelFS = field(default_factory=KernelFS)
-    allowed_cids: frozenset[int] = frozenset({2})
+    allowed_cids: frozenset[int] = frozenset({HOST_CID})
     grace_seconds: float = 10.0
     # How hot-plugged memory is onlined; None leaves it offline.
     online_memory: OnlinePolicy | None = field(default_factory=OnlinePolicy)
@@ -229,7 +230,7 @@ async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then stop accepting and let in-flight calls finish."""
     # Before any listener: a limits change a dead agent left half done is rolled back
     # before a caller can see or change that cgroup.
-    limits_journal.recover(config.fs)
+    limits.recover(config.fs)
     # Blocking kernel work (mkswap, a memory.max write reclaiming, Compact) runs in threads;
     # asyncio's default pool grows to cpus + 4 under load, and each thread is paid for in
     # every guest. Two keep one slow write from holding up the others.

@@ -19,20 +19,25 @@ from google.protobuf.message import Message
 from guestagent import errors
 from guestagent.agent import wire
 from guestagent.agent.audit import audit
+from guestagent.agent.peers import PeerTable
 from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
-from guestagent.linux.meminfo import read_report
 from guestagent.ops.compaction import Compactor, CompactResult
 from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
-from guestagent.ops.limits import AppliedLimits, apply_memory_limits
+from guestagent.ops.info import Report, memory_info
+from guestagent.ops.limits import AppliedLimits, SetLimitsSpec, apply_memory_limits
 from guestagent.ops.overhead import GuestOverhead, guest_overhead
-from guestagent.ops.reclaim import ReclaimResult, reclaim
-from guestagent.ops.reclaimer import Reclaimer, TargetStatus
+from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec, reclaim
 from guestagent.ops.swap import EnableSwapSpec, SwapArea, SwapManager
-from guestagent.transport import PeerTable
+from guestagent.ops.workingset.reclaimer import (
+    Reclaimer,
+    ReclaimOverview,
+    ReclaimPolicyRequest,
+    TargetStatus,
+)
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
@@ -171,10 +176,8 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     @unary(wire.cgroups_from_pb, wire.report_pb)
     async def GetMemoryInfo(
         self, cgroups: tuple[str, ...], context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
-    ) -> wire.Report:
-        return wire.Report(
-            read_report(self.fs, cgroups, self.hotplug_reports), self.reclaimer.known(cgroups)
-        )
+    ) -> Report:
+        return memory_info(self.fs, cgroups, self.reclaimer, self.hotplug_reports)
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:
@@ -185,20 +188,18 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)
     async def SetReclaimPolicy(
         self,
-        request: wire.ReclaimPolicyRequest,
+        request: ReclaimPolicyRequest,
         context: Context[pb.SetReclaimPolicyRequest, pb.ReclaimTargetStatus],
     ) -> TargetStatus:
-        return await asyncio.to_thread(
-            self.reclaimer.set_policy, request.cgroup, request.enabled, request.policy
-        )
+        return await asyncio.to_thread(self.reclaimer.set_policy, request)
 
     @unary(wire.cgroups_from_pb, wire.reclaim_status_pb)
     async def GetReclaimStatus(
         self,
         cgroups: tuple[str, ...],
         context: Context[pb.GetReclaimStatusRequest, pb.ReclaimStatus],
-    ) -> wire.ReclaimOverview:
-        return wire.ReclaimOverview(self.reclaimer.status(cgroups), self.reclaimer.compaction)
+    ) -> ReclaimOverview:
+        return self.reclaimer.overview(cgroups)
 
     @unary(wire.enable_swap_spec_from_pb, wire.swap_area_pb, audited=True)
     async def EnableSwap(
@@ -221,12 +222,10 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     @unary(wire.set_limits_spec_from_pb, wire.applied_limits_pb, audited=True)
     async def SetMemoryLimits(
         self,
-        spec: wire.SetLimitsSpec,
+        spec: SetLimitsSpec,
         context: Context[pb.SetMemoryLimitsRequest, pb.AppliedLimits],
     ) -> AppliedLimits:
-        return await asyncio.to_thread(
-            apply_memory_limits, self.fs, spec.cgroup, spec.memory, spec.create
-        )
+        return await asyncio.to_thread(apply_memory_limits, self.fs, spec)
 
     @unary(wire.compact_node_from_pb, wire.compact_result_pb, audited=True)
     async def Compact(
@@ -239,9 +238,9 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
 
     @unary(wire.reclaim_spec_from_pb, wire.reclaim_result_pb, audited=True)
     async def Reclaim(
-        self, spec: wire.ReclaimSpec, context: Context[pb.ReclaimRequest, pb.ReclaimResult]
+        self, spec: ReclaimSpec, context: Context[pb.ReclaimRequest, pb.ReclaimResult]
     ) -> ReclaimResult:
-        return await asyncio.to_thread(reclaim, self.fs, spec.cgroup, spec.bytes, spec.drop_caches)
+        return await asyncio.to_thread(reclaim, self.fs, spec)
 
     @unary(wire.online_memory_from_pb, wire.online_result_pb, audited=True)
     async def OnlineMemory(

@@ -17,7 +17,7 @@ from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal
-from guestagent.ops.reclaimer import TargetStatus
+from guestagent.ops.workingset.reclaimer import TargetStatus
 
 DEFAULT_WATCH_INTERVAL_MS = 1000
 MIN_WATCH_INTERVAL_MS = 100

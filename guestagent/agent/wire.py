@@ -1,12 +1,11 @@
 """Protobuf messages to domain values and back, so the modules stay free of gRPC.
 
 Every request has a decoder (`*_from_pb`) that checks what protobuf cannot and returns plain
-values or frozen dataclasses; every response has an encoder (`*_pb`). Nothing here computes.
+values or frozen dataclasses; every response has an encoder (`*_pb`). Nothing here computes,
+and the request and answer types belong to the operations (ops/).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from guestagent.agent.watch_stream import (
     WatchReason,
@@ -22,12 +21,17 @@ from guestagent.linux.vmstat import VmStat
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
 from guestagent.ops.compaction import CompactResult
 from guestagent.ops.hotplug import OnlineResult
-from guestagent.ops.limits import AppliedLimits, MemorySpec
+from guestagent.ops.info import Report
+from guestagent.ops.limits import AppliedLimits, MemorySpec, SetLimitsSpec
 from guestagent.ops.overhead import GuestOverhead
-from guestagent.ops.reclaim import ReclaimResult
-from guestagent.ops.reclaim_policy import Mode, ReclaimPolicy
-from guestagent.ops.reclaimer import CompactionStatus, TargetStatus
+from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
 from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec, SwapArea
+from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
+from guestagent.ops.workingset.reclaimer import (
+    ReclaimOverview,
+    ReclaimPolicyRequest,
+    TargetStatus,
+)
 from guestagent.v1 import agent_pb2 as pb
 
 DISCARD_TO_PB = {
@@ -43,20 +47,6 @@ WATCH_REASON_TO_PB = {
     WatchReason.MEMORY_EVENTS: pb.WATCH_REASON_MEMORY_EVENTS,
     WatchReason.PRESSURE: pb.WATCH_REASON_PRESSURE,
 }
-
-
-@dataclass(frozen=True)
-class SetLimitsSpec:
-    cgroup: str
-    memory: MemorySpec
-    create: bool = False
-
-
-@dataclass(frozen=True)
-class ReclaimSpec:
-    cgroup: str
-    bytes: int
-    drop_caches: int = 0
 
 
 # ListSwaps and OnlineMemory take no arguments: their decoders have nothing to check.
@@ -192,15 +182,6 @@ def memory_info_pb(
         message.vmstat.CopyFrom(vmstat_pb(report.vmstat))
     message.reclaim.extend(reclaim_target_pb(status) for status in reclaim)
     return message
-
-
-@dataclass(frozen=True)
-class Report:
-    """GetMemoryInfo's answer: the report, and the reclaimer's status for the cgroups it
-    acts on among those asked about."""
-
-    report: MemoryReport
-    reclaim: tuple[TargetStatus, ...] = ()
 
 
 def report_pb(answer: Report) -> pb.MemoryInfo:
@@ -360,13 +341,6 @@ def reclaim_policy_from_pb(message: pb.ReclaimPolicy) -> ReclaimPolicy:
     return ReclaimPolicy(**{**defaults, **given})
 
 
-@dataclass(frozen=True)
-class ReclaimPolicyRequest:
-    cgroup: str
-    enabled: bool
-    policy: ReclaimPolicy
-
-
 def reclaim_policy_request_from_pb(request: pb.SetReclaimPolicyRequest) -> ReclaimPolicyRequest:
     return ReclaimPolicyRequest(
         request.cgroup, request.enabled, reclaim_policy_from_pb(request.policy)
@@ -392,12 +366,6 @@ def reclaim_target_pb(status: TargetStatus) -> pb.ReclaimTargetStatus:
         current_bytes=status.current,
         effective_floor_bytes=status.floor,
     )
-
-
-@dataclass(frozen=True)
-class ReclaimOverview:
-    targets: tuple[TargetStatus, ...]
-    compaction: CompactionStatus
 
 
 def reclaim_status_pb(overview: ReclaimOverview) -> pb.ReclaimStatus:

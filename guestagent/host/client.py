@@ -19,16 +19,15 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from guestagent.relay import SocketRelay
-from guestagent.transport import (
+from guestagent.transport.address import (
     HybridVsockAddress,
     UnixAddress,
     VsockAddress,
-    dial_hybrid_vsock,
-    dial_vsock,
     grpc_target,
     parse_address,
 )
+from guestagent.transport.dial import dial_hybrid_vsock, dial_vsock
+from guestagent.transport.relay import SocketRelay
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 

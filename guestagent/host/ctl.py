@@ -35,7 +35,7 @@ from guestagent.host.units import SIZE_HELP, parse_limit, parse_size
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.watch import PSI_MIN_WINDOW_US
-from guestagent.transport import TcpAddress, parse_address
+from guestagent.transport.address import TcpAddress, parse_address
 from guestagent.v1 import agent_pb2 as pb
 
 Run = Callable[[argparse.Namespace], int]
@@ -216,11 +216,19 @@ def _compact(client: AgentClient, args: argparse.Namespace) -> str:
     return as_json(result) if args.json else compact_text(result)
 
 
-def _reclaim_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("mode", nargs="?", choices=["on", "off", "status"])
-    parser.add_argument("--cgroup", action="append", default=[], help="status: repeatable")
-    parser.add_argument("--bytes", type=_size, help=SIZE_HELP)
+def _reclaim_now_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cgroup", required=True)
+    parser.add_argument("--bytes", type=_size, required=True, help=SIZE_HELP)
     parser.add_argument("--drop-caches", type=int, default=0, choices=[0, 1, 2, 3])
+
+
+def _reclaim_now(client: AgentClient, args: argparse.Namespace) -> str:
+    result = client.reclaim(args.cgroup, args.bytes, args.drop_caches)
+    return as_json(result) if args.json else reclaim_text(args.cgroup, result)
+
+
+def _reclaim_on_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cgroup", required=True)
     parser.add_argument("--interval-ms", type=int)
     parser.add_argument("--stall-target-us", type=int, help="memory.pressure stall per interval")
     parser.add_argument("--max-step-fraction", type=float, help="of memory.current")
@@ -229,28 +237,63 @@ def _reclaim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--refault-guard", type=float, help="fraction of memory.current")
 
 
-def _reclaim(client: AgentClient, args: argparse.Namespace) -> str:
-    if args.mode == "status":
-        status = client.reclaim_status(args.cgroup)
-        return as_json(status) if args.json else reclaim_status_text(status)
-    if args.mode in ("on", "off"):
-        if len(args.cgroup) != 1:
-            raise AgentError(f"reclaim {args.mode} takes exactly one --cgroup")
-        policy = pb.ReclaimPolicy()
-        for field in ("interval_ms", "stall_target_us", "max_step_fraction", "floor_bytes"):
-            if getattr(args, field) is not None:
-                setattr(policy, field, getattr(args, field))
-        if args.refault_guard is not None:
-            policy.refault_guard_fraction = args.refault_guard
-        if args.anon:
-            policy.anon = True
-        target = client.set_reclaim_policy(args.cgroup[0], args.mode == "on", policy)
-        return as_json(target) if args.json else reclaim_target_text(target)
-    # No mode: one proactive reclaim of --bytes, now.
-    if len(args.cgroup) != 1 or args.bytes is None:
-        raise AgentError("reclaim needs one --cgroup and --bytes (or: reclaim on|off|status)")
-    result = client.reclaim(args.cgroup[0], args.bytes, args.drop_caches)
-    return as_json(result) if args.json else reclaim_text(args.cgroup[0], result)
+def _reclaim_on(client: AgentClient, args: argparse.Namespace) -> str:
+    policy = pb.ReclaimPolicy()
+    for field in ("interval_ms", "stall_target_us", "max_step_fraction", "floor_bytes"):
+        if getattr(args, field) is not None:
+            setattr(policy, field, getattr(args, field))
+    if args.refault_guard is not None:
+        policy.refault_guard_fraction = args.refault_guard
+    if args.anon:
+        policy.anon = True
+    target = client.set_reclaim_policy(args.cgroup, True, policy)
+    return as_json(target) if args.json else reclaim_target_text(target)
+
+
+def _reclaim_off_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cgroup", required=True)
+
+
+def _reclaim_off(client: AgentClient, args: argparse.Namespace) -> str:
+    target = client.set_reclaim_policy(args.cgroup, False, pb.ReclaimPolicy())
+    return as_json(target) if args.json else reclaim_target_text(target)
+
+
+def _reclaim_status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cgroup", action="append", default=[], help="repeatable; default all")
+
+
+def _reclaim_status(client: AgentClient, args: argparse.Namespace) -> str:
+    status = client.reclaim_status(args.cgroup)
+    return as_json(status) if args.json else reclaim_status_text(status)
+
+
+def _reclaim_legacy_arguments(parser: argparse.ArgumentParser) -> None:
+    """`reclaim --cgroup C --bytes N`, from before `reclaim now`: still taken, with a warning."""
+    parser.add_argument("--cgroup", dest="legacy_cgroup", help=argparse.SUPPRESS)
+    parser.add_argument("--bytes", dest="legacy_bytes", type=_size, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--drop-caches",
+        dest="legacy_drop_caches",
+        type=int,
+        default=0,
+        choices=[0, 1, 2, 3],
+        help=argparse.SUPPRESS,
+    )
+    parser.set_defaults(run=_reclaim_legacy)
+
+
+def _reclaim_legacy(args: argparse.Namespace) -> int:
+    if args.legacy_cgroup is None or args.legacy_bytes is None:
+        raise UsageError("reclaim needs a command: now, on, off or status")
+    print(
+        "guestctl: `reclaim --cgroup C --bytes N` is deprecated; use `reclaim now --cgroup C "
+        "--bytes N`",
+        file=sys.stderr,
+    )
+    args.cgroup, args.bytes = args.legacy_cgroup, args.legacy_bytes
+    args.drop_caches = args.legacy_drop_caches
+    return remote(_reclaim_now)(args)
 
 
 def _online(client: AgentClient, args: argparse.Namespace) -> str:
@@ -470,7 +513,12 @@ def _health(client: AgentClient, args: argparse.Namespace) -> str:
 
 
 # Subcommand groups (`swap enable`) are keys with a space; GROUPS holds the group's help.
-GROUPS = {"swap": "the guest's swap areas"}
+GROUPS = {
+    "swap": "the guest's swap areas",
+    "reclaim": "proactive reclaim now, or the working-set reclaimer: on, off, status",
+}
+# A group that also runs with no subcommand: what it takes then (and its run).
+GROUP_ARGUMENTS: dict[str, AddArguments] = {"reclaim": _reclaim_legacy_arguments}
 COMMANDS: dict[str, Command] = {
     "info": Command("one memory report", _info_arguments, remote(_info)),
     "watch": Command("stream memory reports", _watch_arguments, remote(_watch)),
@@ -487,10 +535,25 @@ COMMANDS: dict[str, Command] = {
     "compact": Command(
         "compact memory, with before/after figures", _compact_arguments, remote(_compact)
     ),
-    "reclaim": Command(
-        "proactive reclaim now (--bytes), or the working-set reclaimer: on, off, status",
-        _reclaim_arguments,
-        remote(_reclaim),
+    "reclaim now": Command(
+        "reclaim --bytes of a cgroup now (memory.reclaim)",
+        _reclaim_now_arguments,
+        remote(_reclaim_now),
+    ),
+    "reclaim on": Command(
+        "turn the working-set reclaimer on for a cgroup",
+        _reclaim_on_arguments,
+        remote(_reclaim_on),
+    ),
+    "reclaim off": Command(
+        "turn the working-set reclaimer off for a cgroup",
+        _reclaim_off_arguments,
+        remote(_reclaim_off),
+    ),
+    "reclaim status": Command(
+        "the working-set reclaimer's targets and compaction",
+        _reclaim_status_arguments,
+        remote(_reclaim_status),
     ),
     "online-memory": Command("online hot-plugged memory", _no_arguments, remote(_online)),
     "overhead": Command("what the guest itself uses", _overhead_arguments, remote(_overhead)),
@@ -532,8 +595,11 @@ def build_parser() -> argparse.ArgumentParser:
         group, _, sub = name.partition(" ")
         if sub:
             if group not in groups:
-                groups[group] = commands.add_parser(group, help=GROUPS[group]).add_subparsers(
-                    dest=f"{group}_command", required=True
+                group_parser = commands.add_parser(group, help=GROUPS[group])
+                if group in GROUP_ARGUMENTS:
+                    GROUP_ARGUMENTS[group](group_parser)
+                groups[group] = group_parser.add_subparsers(
+                    dest=f"{group}_command", required=group not in GROUP_ARGUMENTS
                 )
             subparser = groups[group].add_parser(sub, help=command.help)
         else:

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from guestagent.host.client import AgentClient
 from guestagent.host.feed import WatchFeed
 from guestagent.host.metrics import Family, Snapshot, families
-from guestagent.transport import TcpAddress, grpc_target
+from guestagent.transport.address import TcpAddress, grpc_target
 
 
 def to_prometheus(family: Family) -> Metric:

@@ -333,3 +333,21 @@ def resolve_device(finder: DeviceFinder, selector: DeviceSelector, wait_ms: int)
     if device is None:
         raise NotFound(f"no block device with {selector}")
     return device
+
+
+def device_for_node(fs: KernelFS, devnode: str) -> BlockDevice | None:
+    """The block device behind a /dev node, from sysfs (no udev needed)."""
+    try:
+        rdev = os.stat(fs.host_path(devnode)).st_rdev
+    except OSError:
+        return None
+    if rdev == 0:
+        return None
+    major, minor = os.major(rdev), os.minor(rdev)
+    link = fs.sys("dev", "block", f"{major}:{minor}")
+    try:
+        sysname = os.path.basename(os.readlink(link))
+    except OSError:
+        return None
+    devtype = "partition" if fs.exists(link / "partition") else "disk"
+    return BlockDevice(devnode, sysname, devtype, major, minor)

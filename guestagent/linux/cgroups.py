@@ -124,3 +124,52 @@ def undo_create(fs: KernelFS, created: CreatedCgroup) -> str:
         except AgentError as e:
             done.append(f"could not {e}")
     return "; ".join(done) or "nothing had been created"
+
+
+def creation_plan(
+    fs: KernelFS, name: str, controller: str = "memory"
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What create_cgroup will do for `name`, read before it does it: the cgroups it makes,
+    top down, and the cgroups whose subtree_control it gives "+controller" ("" is the mount)."""
+    parts = validate_cgroup_name(name)
+    names = ["/".join(parts[:depth]) for depth in range(len(parts) + 1)]
+    made = tuple(n for n in names[1:] if not fs.is_dir(fs.cgroup_root / n))
+    if not made:
+        return (), ()
+    enabled = tuple(n for n in names[:-1] if n in made or not _has_controller(fs, n, controller))
+    return made, enabled
+
+
+def planned_creation(
+    fs: KernelFS, name: str, made: tuple[str, ...], enabled: tuple[str, ...], controller: str
+) -> CreatedCgroup:
+    """Of what a creation_plan said would be made and enabled, what is there now, as
+    create_cgroup would have reported it: so undo_create can take it back."""
+    root = fs.cgroup_root
+    directories = tuple(root / n for n in made if fs.is_dir(root / n))
+    controls = tuple(
+        root / n / SUBTREE_CONTROL for n in enabled if _has_controller(fs, n, controller)
+    )
+    return CreatedCgroup(root / name, directories, controls, controller)
+
+
+def _has_controller(fs: KernelFS, name: str, controller: str) -> bool:
+    try:
+        return controller in subtree_controllers(fs, fs.cgroup_root / name)
+    except AgentError:
+        return False  # Not a cgroup (create_cgroup refuses it), or gone with one that was made.
+
+
+def own_cgroup(proc_self_cgroup: str) -> str | None:
+    """The cgroup2 path in /proc/self/cgroup ("0::/x" -> "/x"); None without cgroup2."""
+    for line in proc_self_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            return path
+    return None
+
+
+def read_own_cgroup(fs: KernelFS) -> str | None:
+    """The cgroup2 cgroup this process runs in, None without cgroup2 (or without /proc)."""
+    return own_cgroup(fs.read_optional(fs.proc("self", "cgroup")) or "")

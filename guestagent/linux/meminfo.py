@@ -175,6 +175,11 @@ def read_pressure(fs: KernelFS, path: Path) -> Pressure | None:
     return parse_pressure(text) if text is not None else None
 
 
+def read_system_pressure(fs: KernelFS) -> Pressure | None:
+    """/proc/pressure/memory, None on a kernel without PSI."""
+    return read_pressure(fs, fs.proc("pressure", "memory"))
+
+
 def read_current(fs: KernelFS, directory: Path, name: str) -> int:
     """memory.current of a cgroup, or why it has none."""
     current = fs.read_optional(directory / "memory.current")
@@ -216,7 +221,7 @@ def read_report(
     return MemoryReport(
         collected_at_unix_ns=time.time_ns(),
         system=system,
-        pressure=read_pressure(fs, fs.proc("pressure", "memory")),
+        pressure=read_system_pressure(fs),
         cgroups=tuple(
             read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
         ),

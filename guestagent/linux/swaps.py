@@ -1,18 +1,22 @@
 """What the kernel says about swap: /proc/swaps, and a swap area's on-disk header.
 
-Pure functions over bytes. A swap area's name is a path, and a path may hold any byte but
-NUL: the kernel writes space, tab, newline and backslash in it as \\ooo octal escapes
-(seq_file_path with " \\t\\n\\\\"), and every other byte as it is. The name is decoded exactly
-that way, then as UTF-8 with surrogateescape, so a name that is not UTF-8 still round-trips
-to the same bytes through os.fsencode (for swapoff).
+Pure functions over bytes, and the one read of /proc/swaps. A swap area's name is a path,
+and a path may hold any byte but NUL: the kernel writes space, tab, newline and backslash in
+it as \\ooo octal escapes (seq_file_path with " \\t\\n\\\\"), and every other byte as it
+is. The name is decoded exactly that way, then as UTF-8 with surrogateescape, so a name that
+is not UTF-8 still round-trips to the same bytes through os.fsencode (for swapoff).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
-from guestagent.errors import KernelFormat
+from guestagent.errors import AgentError, KernelFormat
+from guestagent.linux.blockdev import SWAP_SIGNATURE, probe_signatures
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.tools import blkid_signatures
 
 _OCTAL_ESCAPE = re.compile(rb"\\([0-3][0-7]{2})")
 # Only the separators the kernel writes: a name keeps a raw \v, \f or \r, which bytes.split()
@@ -80,3 +84,39 @@ def uuid_text(raw: bytes) -> str:
     imports) into a daemon that reads a header a few times in its life."""
     h = raw.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def active_swaps(fs: KernelFS) -> list[ActiveSwap] | None:
+    """The swap areas in use, from /proc/swaps; None for a kernel built without swap."""
+    path = fs.proc("swaps")
+    if not fs.exists(path):
+        return None
+    return parse_proc_swaps(fs.read_bytes(path))
+
+
+@dataclass(frozen=True)
+class DiskContents:
+    signatures: tuple[str, ...]  # What the probes found on the disk, "swap" among them.
+    swap_header: SwapHeader | None  # The swap header in the head, if it holds one.
+
+
+def probe_disk(head: bytes, devnode: str, page_size: int) -> DiskContents:
+    """What a disk's first bytes hold, by this agent's probes and libblkid's where installed."""
+    found = probe_signatures(head, page_size)
+    found += [s for s in blkid_signatures(devnode) if s not in found]
+    header = parse_swap_header(head, page_size) if SWAP_SIGNATURE in found else None
+    return DiskContents(tuple(found), header)
+
+
+def read_swap_header(fs: KernelFS, devnode: str, page_size: int) -> SwapHeader | None:
+    """An active area's header, read without a claim (swapon holds the exclusive one)."""
+    try:
+        fd = fs.open(fs.host_path(devnode), os.O_RDONLY)
+    except AgentError:
+        return None
+    try:
+        return parse_swap_header(os.pread(fd, page_size, 0), page_size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -2,12 +2,14 @@
 
 The OCI spec was written for cgroup v1: its `swap` is memory+swap together, where v2's
 memory.swap.max counts swap alone. The conversion is a pure function over plain values; the
-writes are small, read every file first, and put back what they changed if one fails.
+writes are small, read every file first, and are journalled (ops/limits_journal.py) before
+the first change. One rollback serves a call that fails and an agent that died inside one.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,27 +18,28 @@ from guestagent.errors import (
     AgentError,
     FailedPrecondition,
     InvalidArgument,
-    errno_text,
+    NotFound,
 )
 from guestagent.jsonlog import EventLog
+from guestagent.linux.abi import LONG_MAX, PAGE_SIZE
 from guestagent.linux.cgroups import (
     SUBTREE_CONTROL,
     CreatedCgroup,
     cgroup_dir,
     create_cgroup,
+    creation_plan,
+    planned_creation,
     undo_create,
 )
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memcg import MEMORY_LOW, MEMORY_MAX, SWAP_MAX, same_limit
+from guestagent.linux.statefile import StateFileError
 from guestagent.ops import limits_journal
+from guestagent.ops.limits_journal import FileChange, Journal
 
 log = EventLog("guestagent.ops.limits")
 
-MEMORY_MAX = "memory.max"
-SWAP_MAX = "memory.swap.max"
-MEMORY_LOW = "memory.low"
 OCI_UNLIMITED = -1  # The OCI spec's "no limit", written to the kernel as "max".
-# OCI values are int64; the kernel parses u64 and would wrap anything bigger without a word.
-INT64_MAX = 2**63 - 1
 
 # One change at a time, so a rollback never puts back values that another call just wrote.
 _lock = threading.Lock()
@@ -69,13 +72,6 @@ class AppliedLimits:
     created: bool
 
 
-@dataclass(frozen=True)
-class _Write:
-    file: str
-    value: str
-    before: str
-
-
 def _given(value: int | None) -> int | None:
     return None if value is None or value == 0 else value
 
@@ -85,7 +81,8 @@ def _bytes_or_max(value: int, what: str) -> str:
         return "max"
     if value < 0:
         raise InvalidArgument(f"{what} {value} is neither bytes nor -1")
-    if value > INT64_MAX:
+    # OCI values are int64; the kernel parses u64 and would wrap anything bigger without a word.
+    if value > LONG_MAX:
         raise InvalidArgument(f"{what} {value} is larger than the int64 the OCI spec allows")
     return str(value)
 
@@ -128,36 +125,41 @@ def cgroup_values(spec: MemorySpec) -> CgroupMemoryValues:
     return CgroupMemoryValues(memory_max, _swap_max(limit, total), memory_low)
 
 
-def apply_memory_limits(
-    fs: KernelFS, cgroup: str, spec: MemorySpec, create: bool = False
-) -> AppliedLimits:
-    """Write the limits of `spec` to `cgroup`, all of them or none.
+@dataclass(frozen=True)
+class SetLimitsSpec:
+    cgroup: str
+    memory: MemorySpec
+    create: bool = False
+
+
+def apply_memory_limits(fs: KernelFS, spec: SetLimitsSpec) -> AppliedLimits:
+    """Write the limits of `spec` to its cgroup, all of them or none.
 
     Lowering memory.max below what the cgroup uses makes the kernel reclaim, and then
     OOM-kill, inside the write: that is what a hard limit means.
     """
-    values = cgroup_values(spec)
-    with _lock, _Journaling(fs, cgroup) as journaling:
+    cgroup = spec.cgroup
+    values = cgroup_values(spec.memory)
+    with _lock, _Journaling(fs) as journaling:
         # The journal goes down before the first change (a mkdir, or the first write), so an
-        # agent killed midway is rolled back when it starts again (limits_journal.recover).
-        made, enabled = limits_journal.creation_plan(fs, cgroup) if create else ((), ())
+        # agent killed midway is rolled back when it starts again (recover).
+        made, enabled = creation_plan(fs, cgroup) if spec.create else ((), ())
         if made:
-            journaling.save(limits_journal.Journal(cgroup, (), made, enabled))
-        created = create_cgroup(fs, cgroup) if create else CreatedCgroup(cgroup_dir(fs, cgroup))
+            journaling.save(Journal(cgroup, (), made, enabled))
+        created = (
+            create_cgroup(fs, cgroup) if spec.create else CreatedCgroup(cgroup_dir(fs, cgroup))
+        )
         try:
             writes, untouched = _plan(fs, created.path, cgroup, values)
             if writes:
-                changes = tuple(
-                    limits_journal.FileChange(w.file, w.before, w.value) for w in writes
-                )
-                journaling.save(limits_journal.Journal(cgroup, changes, made, enabled))
+                journaling.save(Journal(cgroup, writes, made, enabled))
             _write_all(fs, created.path, cgroup, writes)
             applied = _read_back(fs, created.path, tuple(untouched), bool(created.made))
-            _check_read_back(fs, created.path, cgroup, writes, applied)
+            _check_read_back(cgroup, writes, applied)
         except AgentError as e:
-            if not created.made:
+            if journaling.journal is None:
                 raise
-            raise type(e)(f"{e}; {undo_create(fs, created)}") from e
+            raise type(e)(f"{e}; {roll_back(fs, journaling.journal).describe()}") from e
     log.info(
         "memory_limits_applied",
         cgroup=cgroup,
@@ -174,48 +176,166 @@ class _Journaling:
     """The journal of one call: saved before each change, settled when the call ends.
 
     A call that ends, or fails with an AgentError, has its journal discarded: that error
-    comes after the in-process rollback, and tells the caller what it restored. Any other
-    exception skipped that rollback, so the journal's rollback runs at once. A BaseException
-    (the interpreter going down) leaves the journal to the next start.
+    comes after the rollback, and tells the caller what it restored. Any other exception
+    skipped that rollback, so it runs here. A BaseException (the interpreter going down)
+    leaves the journal to the next start.
     """
 
-    def __init__(self, fs: KernelFS, cgroup: str) -> None:
+    def __init__(self, fs: KernelFS) -> None:
         self.fs = fs
-        self.cgroup = cgroup
-        self.saved = False
+        self.journal: Journal | None = None
 
-    def save(self, journal: limits_journal.Journal) -> None:
+    def save(self, journal: Journal) -> None:
         try:
             limits_journal.save(self.fs, journal)
-        except OSError as e:
+        except StateFileError as e:
             raise FailedPrecondition(
-                f"cannot write the limits journal {limits_journal.journal_path(self.fs)} "
-                f"before changing cgroup {self.cgroup!r}: {errno_text(e)}"
+                f"cannot write the limits journal before changing cgroup {journal.cgroup!r}: {e}"
             ) from e
-        self.saved = True
+        self.journal = journal
 
     def __enter__(self) -> _Journaling:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
-        if not self.saved:
+        if self.journal is None:
             return
-        if kind is None or issubclass(kind, AgentError):
-            limits_journal.discard(self.fs)
-        elif issubclass(kind, Exception):
-            limits_journal.recover(self.fs)
+        if kind is not None and not issubclass(kind, AgentError):
+            if not issubclass(kind, Exception):
+                return
+            roll_back_and_log(self.fs, self.journal)
+        limits_journal.discard(self.fs)
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """What rolling a journal back did: each file put back, or why it could not be."""
+
+    journal: Journal
+    found: dict[str, str | None]  # What each file held before the rollback.
+    restored: tuple[FileChange, ...] = ()  # From what the file held to its old value.
+    failed: tuple[tuple[FileChange, str], ...] = ()
+    undone: str | None = None  # What undo_create said, if the call made cgroups.
+    cgroup_gone: bool = False
+
+    def describe(self) -> str:
+        said = [f"restored {c.file} to {c.new}" for c in self.restored]
+        said += [f"could not restore {c.file}: {error}" for c, error in self.failed]
+        if not said and self.journal.changes:
+            said.append("nothing had been written")
+        if self.undone is not None:
+            said.append(self.undone)
+        return "; ".join(said)
+
+
+def rollback_plan(
+    journal: Journal, current: Mapping[str, str | None], page_size: int
+) -> tuple[FileChange, ...]:
+    """The writes that put the old values back, last written first.
+
+    Each is a FileChange from what the file holds now to its old value. Files already holding
+    the old value, and files that are gone, are left alone.
+    """
+    writes = []
+    for change in reversed(journal.changes):
+        now = current.get(change.file)
+        if now is not None and not same_limit(now, change.old, page_size):
+            writes.append(FileChange(change.file, now.strip(), change.old))
+    return tuple(writes)
+
+
+def roll_back(fs: KernelFS, journal: Journal) -> Rollback:
+    """Put the journal's files back as they were, then remove the cgroups it made."""
+    try:
+        directory: Path | None = cgroup_dir(fs, journal.cgroup)
+    except NotFound:
+        directory = None
+    found: dict[str, str | None] = {}
+    restored: list[FileChange] = []
+    failed: list[tuple[FileChange, str]] = []
+    if directory is not None:
+        found = {c.file: _read(fs, directory / c.file) for c in journal.changes}
+        for write in rollback_plan(journal, found, PAGE_SIZE):
+            try:
+                fs.write(directory / write.file, write.new)
+                restored.append(write)
+            except AgentError as e:
+                failed.append((write, str(e)))
+    undone = None
+    if journal.made or journal.enabled:
+        created = planned_creation(fs, journal.cgroup, journal.made, journal.enabled, "memory")
+        undone = undo_create(fs, created)
+    return Rollback(journal, found, tuple(restored), tuple(failed), undone, directory is None)
+
+
+def roll_back_and_log(fs: KernelFS, journal: Journal) -> Rollback:
+    rollback = roll_back(fs, journal)
+    if rollback.cgroup_gone:
+        log.warning(
+            "limits_journal_dropped",
+            cgroup=journal.cgroup,
+            reason="the cgroup no longer exists",
+            changes=[vars(c) for c in journal.changes],
+        )
+        return rollback
+    restored = [{"file": c.file, "from": c.old, "to": c.new} for c in rollback.restored]
+    failed = [
+        {"file": c.file, "from": c.old, "to": c.new, "error": error} for c, error in rollback.failed
+    ]
+    if failed:
+        log.error("limits_rollback_failed", cgroup=journal.cgroup, failed=failed)
+    log.info(
+        "limits_rolled_back",
+        cgroup=journal.cgroup,
+        restored=restored,
+        failed=failed,
+        old={c.file: c.old for c in journal.changes},
+        new={c.file: c.new for c in journal.changes},
+        found={f: v.strip() if v is not None else None for f, v in rollback.found.items()},
+        undone=rollback.undone,
+    )
+    return rollback
+
+
+def recover(fs: KernelFS) -> Journal | None:
+    """At start: roll back the change a dead agent left in flight, log it, drop the journal.
+
+    Returns the journal that was found, if any. Nothing here raises: a rollback that fails is
+    logged with its errno, and the agent serves anyway, since refusing to start would leave
+    the guest with no agent at all.
+    """
+    try:
+        journal = limits_journal.load(fs)
+    except StateFileError as e:
+        log.error(
+            "limits_journal_unreadable", path=str(limits_journal.store(fs).path), error=str(e)
+        )
+        limits_journal.discard(fs)
+        return None
+    if journal is None:
+        return None
+    roll_back_and_log(fs, journal)
+    limits_journal.discard(fs)
+    return journal
+
+
+def _read(fs: KernelFS, path: Path) -> str | None:
+    try:
+        return fs.read_optional(path)
+    except AgentError:
+        return None
 
 
 def _plan(
     fs: KernelFS, directory: Path, cgroup: str, values: CgroupMemoryValues
-) -> tuple[list[_Write], list[str]]:
+) -> tuple[tuple[FileChange, ...], list[str]]:
     """The writes to make, each with the value to put back; refused before anything changes."""
     if not fs.exists(directory / MEMORY_MAX):
         raise FailedPrecondition(
             f"cgroup {cgroup!r} has no {MEMORY_MAX}: the memory controller is not enabled in "
             f"{directory.parent / SUBTREE_CONTROL}"
         )
-    writes: list[_Write] = []
+    writes: list[FileChange] = []
     untouched: list[str] = []
     # memory.swap.max goes first. The two limits are independent in cgroup v2 (the kernel
     # stores swap.max without checking it against memory.max), but a write to memory.max
@@ -231,7 +351,7 @@ def _plan(
             continue
         before = fs.read_optional(directory / file)
         if before is not None:
-            writes.append(_Write(file, value, before.strip()))
+            writes.append(FileChange(file, before.strip(), value))
         elif file == SWAP_MAX and value in ("max", "0"):
             # No swap accounting (CONFIG_MEMCG_SWAP off, or swapaccount=0): with no swap to
             # limit, "max" and "0" already hold and are skipped; a number of bytes cannot be.
@@ -242,52 +362,30 @@ def _plan(
             )
         else:
             raise FailedPrecondition(f"cgroup {cgroup!r} has {MEMORY_MAX} but no {file}")
-    return writes, untouched
+    return tuple(writes), untouched
 
 
-def _write_all(fs: KernelFS, directory: Path, cgroup: str, writes: list[_Write]) -> None:
-    done: list[_Write] = []
+def _write_all(fs: KernelFS, directory: Path, cgroup: str, writes: tuple[FileChange, ...]) -> None:
     for write in writes:
         try:
-            fs.write(directory / write.file, write.value)
+            fs.write(directory / write.file, write.new)
         except AgentError as e:
-            raise Aborted(
-                f"setting limits of cgroup {cgroup!r} failed: {e}; {_restore(fs, directory, done)}"
-            ) from e
-        done.append(write)
+            raise Aborted(f"setting limits of cgroup {cgroup!r} failed: {e}") from e
 
 
-def _restore(fs: KernelFS, directory: Path, done: list[_Write]) -> str:
-    """Put back what was written, last first; say what was restored and what was not."""
-    said: list[str] = []
-    for write in reversed(done):
-        try:
-            fs.write(directory / write.file, write.before)
-            said.append(f"restored {write.file} to {write.before}")
-        except AgentError as e:
-            said.append(f"could not restore {write.file}: {e}")
-    return "; ".join(said) or "nothing had been written"
-
-
-def _check_read_back(
-    fs: KernelFS, directory: Path, cgroup: str, writes: list[_Write], applied: AppliedLimits
-) -> None:
-    """Refuse, and put back the old values, if a file does not hold what was written.
-
-    Something else wrote the file meanwhile: the call has not done what it says.
-    """
+def _check_read_back(cgroup: str, writes: tuple[FileChange, ...], applied: AppliedLimits) -> None:
+    """Refuse if a file does not hold what was written: something else wrote it meanwhile,
+    and the call has not done what it says (the caller's rollback puts the old values back)."""
     held = {
         MEMORY_MAX: applied.memory_max,
         SWAP_MAX: applied.swap_max,
         MEMORY_LOW: applied.memory_low,
     }
-    page_size = limits_journal.page_size()
     for write in writes:
         now = held[write.file]
-        if now is None or not limits_journal.same_limit(now, write.value, page_size):
+        if now is None or not same_limit(now, write.new, PAGE_SIZE):
             raise Aborted(
-                f"{write.file} of cgroup {cgroup!r} reads back {now} after writing "
-                f"{write.value}; {_restore(fs, directory, writes)}"
+                f"{write.file} of cgroup {cgroup!r} reads back {now} after writing {write.new}"
             )
 
 

@@ -8,17 +8,24 @@ its cache and pays for it in I/O afterwards.
 
 from __future__ import annotations
 
-import errno
 from dataclasses import dataclass
-from pathlib import Path
 
-from guestagent.errors import AgentError, FailedPrecondition, InvalidArgument
+from guestagent.errors import FailedPrecondition, InvalidArgument
 from guestagent.jsonlog import EventLog
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memcg import MEMORY_RECLAIM, write_memory_reclaim
 from guestagent.linux.meminfo import read_current
+from guestagent.linux.mm import drop_caches as drop_caches_now
 
 log = EventLog("guestagent.ops.reclaim")
+
+
+@dataclass(frozen=True)
+class ReclaimSpec:
+    cgroup: str
+    bytes: int
+    drop_caches: int = 0  # The drop_caches level to write first, 0 for none.
 
 
 @dataclass(frozen=True)
@@ -38,28 +45,17 @@ def validate_reclaim(bytes_: int, drop_caches: int) -> None:
         raise InvalidArgument(f"drop_caches level {drop_caches} is not 0, 1, 2 or 3")
 
 
-def write_memory_reclaim(fs: KernelFS, control: Path, request: str) -> bool:
-    """Write one request to memory.reclaim; False when the kernel got less (EAGAIN), which is
-    a partial result, not an error. Other errors are raised as they are."""
-    try:
-        fs.write(control, request)
-    except AgentError as e:
-        if e.errno != errno.EAGAIN:
-            raise
-        return False
-    return True
-
-
-def reclaim(fs: KernelFS, cgroup: str, bytes_: int, drop_caches: int = 0) -> ReclaimResult:
+def reclaim(fs: KernelFS, spec: ReclaimSpec) -> ReclaimResult:
+    cgroup, bytes_, drop_caches = spec.cgroup, spec.bytes, spec.drop_caches
     validate_reclaim(bytes_, drop_caches)
     directory = cgroup_dir(fs, cgroup)
-    control = directory / "memory.reclaim"
+    control = directory / MEMORY_RECLAIM
     if not fs.exists(control):
         raise FailedPrecondition(f"{control} is missing: memory.reclaim needs Linux 5.19 or later")
     before = read_current(fs, directory, cgroup)
     if drop_caches:
-        fs.write(fs.proc("sys", "vm", "drop_caches"), str(drop_caches))
-    complete = write_memory_reclaim(fs, control, str(bytes_))
+        drop_caches_now(fs, drop_caches)
+    complete = write_memory_reclaim(fs, directory, str(bytes_))
     after = read_current(fs, directory, cgroup)
     log.info(
         "reclaimed", cgroup=cgroup, requested=bytes_, before=before, after=after, complete=complete

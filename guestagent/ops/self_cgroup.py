@@ -15,7 +15,7 @@ from enum import Enum
 
 from guestagent.errors import AgentError, errno_text
 from guestagent.jsonlog import EventLog
-from guestagent.linux.cgroups import create_cgroup
+from guestagent.linux.cgroups import create_cgroup, read_own_cgroup
 from guestagent.linux.fs import KernelFS
 
 log = EventLog("guestagent.ops.self_cgroup")
@@ -46,25 +46,16 @@ class Decision:
     current: str | None = None  # the cgroup it runs in, as /proc/self/cgroup names it
 
 
-def own_cgroup(proc_self_cgroup: str) -> str | None:
-    """The cgroup2 path in /proc/self/cgroup ("0::/x" -> "/x"); None without cgroup2."""
-    for line in proc_self_cgroup.splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and controllers == "":
-            return path
-    return None
-
-
 def decide(
     euid: int,
-    proc_self_cgroup: str | None,
+    current: str | None,
     root_controllers: str | None,
     root_has_type: bool,
 ) -> Decision:
     """Whether the agent should move itself into its own cgroup, from what it can read.
 
-    `root_controllers` is the mount's cgroup.controllers (None: not cgroup2), `root_has_type`
+    `current` is the cgroup2 path this process runs in (None: none), `root_controllers` is
+    the mount's cgroup.controllers (None: not cgroup2), `root_has_type`
     whether the mount has cgroup.type, which the kernel gives every cgroup but the real root:
     in a cgroup namespace the mount shows some other cgroup, whose parent owns the agent.
     """
@@ -74,9 +65,8 @@ def decide(
         return Decision(Action.SKIP, "the cgroup mount is not a cgroup2 root")
     if "memory" not in root_controllers.split():
         return Decision(Action.SKIP, "the kernel has no memory controller")
-    current = own_cgroup(proc_self_cgroup or "")
     if current is None:
-        return Decision(Action.SKIP, "/proc/self/cgroup names no cgroup2 cgroup")
+        return Decision(Action.SKIP, "this process is in no cgroup2 cgroup")
     if current == f"/{AGENT_CGROUP}":
         return Decision(Action.MOVE, "already in its cgroup; setting its protection", current)
     if current != "/":
@@ -93,9 +83,9 @@ def protect_self(fs: KernelFS, pid: int | None = None, euid: int | None = None) 
     mount = fs.cgroup_root
     decision = decide(
         os.geteuid() if euid is None else euid,
-        fs.read_optional(fs.proc("self", "cgroup")),
+        read_own_cgroup(fs),
         fs.read_optional(mount / "cgroup.controllers"),
-        (mount / "cgroup.type").exists(),
+        fs.exists(mount / "cgroup.type"),
     )
     if decision.action is not Action.MOVE:
         log.info(

@@ -11,16 +11,12 @@ was there.
 from __future__ import annotations
 
 import enum
-import json
 import os
-import subprocess
 import threading
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from guestagent.errors import (
     Aborted,
-    AgentError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -28,6 +24,14 @@ from guestagent.errors import (
 )
 from guestagent.jsonlog import EventLog
 from guestagent.linux import syscalls
+from guestagent.linux.abi import (
+    PAGE_SIZE,
+    SWAP_FLAG_DISCARD,
+    SWAP_FLAG_DISCARD_ONCE,
+    SWAP_FLAG_DISCARD_PAGES,
+    SWAP_FLAG_PREFER,
+    SWAP_FLAG_PRIO_MASK,
+)
 from guestagent.linux.blockdev import (
     HEAD_BYTES,
     SWAP_SIGNATURE,
@@ -35,25 +39,27 @@ from guestagent.linux.blockdev import (
     DeviceFinder,
     DeviceSelector,
     UdevDevices,
+    device_for_node,
     first_data_offset,
     open_exclusive,
-    probe_signatures,
     queue_value,
     refuse_unsafe_device,
     resolve_device,
     write_queue_value,
 )
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.swaps import ActiveSwap, SwapHeader, parse_proc_swaps, parse_swap_header
+from guestagent.linux.statefile import SWAPS, StateFileError, state_file
+from guestagent.linux.swaps import (
+    ActiveSwap,
+    SwapHeader,
+    active_swaps,
+    probe_disk,
+    read_swap_header,
+)
+from guestagent.linux.tools import run_mkswap
 
 log = EventLog("guestagent.ops.swap")
 
-# <linux/swap.h>
-SWAP_FLAG_PREFER = 0x8000
-SWAP_FLAG_PRIO_MASK = 0x7FFF
-SWAP_FLAG_DISCARD = 0x10000
-SWAP_FLAG_DISCARD_ONCE = 0x20000
-SWAP_FLAG_DISCARD_PAGES = 0x40000
 DEFAULT_LABEL = "guestagent-swap"
 
 
@@ -115,7 +121,8 @@ class SwapManager:
         self.fs = fs
         self._finder = finder
         self._lock = threading.Lock()
-        self._page_size = os.sysconf("SC_PAGE_SIZE")
+        self._page_size = PAGE_SIZE
+        self._store = state_file(fs, SWAPS)
 
     @property
     def finder(self) -> DeviceFinder:
@@ -128,23 +135,17 @@ class SwapManager:
             self._finder = UdevDevices(self.fs)
         return self._finder
 
-    @property
-    def _state_path(self) -> Path:
-        # What /proc/swaps cannot say (the discard policy, the label) survives an agent restart.
-        return self.fs.run("guestagent", "swaps.json")
-
     def _read_state(self) -> dict[str, dict[str, str]]:
+        """What /proc/swaps cannot say (the discard policy), kept across agent restarts."""
         try:
-            state: dict[str, dict[str, str]] = json.loads(self._state_path.read_text())
-            return state
-        except (FileNotFoundError, ValueError):
+            state = self._store.load()
+        except StateFileError as e:
+            log.warning("swap_state_unreadable", error=str(e))
             return {}
+        return state if isinstance(state, dict) else {}
 
     def _write_state(self, state: dict[str, dict[str, str]]) -> None:
-        self._state_path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self._state_path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(state, indent=1))
-        temporary.replace(self._state_path)
+        self._store.save(state)
 
     def active(self) -> list[ActiveSwap]:
         areas = active_swaps(self.fs)
@@ -169,7 +170,7 @@ class SwapManager:
         recorded = self._read_state().get(device.devnode, {})
         rotational = queue_value(self.fs, device, "rotational")
         discard_max = queue_value(self.fs, device, "discard_max_bytes")
-        header = self._read_header(device)
+        header = read_swap_header(self.fs, device.devnode, self._page_size)
         return SwapArea(
             device=device.devnode,
             size_bytes=entry.size_bytes,
@@ -182,19 +183,6 @@ class SwapManager:
             label=header.label if header is not None else "",
             **extra,
         )
-
-    def _read_header(self, device: BlockDevice) -> SwapHeader | None:
-        """The active area's header, read without a claim (swapon holds the exclusive one)."""
-        try:
-            fd = self.fs.open(self.fs.host_path(device.devnode), os.O_RDONLY)
-        except AgentError:
-            return None
-        try:
-            return parse_swap_header(os.pread(fd, self._page_size, 0), self._page_size)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
 
     def enable(self, spec: EnableSwapSpec) -> SwapArea:
         device = resolve_device(self.finder, spec.selector, spec.wait_ms)
@@ -230,16 +218,15 @@ class SwapManager:
 
     def _check_signatures(self, device: BlockDevice, head: bytes, force: bool) -> SwapHeader | None:
         """The existing swap header to reuse, or None when the device must be formatted."""
-        found = probe_signatures(head, self._page_size)
-        found += [s for s in blkid_signatures(device.devnode) if s not in found]
-        data = [s for s in found if s != SWAP_SIGNATURE]
+        contents = probe_disk(head, device.devnode, self._page_size)
+        data = [s for s in contents.signatures if s != SWAP_SIGNATURE]
         if data and not force:
             raise FailedPrecondition(
                 f"{device.devnode} holds {', '.join(data)}; refusing to format it as swap "
                 "(pass force to overwrite)"
             )
-        if SWAP_SIGNATURE in found and not data:
-            return parse_swap_header(head, self._page_size)
+        if SWAP_SIGNATURE in contents.signatures and not data:
+            return contents.swap_header
         if not force:
             self._refuse_unknown_data(device)
         return None
@@ -271,7 +258,7 @@ class SwapManager:
         if reusable is None:
             import uuid  # Here, not at start: only a format needs it (and it loads platform).
 
-            run_mkswap(device.devnode, SwapHeader(str(uuid.uuid4()), spec.label), spec.force)
+            run_mkswap(device.devnode, str(uuid.uuid4()), spec.label, spec.force)
         syscalls.swapon(device.devnode, swapon_flags(spec.priority, spec.discard))
 
     def _restore(self, device: BlockDevice, head: bytes, rotational: str | None) -> str:
@@ -341,57 +328,3 @@ class SwapManager:
             else:
                 areas.append(self._area(device, entry))
         return areas
-
-
-def active_swaps(fs: KernelFS) -> list[ActiveSwap] | None:
-    """The swap areas in use, from /proc/swaps; None for a kernel built without swap."""
-    path = fs.proc("swaps")
-    if not fs.exists(path):
-        return None
-    return parse_proc_swaps(fs.read_bytes(path))
-
-
-def device_for_node(fs: KernelFS, devnode: str) -> BlockDevice | None:
-    """The block device behind a /dev node, from sysfs (no udev needed)."""
-    try:
-        rdev = os.stat(fs.host_path(devnode)).st_rdev
-    except OSError:
-        return None
-    if rdev == 0:
-        return None
-    major, minor = os.major(rdev), os.minor(rdev)
-    link = fs.sys("dev", "block", f"{major}:{minor}")
-    try:
-        sysname = os.path.basename(os.readlink(link))
-    except OSError:
-        return None
-    devtype = "partition" if fs.exists(link / "partition") else "disk"
-    return BlockDevice(devnode, sysname, devtype, major, minor)
-
-
-def blkid_signatures(devnode: str) -> list[str]:
-    """A second opinion from libblkid's low-level probe, where blkid is installed."""
-    try:
-        result = subprocess.run(
-            ["blkid", "-p", "-o", "export", devnode], capture_output=True, text=True, timeout=30
-        )
-    except FileNotFoundError:
-        return []
-    if result.returncode == 2:  # Nothing found.
-        return []
-    values = dict(line.partition("=")[::2] for line in result.stdout.splitlines())
-    found = []
-    if "TYPE" in values:
-        found.append(SWAP_SIGNATURE if values["TYPE"] == "swap" else values["TYPE"])
-    if "PTTYPE" in values:
-        found.append(f"{values['PTTYPE']} partition table")
-    return found
-
-
-def run_mkswap(devnode: str, header: SwapHeader, force: bool) -> None:
-    command = ["mkswap", "-L", header.label, "-U", header.uuid, *(["-f"] if force else []), devnode]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"mkswap exited {result.returncode}: {(result.stderr or result.stdout).strip()}"
-        )

@@ -73,7 +73,7 @@ def main() -> int:
         print(f"host: the sparse swap file holds {vm.disk_allocated_bytes('swap') / MIB:.0f} MiB")
 
         heading("giving memory back: reclaim, then compaction before the host's balloon")
-        guestctl(target, "reclaim", "--cgroup", "demo/app", "--bytes", "32M")
+        guestctl(target, "reclaim", "now", "--cgroup", "demo/app", "--bytes", "32M")
         vm.exec("kill $(cat /run/demo.pid)")  # By pid: a pattern would match this shell too.
         time.sleep(8)
         print(

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from guestagent.transport import DEFAULT_VSOCK_PORT
+from guestagent.transport.address import DEFAULT_VSOCK_PORT
 
 QEMU = "qemu-system-x86_64"
 GUEST_AGENT_PORT = DEFAULT_VSOCK_PORT

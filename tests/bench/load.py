@@ -71,7 +71,7 @@ async def run_load(
                     )
             except grpc.aio.AioRpcError as e:
                 errors[e.code().name] += 1
-                samples_of_errors.setdefault(e.code().name, e.details())
+                samples_of_errors.setdefault(e.code().name, e.details() or "")
                 error_seconds.append(round(time.perf_counter() - started, 2))
                 continue
             name = "SetMemoryLimits" if writer else "GetMemoryInfo"
@@ -91,7 +91,7 @@ async def run_load(
                     break
         except grpc.aio.AioRpcError as e:
             errors[f"watch {e.code().name}"] += 1
-            samples_of_errors.setdefault(e.code().name, e.details())
+            samples_of_errors.setdefault(e.code().name, e.details() or "")
         finally:
             stream.cancel()
 
@@ -167,7 +167,7 @@ async def run_floor_load(
 
     async def caller(channel: grpc.aio.Channel) -> None:
         nonlocal calls
-        echo = channel.unary_unary(method)
+        echo: Any = channel.unary_unary(method)
         while time.monotonic() < deadline:
             try:
                 await echo(b"x" * 200, timeout=30.0)

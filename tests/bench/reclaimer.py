@@ -12,7 +12,7 @@ from typing import Any
 
 from guestagent.host.client import AgentClient
 from guestagent.vm.qemu import GuestVM
-from tests.vm.reclaim_workload import (
+from tests.workloads.reclaim import (
     CONFIG,
     MIB,
     STALL_TARGET_US,

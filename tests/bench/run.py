@@ -82,14 +82,15 @@ def serving(target: str) -> bool:
 def floor_echo(target: str) -> Callable[[], bytes]:
     """A call to the floor server's one raw-bytes method, over one channel."""
     channel = grpc.insecure_channel(target)
-    echo = channel.unary_unary(FLOOR_METHOD)
+    echo: Any = channel.unary_unary(FLOOR_METHOD)
     return lambda: echo(b"x", timeout=5)
 
 
 def floor_serving(target: str) -> bool:
     try:
         with grpc.insecure_channel(target) as channel:
-            channel.unary_unary(FLOOR_METHOD)(b"x", timeout=1)
+            floor: Any = channel.unary_unary(FLOOR_METHOD)
+            floor(b"x", timeout=1)
         return True
     except grpc.RpcError:
         return False

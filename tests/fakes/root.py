@@ -1,11 +1,80 @@
-"""A fake kernel file tree under a temp dir, for tests that run without a VM."""
+"""A fake kernel file tree under a temp dir, for tests that run without a VM.
+
+The tree is plain files. What a kernel does beyond storing a write (fail with an errno,
+round a value, make a cgroup's files on mkdir) is played by handlers on the FakeKernel that
+every FakeRoot.fs goes through: tests add them, and never patch KernelFS itself.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from guestagent.errors import kernel_error
 from guestagent.linux.fs import KernelFS
+
+# Do the operation (with this value, for a write); a handler may call it, or not, or twice.
+Proceed = Callable[[str], None]
+# A handler of one operation: the path, the value written ("" for mkdir and rmdir), and what
+# carries the operation on (the next handler, and in the end the file system).
+Handler = Callable[[Path, str, Proceed], None]
+OPERATIONS = {"write": "write", "mkdir": "make directory", "rmdir": "remove directory"}
+
+
+@dataclass
+class FakeKernel:
+    handlers: dict[str, list[Handler]] = field(default_factory=dict)
+
+    def on(self, op: str, handler: Handler) -> None:
+        """Run handler on every `op` (write, mkdir, rmdir); the last added runs first."""
+        self.handlers.setdefault(op, []).append(handler)
+
+    def fail(self, op: str, where: Path | str, number: int, after: int = 0) -> None:
+        """Fail `op` on a path (or on any path with that file name) with errno `number`,
+        once `after` of them have gone through."""
+        passed = 0
+
+        def failing(path: Path, value: str, proceed: Proceed) -> None:
+            nonlocal passed
+            if path != where and path.name != where:
+                proceed(value)
+            elif passed < after:
+                passed += 1
+                proceed(value)
+            else:
+                error = OSError(number, os.strerror(number))
+                raise kernel_error(OPERATIONS[op], path, value if op == "write" else None, error)
+
+        self.on(op, failing)
+
+    def run(self, op: str, path: Path, value: str, last: Proceed) -> None:
+        chain = last
+        for handler in self.handlers.get(op, []):
+            chain = _link(handler, path, chain)
+        chain(value)
+
+
+def _link(handler: Handler, path: Path, proceed: Proceed) -> Proceed:
+    return lambda value: handler(path, value, proceed)
+
+
+@dataclass(frozen=True)
+class FakeKernelFS(KernelFS):
+    """A KernelFS over the fake tree whose writes, mkdirs and rmdirs go through its kernel."""
+
+    kernel: FakeKernel = field(default_factory=FakeKernel, compare=False)
+
+    def write(self, path: Path, value: str) -> None:
+        self.kernel.run("write", path, value, lambda v: KernelFS.write(self, path, v))
+
+    def mkdir(self, path: Path, mode: int = 0o755) -> None:
+        self.kernel.run("mkdir", path, "", lambda _: KernelFS.mkdir(self, path, mode))
+
+    def rmdir(self, path: Path) -> None:
+        self.kernel.run("rmdir", path, "", lambda _: KernelFS.rmdir(self, path))
+
 
 MEMINFO = """\
 MemTotal:         498764 kB
@@ -33,16 +102,26 @@ MEMORY_EVENTS = "low 0\nhigh 3\nmax 2\noom 1\noom_kill 1\n"
 @dataclass
 class FakeRoot:
     root: Path
+    kernel: FakeKernel = field(default_factory=FakeKernel)
 
     @property
-    def fs(self) -> KernelFS:
-        return KernelFS(self.root)
+    def fs(self) -> FakeKernelFS:
+        return FakeKernelFS(self.root, kernel=self.kernel)
 
     def write(self, relative: str, text: str) -> Path:
         path = self.root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         return path
+
+    def add_memory_blocks(self, states: dict[int, str]) -> None:
+        """Memory blocks of 128 MiB in the given states, online ones in ZONE_NORMAL."""
+        memory = "sys/devices/system/memory"
+        self.write(f"{memory}/block_size_bytes", "8000000\n")
+        for index, state in states.items():
+            self.write(f"{memory}/memory{index}/state", f"{state}\n")
+            if state == "online":
+                self.write(f"{memory}/memory{index}/valid_zones", "Normal\n")
 
     def add_cgroup(
         self,

@@ -4,6 +4,7 @@ caller as the agent saw it (unix: SO_PEERCRED through the relay; tcp: its addres
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import grpc
 import pytest
@@ -58,7 +59,7 @@ def test_every_state_changing_rpc_is_audited_over_tcp(
 ) -> None:
     fake_root.write("sys/devices/system/memory/block_size_bytes", "8000000\n")
     with AgentClient(agent.tcp_target) as client:
-        calls = [
+        calls: list[tuple[Any, Any]] = [
             (client.stub.Reclaim, pb.ReclaimRequest(cgroup="pod/ctr", bytes=-1)),
             (client.stub.Compact, pb.CompactRequest(node=-3)),
             (client.stub.EnableSwap, pb.EnableSwapRequest()),

@@ -138,7 +138,7 @@ def test_enable_and_disable_swap(
     discard: int,
 ) -> None:
     selector = (
-        pb.DeviceSelector(path=path) if path is not None else pb.DeviceSelector(serial=serial)
+        pb.DeviceSelector(path=path) if path is not None else pb.DeviceSelector(serial=serial or "")
     )
     request = pb.EnableSwapRequest(device=selector, discard=discard, wait_ms=0)  # type: ignore[arg-type]
     if priority is not None:

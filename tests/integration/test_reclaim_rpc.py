@@ -50,7 +50,7 @@ def test_refusals_are_clear(
     with AgentClient(agent.unix_target) as client, pytest.raises(grpc.RpcError) as caught:
         client.set_reclaim_policy(cgroup, True, policy)
     assert caught.value.code() == code
-    assert words in caught.value.details()
+    assert words in (caught.value.details() or "")
 
 
 @pytest.mark.usefixtures("pod")
@@ -63,5 +63,5 @@ def test_guestctl_reclaim_on_status_off(agent: AgentProcess) -> None:
     assert "pod/ctr" in status.stdout and "compaction:" in status.stdout
     off = guestctl("--target", agent.unix_target, "reclaim", "off", "--cgroup", "pod/ctr")
     assert "disabled (turned off)" in off.stdout
-    missing = guestctl("--target", agent.unix_target, "reclaim", "--cgroup", "pod/ctr")
-    assert missing.returncode == 1 and "--bytes" in missing.stderr
+    missing = guestctl("--target", agent.unix_target, "reclaim", "now", "--cgroup", "pod/ctr")
+    assert missing.returncode == 2 and "--bytes" in missing.stderr

@@ -17,11 +17,10 @@ from guestagent.linux.blockdev import DeviceSelector, parse_mountinfo, probe_sig
 from guestagent.linux.cgroups import validate_cgroup_name
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.meminfo import parse_limit, parse_meminfo, parse_pressure
+from guestagent.linux.mm import parse_buddyinfo, parse_zoneinfo_present, rss_bytes
 from guestagent.linux.swaps import parse_swap_header
 from guestagent.linux.watch import parse_inotify_events
-from guestagent.ops.compaction import parse_buddyinfo
-from guestagent.ops.overhead import parse_zoneinfo_present, rss_bytes
-from guestagent.transport import parse_address
+from guestagent.transport.address import parse_address
 
 # Thousands of examples: `make test` runs them, `make unit` does not.
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
 
 # Modules at the top of the package that both sides of the vsock use.
-SHARED = {"errors", "jsonlog", "relay", "transport"}
+SHARED = {"errors", "jsonlog", "transport"}
 GRPC_OR_CONTRACT = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "guestagent.v1")
 
 
@@ -82,6 +82,64 @@ def violations() -> list[str]:
     return found
 
 
+# Only linux/ knows the kernel: ops/ and agent/ name no kernel file, parse no kernel text and
+# run no process (linux/tools.py runs them).
+KNOWS_NO_KERNEL = ("ops", "agent")
+KERNEL_PATHS = {"proc", "sys", "dev"}  # KernelFS's methods that name a kernel file.
+PROCESS_MODULES = {"subprocess", "multiprocessing", "pty"}
+OS_PROCESS_CALLS = {"sysconf", "system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"}
+
+
+def kernel_knowledge(path: Path) -> list[str]:
+    """What a module knows of the kernel, each as 'line: what'."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name, owner = node.func.attr, node.func.value
+            owner_name = owner.id if isinstance(owner, ast.Name) else None
+            if name in KERNEL_PATHS and owner_name != "os":
+                found.append(f"{line}: names a kernel path (.{name}())")
+            if owner_name == "os" and (
+                name in OS_PROCESS_CALLS or name.startswith(("exec", "spawn"))
+            ):
+                found.append(f"{line}: asks the kernel directly (os.{name})")
+            if owner_name == "asyncio" and name.startswith("create_subprocess"):
+                found.append(f"{line}: runs a process (asyncio.{name})")
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names]
+            modules = names if isinstance(node, ast.Import) else [node.module or ""]
+            for module in modules:
+                if module.split(".")[0] in PROCESS_MODULES:
+                    found.append(f"{line}: runs a process (imports {module})")
+            if isinstance(node, ast.ImportFrom) and within(node.module or "", "guestagent.linux"):
+                found += [
+                    f"{line}: parses kernel text (imports {name})"
+                    for name in names
+                    if name.startswith("parse_")
+                ]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith(
+            "parse_"
+        ):
+            found.append(f"{line}: defines a kernel-text parser ({node.name})")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith(("/proc/", "/sys/", "/dev/"))
+        ):
+            found.append(f"{line}: names a kernel path ({node.value!r})")
+    return found
+
+
+def kernel_violations() -> list[str]:
+    return [
+        f"{module}:{what}: only linux/ knows the kernel"
+        for module, path in SOURCES.items()
+        if layer(module) in KNOWS_NO_KERNEL
+        for what in kernel_knowledge(path)
+    ]
+
+
 def test_every_module_is_in_a_layer() -> None:
     layers = {layer(m) for m in SOURCES}
     assert layers <= {"shared", "linux", "ops", "agent", "host", "vm", "v1", "build"}, layers
@@ -89,6 +147,20 @@ def test_every_module_is_in_a_layer() -> None:
 
 def test_import_contracts_hold() -> None:
     assert violations() == []
+
+
+def test_only_linux_knows_the_kernel() -> None:
+    assert kernel_violations() == []
+
+
+def plant(planted: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Add modules to the tree the checkers read, as if they were in guestagent/."""
+    fake = dict(SOURCES)
+    for name, text in planted.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        fake[name] = path
+    monkeypatch.setattr(sys.modules[__name__], "SOURCES", fake)
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,12 +172,7 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.agent.planted": "from guestagent.vm import qemu\n",
         "guestagent.build.planted": "from guestagent.linux import fs\n",
     }
-    fake = dict(SOURCES)
-    for name, text in planted.items():
-        path = tmp_path / f"{name}.py"
-        path.write_text(text)
-        fake[name] = path
-    monkeypatch.setattr(sys.modules[__name__], "SOURCES", fake)
+    plant(planted, tmp_path, monkeypatch)
     found = "\n".join(violations())
     for expected in (
         "guestagent.ops.planted imports grpc",
@@ -116,6 +183,34 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.build.planted imports guestagent.linux.fs",
     ):
         assert expected in found
+
+
+def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    planted = {
+        "guestagent.ops.planted": (
+            "import subprocess\n"
+            "from guestagent.linux.keyed import parse_flat_keyed\n"
+            "def parse_buddyinfo(text): ...\n"
+            "def f(fs):\n"
+            "    fs.read(fs.proc('buddyinfo'))\n"
+            "    return os.sysconf('SC_PAGE_SIZE')\n"
+        ),
+        "guestagent.agent.planted": "PATH = '/sys/kernel/mm'\ndef g(fs): fs.sys('x')\n",
+        "guestagent.linux.planted": "import subprocess\ndef parse_x(fs): fs.proc('x')\n",
+    }
+    plant(planted, tmp_path, monkeypatch)
+    found = "\n".join(kernel_violations())
+    for expected in (
+        "guestagent.ops.planted:1: runs a process (imports subprocess)",
+        "guestagent.ops.planted:2: parses kernel text (imports parse_flat_keyed)",
+        "guestagent.ops.planted:3: defines a kernel-text parser (parse_buddyinfo)",
+        "guestagent.ops.planted:5: names a kernel path (.proc())",
+        "guestagent.ops.planted:6: asks the kernel directly (os.sysconf)",
+        "guestagent.agent.planted:1: names a kernel path ('/sys/kernel/mm')",
+        "guestagent.agent.planted:2: names a kernel path (.sys())",
+    ):
+        assert expected in found
+    assert "guestagent.linux.planted" not in found
 
 
 def test_the_daemon_loads_no_host_or_harness_code() -> None:

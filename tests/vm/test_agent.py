@@ -11,7 +11,7 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.linux.meminfo import parse_meminfo
-from guestagent.transport import DEFAULT_VSOCK_PORT
+from guestagent.transport.address import DEFAULT_VSOCK_PORT
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import guestctl, make_cgroup, start_filler, stop_filler, wait_until

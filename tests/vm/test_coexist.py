@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.transport import DEFAULT_VSOCK_PORT
+from guestagent.transport.address import DEFAULT_VSOCK_PORT
 from guestagent.vm.qemu import GuestVM, VMConfig
 from tests.vm.guest import boot_and_record, read_guest
 

@@ -16,7 +16,7 @@ from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot, wait_until
-from tests.vm.reclaim_workload import (
+from tests.workloads.reclaim import (
     ANON_MIB,
     CONFIG,
     HOT_MIB,
@@ -68,7 +68,7 @@ def test_no_thrash_when_the_hot_set_is_most_of_the_memory(vm: GuestVM, agent: Ag
     assert figures["reclaimed_mib_last_20_s"] <= 32, summary  # A plateau, not a slope.
     assert figures["majfaults_per_s_last_20_s"] <= 2048, summary  # Under 8 MiB/s of swap-in.
     assert figures["stall_us_per_s_last_20_s"] <= STALL_TARGET_US, summary
-    # The hot loop in units of the guest's pace (see reclaim_workload.WORKLOAD): the raw
+    # The hot loop in units of the guest's pace (see tests/workloads/reclaim.py, WORKLOAD): the raw
     # medians went 122.8 -> 154.9 ms (1.26x) in a stressed run with the reclaimer idle and
     # 1 major fault/s, the host's pace changing between the windows.
     assert figures["hot_slowdown_paced"] <= 1.2, summary

@@ -165,7 +165,7 @@ def expect_error(call: object, code: grpc.StatusCode, *words: str) -> str:
     with pytest.raises(grpc.RpcError) as raised:
         call()  # type: ignore[operator]
     assert raised.value.code() == code, raised.value.details()
-    details: str = raised.value.details()
+    details = raised.value.details() or ""
     for word in words:
         assert word in details, details
     return details

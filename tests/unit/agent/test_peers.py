@@ -7,7 +7,9 @@ import socket
 import threading
 from pathlib import Path
 
-from guestagent.transport import NamedRelay, PeerTable, open_unix_listener
+from guestagent.agent.listen import open_unix_listener
+from guestagent.agent.peers import NamedRelay, PeerTable, vsock_admitter
+from guestagent.transport.address import HOST_CID
 
 
 def test_peer_strings_that_are_not_relayed_pass_through() -> None:
@@ -45,3 +47,10 @@ def test_a_relayed_connection_is_named_until_it_ends(tmp_path: Path) -> None:
     finally:
         relay.close()
         server.close()
+
+
+def test_admitter_allows_only_listed_cids() -> None:
+    admit = vsock_admitter(frozenset({HOST_CID}))
+    assert admit((2, 50000))
+    assert not admit((1, 50000))
+    assert not admit((3, 50000))

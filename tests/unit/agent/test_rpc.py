@@ -8,19 +8,17 @@ import errno
 import logging
 import os
 import socket
-from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 import pytest
 
 from guestagent import errors
+from guestagent.agent.peers import PeerTable
 from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_for
 from guestagent.errors import kernel_error
-from guestagent.linux.fs import KernelFS
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.swap import SwapManager
-from guestagent.transport import PeerTable
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 
@@ -112,7 +110,7 @@ def audit_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:
 async def test_a_refusal_is_aborted_and_audited(
     servicer: MemoryAgentServicer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    context = FakeContext()
+    context: Any = FakeContext()
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):
         await servicer.Reclaim(pb.ReclaimRequest(cgroup="pod", bytes=-5), context)
     assert context.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -136,7 +134,7 @@ async def test_a_success_is_audited_with_the_relayed_caller(
     sock, name = servicer.peers.bind("vsock:2:50123")
     sock.connect(path)
     try:
-        context = FakeContext(peer=f"unix-abstract:{name}")
+        context: Any = FakeContext(peer=f"unix-abstract:{name}")
         with caplog.at_level(logging.INFO):
             result = await servicer.SetMemoryLimits(
                 pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=64 << 20)),
@@ -160,7 +158,7 @@ async def test_enums_are_audited_by_name(
         device=pb.DeviceSelector(path="/etc/x"), discard=pb.DISCARD_PAGES
     )
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):
-        await servicer.EnableSwap(request, FakeContext())
+        await servicer.EnableSwap(request, FakeContext())  # type: ignore[arg-type]
     (line,) = audit_lines(caplog)
     assert line["request"] == {"device": {"path": "/etc/x"}, "discard": "DISCARD_PAGES"}
 
@@ -169,7 +167,8 @@ async def test_reads_are_not_audited(
     servicer: MemoryAgentServicer, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO):
-        info = await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(cgroups=["pod"]), FakeContext())
+        context: Any = FakeContext()
+        info = await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
     assert info.cgroups[0].path == "pod"
     assert audit_lines(caplog) == []
 
@@ -182,8 +181,8 @@ async def test_a_bug_is_internal_and_logged(
     def broken(*args: object) -> NoReturn:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("guestagent.agent.rpc.read_report", broken)
-    context = FakeContext()
+    monkeypatch.setattr("guestagent.agent.rpc.memory_info", broken)
+    context: Any = FakeContext()
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):
         await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(), context)
     assert (context.code, context.details) == (
@@ -196,17 +195,32 @@ async def test_a_bug_is_internal_and_logged(
 
 async def test_a_failed_write_is_audited_as_aborted(
     servicer: MemoryAgentServicer,
+    fake_root: FakeRoot,
     caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def busy(fs: KernelFS, path: Path, value: str) -> NoReturn:
-        raise kernel_error("write", path, value, OSError(errno.EBUSY, os.strerror(errno.EBUSY)))
-
-    monkeypatch.setattr(KernelFS, "write", busy)
-    context = FakeContext()
+    fake_root.kernel.fail("write", "memory.max", errno.EBUSY)
+    context: Any = FakeContext()
     request = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=1 << 30))
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):
         await servicer.SetMemoryLimits(request, context)
     (line,) = audit_lines(caplog)
-    assert line["code"] == "ABORTED" == context.code.name
+    assert line["code"] == "ABORTED" == getattr(context.code, "name", None)
     assert "EBUSY" in str(line["error"])
+
+
+@pytest.mark.parametrize(
+    ("number", "code"),
+    [
+        (errno.EXDEV, grpc.StatusCode.INVALID_ARGUMENT),
+        (errno.EBUSY, grpc.StatusCode.FAILED_PRECONDITION),
+        (errno.EAGAIN, grpc.StatusCode.ABORTED),
+        (errno.EIO, grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_kernel_errors_reach_the_caller_as_their_status(number: int, code: grpc.StatusCode) -> None:
+    error = kernel_error(
+        "write", "/proc/sys/vm/compact_memory", "1", OSError(number, os.strerror(number))
+    )
+    status, message = status_for(error)
+    assert status == code
+    assert "/proc/sys/vm/compact_memory" in message

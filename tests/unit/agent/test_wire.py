@@ -11,9 +11,9 @@ from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.meminfo import read_report
 from guestagent.linux.watch import PressureTriggerSpec
 from guestagent.ops.compaction import CompactResult
-from guestagent.ops.limits import MemorySpec
-from guestagent.ops.reclaim import ReclaimResult
-from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec
+from guestagent.ops.limits import MemorySpec, SetLimitsSpec
+from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
+from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec, SwapArea
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 
@@ -81,7 +81,7 @@ def test_enable_swap_request() -> None:
     ("request_", "words"),
     [
         (pb.EnableSwapRequest(), "no device given"),
-        (pb.EnableSwapRequest(device=pb.DeviceSelector(path="/dev/vdb"), discard=9), "9"),
+        (pb.EnableSwapRequest(device=pb.DeviceSelector(path="/dev/vdb"), discard=9), "9"),  # type: ignore[arg-type]
         (pb.EnableSwapRequest(device=pb.DeviceSelector(path="/etc/passwd")), "not under /dev"),
     ],
 )
@@ -103,7 +103,7 @@ def test_set_limits_request() -> None:
             cgroup="pod/ctr", memory=pb.LinuxMemory(limit=64 << 20, swap=-1), create=True
         )
     )
-    assert spec == wire.SetLimitsSpec("pod/ctr", MemorySpec(64 << 20, -1, None), True)
+    assert spec == SetLimitsSpec("pod/ctr", MemorySpec(64 << 20, -1, None), True)
 
 
 def test_set_limits_refuses_every_v1_knob_by_name() -> None:
@@ -118,12 +118,12 @@ def test_compact_and_reclaim_requests() -> None:
     assert wire.compact_node_from_pb(pb.CompactRequest(node=0)) == 0
     assert wire.reclaim_spec_from_pb(
         pb.ReclaimRequest(cgroup="pod", bytes=1 << 20, drop_caches=1)
-    ) == wire.ReclaimSpec("pod", 1 << 20, 1)
+    ) == ReclaimSpec("pod", 1 << 20, 1)
 
 
 def test_requests_without_fields() -> None:
-    assert wire.list_swaps_from_pb(pb.ListSwapsRequest()) is None
-    assert wire.online_memory_from_pb(pb.OnlineMemoryRequest()) is None
+    assert wire.list_swaps_from_pb(pb.ListSwapsRequest()) is None  # type: ignore[func-returns-value]
+    assert wire.online_memory_from_pb(pb.OnlineMemoryRequest()) is None  # type: ignore[func-returns-value]
 
 
 def test_compact_result_carries_the_domain_figures() -> None:
@@ -172,3 +172,17 @@ def test_watch_update_reason(
     assert message.reason == expected
     assert list(message.changed_cgroups) == ["pod"]
     assert message.cgroups[0].path == "pod"
+
+
+def swap_area(rotational: bool | None) -> SwapArea:
+    return SwapArea(
+        "/dev/vdb", 1 << 30, 0, 10, DiscardPolicy.BOTH, True, rotational, "u", "guestagent-swap"
+    )
+
+
+@pytest.mark.parametrize("rotational", [False, True, None])
+def test_rotational_is_sent_only_when_known(rotational: bool | None) -> None:
+    message = wire.swap_area_pb(swap_area(rotational))
+    assert message.HasField("rotational") == (rotational is not None)
+    if rotational is not None:
+        assert message.rotational is rotational

@@ -11,6 +11,7 @@ import pytest
 from guestagent.host import ctl
 from guestagent.host.ctl import main as ctl_main
 from guestagent.host.sizing import MIB, fit_model, model_to_dict
+from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.sizing import sample
 
 
@@ -21,7 +22,10 @@ from tests.fakes.sizing import sample
         (["limits", "--cgroup", "a", "--limit", "512M", "--swap", "1G"], {"swap": 1 << 30}),
         (["limits", "--cgroup", "a", "--limit", "-1", "--swap", "max"], {"swap": -1}),
         (["limits", "--cgroup", "a", "--reservation", "64KiB"], {"reservation": 64 << 10}),
-        (["reclaim", "--cgroup", "a", "--bytes", "512Mi"], {"bytes": 512 * MIB}),
+        (["reclaim", "now", "--cgroup", "a", "--bytes", "512Mi"], {"bytes": 512 * MIB}),
+        (["reclaim", "--cgroup", "a", "--bytes", "1Gi"], {"legacy_bytes": 1 << 30}),
+        (["reclaim", "on", "--cgroup", "a", "--anon"], {"reclaim_command": "on", "anon": True}),
+        (["reclaim", "status", "--cgroup", "a", "--cgroup", "b"], {"cgroup": ["a", "b"]}),
         (["plan", "--pod-limit", "max"], {"pod_limit": None}),
         (["plan", "--pod-limit", "2Gi", "--host-memory", "8G"], {"host_memory": 8 << 30}),
         (["plan", "--pod-limit", "1G", "--container", "limit=512M"], {"pod_limit": 1 << 30}),
@@ -39,7 +43,11 @@ def test_arguments(argv: list[str], expected: dict[str, object]) -> None:
     ("argv", "message"),
     [
         (["limits", "--cgroup", "a", "--limit", "12X"], "size '12X' is not"),
-        (["reclaim", "--cgroup", "a", "--bytes", "-1"], "size '-1' is not"),
+        (["reclaim", "now", "--cgroup", "a", "--bytes", "-1"], "size '-1' is not"),
+        (["reclaim", "now", "--cgroup", "a"], "the following arguments are required: --bytes"),
+        (["reclaim", "on"], "the following arguments are required: --cgroup"),
+        (["reclaim", "off", "--cgroup", "a", "--cgroup", "b", "x"], "unrecognized arguments: x"),
+        (["reclaim", "sideways"], "invalid choice: 'sideways'"),
         (["plan", "--pod-limit", "1G", "--container", "limit=1.5G"], "size '1.5G' is not"),
         (["plan", "--pod-limit", "1G", "--container", "cpu=1"], "'cpu=1' is not name="),
         (["measure-overhead", "--sizes", "306,0"], "'306,0' is not a list of MiB"),
@@ -202,3 +210,53 @@ def test_guestctl_commands_that_reach_an_agent_still_need_a_target(
         ctl_main(["info"])
     assert exit_info.value.code == 2
     assert "info needs --target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["reclaim"],
+        ["reclaim", "--cgroup", "a"],  # The old form without --bytes.
+        ["reclaim", "--bytes", "1M"],
+    ],
+)
+def test_reclaim_without_a_command_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ctl_main(["--target", "unix:///nowhere", *argv])
+    assert exit_info.value.code == 2
+    assert "reclaim needs a command: now, on, off or status" in capsys.readouterr().err
+
+
+def test_the_old_reclaim_form_still_runs_and_says_it_is_deprecated(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[tuple[str, int, int]] = []
+
+    class Client:
+        def __init__(self, target: str, timeout: float) -> None:
+            pass
+
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def reclaim(self, cgroup: str, bytes_: int, drop_caches: int) -> pb.ReclaimResult:
+            calls.append((cgroup, bytes_, drop_caches))
+            return pb.ReclaimResult(
+                current_before_bytes=2 * MIB, current_after_bytes=MIB, complete=True
+            )
+
+    monkeypatch.setattr(ctl, "AgentClient", Client)
+    argv = ["--target", "unix:///x", "reclaim", "--cgroup", "a", "--bytes", "1M"]
+    assert ctl_main([*argv, "--drop-caches", "1"]) == 0
+    assert (
+        ctl_main(["--target", "unix:///x", "reclaim", "now", "--cgroup", "a", "--bytes", "1M"]) == 0
+    )
+    assert calls == [("a", 1 << 20, 1), ("a", 1 << 20, 0)]
+    captured = capsys.readouterr()
+    assert captured.err.count("deprecated; use `reclaim now --cgroup C --bytes N`") == 1
+    assert captured.out.count("a: memory.current 2.0 MiB -> 1.0 MiB") == 2

@@ -110,7 +110,7 @@ class Harness:
 
 @pytest.fixture
 def feed() -> Iterator[Harness]:
-    client, clock, logged = FakeClient(), Clock(), []
+    client, clock, logged = FakeClient(), Clock(), list[str]()
     watch = WatchFeed(client, ["pod"], 100, clock=clock, log=logged.append)  # type: ignore[arg-type]
     watch.start()
     yield Harness(watch, client, clock, logged)

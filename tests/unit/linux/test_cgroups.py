@@ -16,9 +16,15 @@ from guestagent.errors import (
     kernel_error,
 )
 from guestagent.linux import cgroups
-from guestagent.linux.cgroups import cgroup_dir, create_cgroup, undo_create, validate_cgroup_name
-from guestagent.linux.fs import KernelFS
-from tests.fakes.root import MEMORY_EVENTS, MEMORY_STAT, FakeRoot
+from guestagent.linux.cgroups import (
+    cgroup_dir,
+    create_cgroup,
+    creation_plan,
+    own_cgroup,
+    undo_create,
+    validate_cgroup_name,
+)
+from tests.fakes.root import MEMORY_EVENTS, MEMORY_STAT, FakeRoot, Proceed
 
 
 @dataclass
@@ -34,27 +40,25 @@ class FakeCgroupKernel:
     swap: bool = True
     fail_mkdir: str | None = None  # A directory name whose mkdir fails with ENOSPC.
 
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupKernel:
-        original_mkdir, original_rmdir = KernelFS.mkdir, KernelFS.rmdir
-
-        def mkdir(fs: KernelFS, path: Path, mode: int = 0o755) -> None:
+    def install(self) -> FakeCgroupKernel:
+        def mkdir(path: Path, value: str, proceed: Proceed) -> None:
             existed = path.is_dir()
             if self._inside(path) and path.name == self.fail_mkdir:
                 error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 raise kernel_error("make directory", path, None, error)
-            original_mkdir(fs, path, mode)
+            proceed(value)
             if self._inside(path) and not existed:
                 self._populate(path)
 
-        def rmdir(fs: KernelFS, path: Path) -> None:
+        def rmdir(path: Path, value: str, proceed: Proceed) -> None:
             if self._inside(path):
                 for entry in path.iterdir():
                     if entry.is_file():
                         entry.unlink()
-            original_rmdir(fs, path)
+            proceed(value)
 
-        monkeypatch.setattr(KernelFS, "mkdir", mkdir)
-        monkeypatch.setattr(KernelFS, "rmdir", rmdir)
+        self.fake.kernel.on("mkdir", mkdir)
+        self.fake.kernel.on("rmdir", rmdir)
         return self
 
     def _inside(self, path: Path) -> bool:
@@ -86,8 +90,8 @@ class FakeCgroupKernel:
 
 
 @pytest.fixture
-def kernel(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupKernel:
-    return FakeCgroupKernel(fake_root).install(monkeypatch)
+def kernel(fake_root: FakeRoot) -> FakeCgroupKernel:
+    return FakeCgroupKernel(fake_root).install()
 
 
 @pytest.mark.parametrize(
@@ -195,17 +199,10 @@ def test_create_failing_midway_removes_what_it_made(
 
 
 def test_create_failing_to_enable_names_the_control_file(
-    fake_root: FakeRoot, kernel: FakeCgroupKernel, monkeypatch: pytest.MonkeyPatch
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
 ) -> None:
-    real_write = KernelFS.write
-
-    def busy_pod(fs: KernelFS, path: Path, value: str) -> None:
-        if path.parent.name == "pod":
-            busy = OSError(errno.EBUSY, "Device or resource busy")
-            raise kernel_error("write", path, value, busy)
-        real_write(fs, path, value)
-
-    monkeypatch.setattr(KernelFS, "write", busy_pod)
+    pod_control = fake_root.root / "sys/fs/cgroup/pod/cgroup.subtree_control"
+    fake_root.kernel.fail("write", pod_control, errno.EBUSY)
     with pytest.raises(Aborted, match=r"write '\+memory' to .*pod/cgroup.subtree_control") as e:
         create_cgroup(fake_root.fs, "pod/ctr")
     assert "EBUSY" in str(e.value)
@@ -267,3 +264,29 @@ def test_undo_says_what_it_could_not_remove(fake_root: FakeRoot) -> None:
     created = cgroups.CreatedCgroup(pod, made=(pod,))
     assert "could not remove" in undo_create(fake_root.fs, created)
     assert "ENOTEMPTY" in undo_create(fake_root.fs, created)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0::/\n", "/"),
+        ("0::/system.slice/guestagent.service\n", "/system.slice/guestagent.service"),
+        ("9:name=systemd:/\n4:memory:/x\n0::/guestagent\n", "/guestagent"),
+        ("4:memory:/x\n1:cpu:/\n", None),  # cgroup v1 only
+        ("", None),
+    ],
+)
+def test_own_cgroup(text: str, expected: str | None) -> None:
+    assert own_cgroup(text) == expected
+
+
+def test_creation_plan(fake_root: FakeRoot) -> None:
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
+    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod", "pod/ctr"), ("", "pod"))
+    fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu memory\n")
+    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod", "pod/ctr"), ("pod",))
+    fake_root.add_cgroup("pod")
+    fake_root.write("sys/fs/cgroup/pod/cgroup.subtree_control", "memory\n")
+    assert creation_plan(fake_root.fs, "pod/ctr") == (("pod/ctr",), ())
+    fake_root.add_cgroup("pod/ctr")
+    assert creation_plan(fake_root.fs, "pod/ctr") == ((), ())

@@ -11,6 +11,7 @@ import pytest
 
 from guestagent.errors import FailedPrecondition, Internal, InvalidArgument
 from guestagent.linux import fs as fs_module
+from guestagent.linux import syscalls
 from guestagent.linux.fs import KernelFS
 from tests.fakes.root import FakeRoot
 
@@ -143,7 +144,7 @@ def test_eagain_from_openat2_is_retried(
 ) -> None:
     if not fs_module.have_openat2():
         pytest.skip("this kernel has no openat2")
-    real = fs_module.syscalls.openat2
+    real = syscalls.openat2
     calls: list[str] = []
 
     def racing(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
@@ -152,7 +153,7 @@ def test_eagain_from_openat2_is_retried(
             raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
         return real(dirfd, path, flags, resolve, mode)
 
-    monkeypatch.setattr(fs_module.syscalls, "openat2", racing)
+    monkeypatch.setattr(syscalls, "openat2", racing)
     assert fake_root.fs.read(fake_root.fs.proc("meminfo")).startswith("MemTotal")
     assert calls == ["meminfo"] * 3
 

@@ -5,11 +5,11 @@ import pytest
 
 from guestagent.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from guestagent.linux.keyed import parse_flat_keyed
+from guestagent.linux.mm import parse_buddyinfo
 from guestagent.ops.compaction import (
     Compactor,
     counter_deltas,
     free_bytes_at_or_above,
-    parse_buddyinfo,
 )
 from tests.fakes.root import FakeRoot
 
@@ -18,12 +18,6 @@ Node 0, zone      DMA      1      0      0      0      0      0      0      0   
 Node 0, zone    DMA32      2      3      3      1      2      2      1      5      5      3    751
 Node 1, zone   Normal     10     20      0      0      0      0      0      0      0      0      1
 """
-
-
-def test_buddyinfo_sums_zones_per_order() -> None:
-    totals = parse_buddyinfo(BUDDYINFO)
-    assert totals[0] == 13 and totals[1] == 23 and totals[10] == 755
-    assert parse_buddyinfo(BUDDYINFO, node=1)[:2] == (10, 20)
 
 
 def test_free_bytes_at_or_above_order() -> None:

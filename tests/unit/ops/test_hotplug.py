@@ -66,29 +66,22 @@ def test_policy_is_checked(mode: str, ratio: int, match: str) -> None:
         OnlinePolicy(mode, ratio)
 
 
-def add_blocks(fake_root: FakeRoot, states: dict[int, str]) -> None:
-    fake_root.write(f"{MEMORY}/block_size_bytes", "8000000\n")
-    for index, state in states.items():
-        fake_root.write(f"{MEMORY}/memory{index}/state", f"{state}\n")
-        if state == "online":
-            fake_root.write(f"{MEMORY}/memory{index}/valid_zones", "Normal\n")
-
-
 def test_online_memory_writes_the_policy_states(fake_root: FakeRoot) -> None:
-    add_blocks(fake_root, {0: "online", 1: "online", 8: "offline", 9: "offline", 10: "offline"})
+    blocks = {0: "online", 1: "online", 8: "offline", 9: "offline", 10: "offline"}
+    fake_root.add_memory_blocks(blocks)
     result = online_memory(fake_root.fs, OnlinePolicy("auto-movable", 100))
     assert result.onlined == ("memory8", "memory9", "memory10")
     assert result.movable == ("memory8", "memory9")
     assert result.block_size == 128 << 20
-    blocks = memory_blocks(fake_root.fs)
-    assert (blocks["memory8"], blocks["memory10"]) == ("online_movable", "online_kernel")
-    assert blocks["memory0"] == "online"
+    states = memory_blocks(fake_root.fs)
+    assert (states["memory8"], states["memory10"]) == ("online_movable", "online_kernel")
+    assert states["memory0"] == "online"
 
 
 def test_a_block_onlined_meanwhile_is_not_a_failure(
     fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    add_blocks(fake_root, {0: "online", 8: "offline", 9: "offline"})
+    fake_root.add_memory_blocks({0: "online", 8: "offline", 9: "offline"})
     state_file = fake_root.root / MEMORY / "memory8/state"
     real_write = os.write
 
@@ -104,7 +97,7 @@ def test_a_block_onlined_meanwhile_is_not_a_failure(
 
 
 def test_a_refused_block_is_reported(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> None:
-    add_blocks(fake_root, {0: "online", 8: "offline"})
+    fake_root.add_memory_blocks({0: "online", 8: "offline"})
 
     def ebusy(fd: int, data: bytes) -> int:
         raise OSError(errno.EBUSY, "Device or resource busy")

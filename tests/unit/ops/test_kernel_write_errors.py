@@ -13,7 +13,7 @@ import pytest
 from guestagent.errors import Aborted, FailedPrecondition
 from guestagent.ops.compaction import Compactor
 from guestagent.ops.hotplug import OnlinePolicy, online_memory
-from guestagent.ops.reclaim import reclaim
+from guestagent.ops.reclaim import ReclaimSpec, reclaim
 from tests.fakes.root import FakeRoot
 
 
@@ -34,7 +34,7 @@ def test_reclaim(
     control.write_text("")
     failing_os_write(monkeypatch, number)
     with pytest.raises(expected) as raised:
-        reclaim(fake_root.fs, "c", 1 << 20)
+        reclaim(fake_root.fs, ReclaimSpec("c", 1 << 20))
     assert str(raised.value).startswith(f"write '1048576' to {control}: {errno.errorcode[number]}")
 
 
@@ -43,7 +43,7 @@ def test_reclaim_drop_caches(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatc
     fake_root.write("proc/sys/vm/drop_caches", "")
     failing_os_write(monkeypatch, errno.EACCES)
     with pytest.raises(FailedPrecondition, match=r"write '3' to .*drop_caches: EACCES"):
-        reclaim(fake_root.fs, "c", 1 << 20, drop_caches=3)
+        reclaim(fake_root.fs, ReclaimSpec("c", 1 << 20, drop_caches=3))
 
 
 async def test_compaction(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> None:

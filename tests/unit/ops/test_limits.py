@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, kernel_error
-from guestagent.linux.fs import KernelFS
+from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from guestagent.linux.abi import LONG_MAX
 from guestagent.ops.limits import (
-    INT64_MAX,
     AppliedLimits,
     CgroupMemoryValues,
     MemorySpec,
+    SetLimitsSpec,
     apply_memory_limits,
     cgroup_values,
 )
-from tests.fakes.root import FakeRoot
+from tests.fakes.root import FakeRoot, Proceed
 from tests.unit.linux.test_cgroups import FakeCgroupKernel
 
 MiB = 1024 * 1024
@@ -69,8 +69,8 @@ NOTHING = CgroupMemoryValues(None, None, None)
         ),
         pytest.param(MemorySpec(limit=1, swap=1), CgroupMemoryValues("1", "0", None), id="1 byte"),
         pytest.param(
-            MemorySpec(limit=INT64_MAX),
-            CgroupMemoryValues(str(INT64_MAX), None, None),
+            MemorySpec(limit=LONG_MAX),
+            CgroupMemoryValues(str(LONG_MAX), None, None),
             id="int64 max",
         ),
         pytest.param(MemorySpec(reservation=-1), CgroupMemoryValues(None, None, "max"), id="R=-1"),
@@ -119,7 +119,7 @@ def test_conversion(spec: MemorySpec, expected: CgroupMemoryValues) -> None:
             id="R=-3",
         ),
         pytest.param(
-            MemorySpec(limit=INT64_MAX + 1), [str(INT64_MAX + 1), "int64"], id="L over int64"
+            MemorySpec(limit=LONG_MAX + 1), [str(LONG_MAX + 1), "int64"], id="L over int64"
         ),
         pytest.param(MemorySpec(limit=GiB, swap=2**64), [str(2**64), "int64"], id="S over int64"),
         pytest.param(MemorySpec(reservation=2**64), [str(2**64), "int64"], id="R over int64"),
@@ -142,13 +142,14 @@ def ctr(fake_root: FakeRoot) -> Path:
 
 
 @pytest.fixture
-def kernel(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> FakeCgroupKernel:
-    return FakeCgroupKernel(fake_root).install(monkeypatch)
+def kernel(fake_root: FakeRoot) -> FakeCgroupKernel:
+    return FakeCgroupKernel(fake_root).install()
 
 
 def test_writes_and_reads_back(fake_root: FakeRoot, ctr: Path) -> None:
     applied = apply_memory_limits(
-        fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB, reservation=128 * MiB)
+        fake_root.fs,
+        SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB, reservation=128 * MiB)),
     )
     assert applied == AppliedLimits(
         memory_max=str(512 * MiB),
@@ -162,22 +163,22 @@ def test_writes_and_reads_back(fake_root: FakeRoot, ctr: Path) -> None:
     assert (ctr / "memory.low").read_text() == str(128 * MiB)
 
 
-def test_reports_what_the_kernel_holds(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real_write = KernelFS.write
-
-    def rounding_write(fs: KernelFS, path: Path, value: str) -> None:
+def test_reports_what_the_kernel_holds(fake_root: FakeRoot, ctr: Path) -> None:
+    def rounding(path: Path, value: str, proceed: Proceed) -> None:
         # The kernel keeps whole pages: 1000 bytes reads back as 0.
-        real_write(fs, path, str(int(value) // 4096 * 4096) if value.isdigit() else value)
+        proceed(str(int(value) // 4096 * 4096) if value.isdigit() else value)
 
-    monkeypatch.setattr(KernelFS, "write", rounding_write)
-    applied = apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=4096 + 1000))
+    fake_root.kernel.on("write", rounding)
+    applied = apply_memory_limits(
+        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=4096 + 1000))
+    )
     assert applied.memory_max == "4096"
 
 
 def test_untouched_files_keep_their_values(fake_root: FakeRoot, ctr: Path) -> None:
-    applied = apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB))
+    applied = apply_memory_limits(
+        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB))
+    )
     assert applied.untouched == ("memory.swap.max", "memory.low")
     assert (applied.swap_max, applied.memory_low) == ("max", "0")
     assert (ctr / "memory.swap.max").read_text() == "max\n"
@@ -186,7 +187,7 @@ def test_untouched_files_keep_their_values(fake_root: FakeRoot, ctr: Path) -> No
 
 def test_empty_spec_changes_nothing(fake_root: FakeRoot, ctr: Path) -> None:
     before = files(ctr)
-    applied = apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec())
+    applied = apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec()))
     assert applied.untouched == ("memory.swap.max", "memory.max", "memory.low")
     assert files(ctr) == before
 
@@ -194,13 +195,13 @@ def test_empty_spec_changes_nothing(fake_root: FakeRoot, ctr: Path) -> None:
 def test_unlimited_memory_also_lifts_swap(fake_root: FakeRoot, ctr: Path) -> None:
     (ctr / "memory.max").write_text(f"{512 * MiB}\n")
     (ctr / "memory.swap.max").write_text("0\n")
-    applied = apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=-1))
+    applied = apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=-1)))
     assert (applied.memory_max, applied.swap_max) == ("max", "max")
 
 
 def test_missing_cgroup_is_not_found_without_create(fake_root: FakeRoot) -> None:
     with pytest.raises(NotFound, match="'pod/nope'"):
-        apply_memory_limits(fake_root.fs, "pod/nope", MemorySpec(limit=GiB))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/nope", MemorySpec(limit=GiB)))
     assert not (fake_root.root / "sys/fs/cgroup/pod").exists()
 
 
@@ -209,7 +210,7 @@ def test_missing_cgroup_is_not_found_without_create(fake_root: FakeRoot) -> None
 def test_bad_names_write_nothing(fake_root: FakeRoot, ctr: Path, name: str, create: bool) -> None:
     before = files(ctr)
     with pytest.raises(InvalidArgument):
-        apply_memory_limits(fake_root.fs, name, MemorySpec(limit=GiB), create=create)
+        apply_memory_limits(fake_root.fs, SetLimitsSpec(name, MemorySpec(limit=GiB), create=create))
     assert files(ctr) == before
 
 
@@ -220,7 +221,7 @@ def test_symlink_escape_writes_nothing(fake_root: FakeRoot, name: str, create: b
     (outside / "memory.max").write_text("max\n")
     os.symlink(outside, fake_root.root / "sys/fs/cgroup/escape")
     with pytest.raises(InvalidArgument, match="outside"):
-        apply_memory_limits(fake_root.fs, name, MemorySpec(limit=GiB), create=create)
+        apply_memory_limits(fake_root.fs, SetLimitsSpec(name, MemorySpec(limit=GiB), create=create))
     assert (outside / "memory.max").read_text() == "max\n"
     assert not (outside / "new").exists()
 
@@ -228,20 +229,20 @@ def test_symlink_escape_writes_nothing(fake_root: FakeRoot, name: str, create: b
 def test_invalid_spec_writes_nothing(fake_root: FakeRoot, ctr: Path) -> None:
     before = files(ctr)
     with pytest.raises(InvalidArgument, match="less than"):
-        apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=GiB, swap=MiB))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB, swap=MiB)))
     assert files(ctr) == before
 
 
 def test_invalid_spec_creates_nothing(fake_root: FakeRoot, kernel: FakeCgroupKernel) -> None:
     with pytest.raises(InvalidArgument):
-        apply_memory_limits(fake_root.fs, "pod", MemorySpec(limit=-3), create=True)
+        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod", MemorySpec(limit=-3), create=True))
     assert not (fake_root.root / "sys/fs/cgroup/pod").exists()
 
 
 def test_memory_controller_not_enabled(fake_root: FakeRoot) -> None:
     (fake_root.root / "sys/fs/cgroup/bare").mkdir()
     with pytest.raises(FailedPrecondition) as raised:
-        apply_memory_limits(fake_root.fs, "bare", MemorySpec(limit=GiB))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec("bare", MemorySpec(limit=GiB)))
     assert "'bare'" in str(raised.value)
     assert "cgroup.subtree_control" in str(raised.value)
 
@@ -256,7 +257,7 @@ def test_memory_controller_not_enabled(fake_root: FakeRoot) -> None:
 )
 def test_no_swap_accounting_skips_max_and_zero(fake_root: FakeRoot, spec: MemorySpec) -> None:
     ctr = fake_root.add_cgroup("ctr", swap=False)
-    applied = apply_memory_limits(fake_root.fs, "ctr", spec)
+    applied = apply_memory_limits(fake_root.fs, SetLimitsSpec("ctr", spec))
     assert applied.swap_max is None
     assert "memory.swap.max" in applied.untouched
     assert applied.memory_max == cgroup_values(spec).memory_max
@@ -267,35 +268,35 @@ def test_no_swap_accounting_refuses_a_swap_size(fake_root: FakeRoot) -> None:
     ctr = fake_root.add_cgroup("ctr", swap=False)
     before = files(ctr)
     with pytest.raises(FailedPrecondition) as raised:
-        apply_memory_limits(fake_root.fs, "ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+        apply_memory_limits(
+            fake_root.fs, SetLimitsSpec("ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+        )
     assert str(raised.value) == (
         f"kernel has no swap accounting; cannot set memory.swap.max to {512 * MiB} for cgroup 'ctr'"
     )
     assert files(ctr) == before
 
 
-def failing_write(monkeypatch: pytest.MonkeyPatch, fails: dict[str, int]) -> list[tuple[str, str]]:
+def failing_write(fake_root: FakeRoot, fails: dict[str, int]) -> list[tuple[str, str]]:
     """Make writes to the named files fail with the given errno; record the ones that pass."""
-    real_write = KernelFS.write
     written: list[tuple[str, str]] = []
 
-    def write(fs: KernelFS, path: Path, value: str) -> None:
-        if path.name in fails:
-            number = fails[path.name]
-            raise kernel_error("write", path, value, OSError(number, os.strerror(number)))
-        real_write(fs, path, value)
+    def record(path: Path, value: str, proceed: Proceed) -> None:
+        proceed(value)
         written.append((path.name, value))
 
-    monkeypatch.setattr(KernelFS, "write", write)
+    fake_root.kernel.on("write", record)
+    for name, number in fails.items():
+        fake_root.kernel.fail("write", name, number)
     return written
 
 
-def test_failed_memory_max_restores_swap(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    written = failing_write(monkeypatch, {"memory.max": errno.EBUSY})
+def test_failed_memory_max_restores_swap(fake_root: FakeRoot, ctr: Path) -> None:
+    written = failing_write(fake_root, {"memory.max": errno.EBUSY})
     with pytest.raises(Aborted) as raised:
-        apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+        apply_memory_limits(
+            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+        )
     message = str(raised.value)
     assert f"cgroup 'pod/ctr' failed: write '{512 * MiB}' to {ctr / 'memory.max'}:" in message
     assert "EBUSY (Device or resource busy)" in message
@@ -304,14 +305,13 @@ def test_failed_memory_max_restores_swap(
     assert written == [("memory.swap.max", str(512 * MiB)), ("memory.swap.max", "max")]
 
 
-def test_failed_memory_low_restores_in_reverse_order(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_memory_low_restores_in_reverse_order(fake_root: FakeRoot, ctr: Path) -> None:
     (ctr / "memory.max").write_text(f"{GiB}\n")
-    written = failing_write(monkeypatch, {"memory.low": errno.EINVAL})
+    written = failing_write(fake_root, {"memory.low": errno.EINVAL})
     with pytest.raises(Aborted, match="EINVAL") as raised:
         apply_memory_limits(
-            fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB, reservation=MiB)
+            fake_root.fs,
+            SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB, reservation=MiB)),
         )
     assert str(raised.value).endswith(
         f"restored memory.max to {GiB}; restored memory.swap.max to max"
@@ -320,30 +320,22 @@ def test_failed_memory_low_restores_in_reverse_order(
     assert (ctr / "memory.max").read_text() == str(GiB)
 
 
-def test_failed_first_write_had_nothing_to_restore(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    failing_write(monkeypatch, {"memory.swap.max": errno.EACCES})
+def test_failed_first_write_had_nothing_to_restore(fake_root: FakeRoot, ctr: Path) -> None:
+    failing_write(fake_root, {"memory.swap.max": errno.EACCES})
     with pytest.raises(Aborted, match=r"EACCES.*nothing had been written"):
-        apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+        apply_memory_limits(
+            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+        )
     assert (ctr / "memory.max").read_text() == "max\n"
 
 
-def test_failed_restore_is_reported(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real_write = KernelFS.write
-    calls: list[str] = []
-
-    def write(fs: KernelFS, path: Path, value: str) -> None:
-        calls.append(path.name)
-        if path.name == "memory.max" or len(calls) > 2:
-            raise kernel_error("write", path, value, OSError(errno.EIO, os.strerror(errno.EIO)))
-        real_write(fs, path, value)
-
-    monkeypatch.setattr(KernelFS, "write", write)
+def test_failed_restore_is_reported(fake_root: FakeRoot, ctr: Path) -> None:
+    fake_root.kernel.fail("write", "memory.max", errno.EIO)
+    fake_root.kernel.fail("write", "memory.swap.max", errno.EIO, after=1)  # Its restore fails.
     with pytest.raises(Aborted) as raised:
-        apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+        apply_memory_limits(
+            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+        )
     assert "could not restore memory.swap.max: write 'max' to" in str(raised.value)
     assert str(raised.value).endswith("memory.swap.max: EIO (Input/output error)")
 
@@ -353,7 +345,7 @@ def test_create_makes_the_cgroup_and_enables_memory_in_parents(
 ) -> None:
     fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
     applied = apply_memory_limits(
-        fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB), create=True
+        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB), create=True)
     )
     assert applied.created
     assert (applied.memory_max, applied.swap_max) == (str(512 * MiB), str(512 * MiB))
@@ -367,7 +359,9 @@ def test_create_makes_the_cgroup_and_enables_memory_in_parents(
 def test_create_of_an_existing_cgroup_just_writes(
     fake_root: FakeRoot, ctr: Path, kernel: FakeCgroupKernel
 ) -> None:
-    applied = apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=GiB), create=True)
+    applied = apply_memory_limits(
+        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB), create=True)
+    )
     assert not applied.created
     assert (ctr / "memory.max").read_text() == str(GiB)
 
@@ -377,7 +371,9 @@ def test_create_without_a_memory_controller_removes_the_cgroup(
 ) -> None:
     kernel.memory = False
     with pytest.raises(FailedPrecondition, match="memory controller is not enabled") as raised:
-        apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=GiB), create=True)
+        apply_memory_limits(
+            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB), create=True)
+        )
     assert "removed" in str(raised.value)
     assert not (fake_root.root / "sys/fs/cgroup/pod").exists()
 
@@ -387,17 +383,20 @@ def test_create_without_swap_accounting_refuses_and_removes(
 ) -> None:
     kernel.swap = False
     with pytest.raises(FailedPrecondition, match="no swap accounting"):
-        apply_memory_limits(fake_root.fs, "pod", MemorySpec(limit=512 * MiB, swap=GiB), create=True)
+        apply_memory_limits(
+            fake_root.fs, SetLimitsSpec("pod", MemorySpec(limit=512 * MiB, swap=GiB), create=True)
+        )
     assert not (fake_root.root / "sys/fs/cgroup/pod").exists()
 
 
 def test_create_then_failed_write_removes_the_cgroup(
-    fake_root: FakeRoot, kernel: FakeCgroupKernel, monkeypatch: pytest.MonkeyPatch
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
 ) -> None:
-    failing_write(monkeypatch, {"memory.max": errno.EBUSY})
+    failing_write(fake_root, {"memory.max": errno.EBUSY})
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(
-            fake_root.fs, "pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB), create=True
+            fake_root.fs,
+            SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB), create=True),
         )
     message = str(raised.value)
     assert "EBUSY" in message
@@ -409,15 +408,17 @@ def test_create_then_failed_write_removes_the_cgroup(
 def test_create_failing_midway_is_aborted(fake_root: FakeRoot, kernel: FakeCgroupKernel) -> None:
     kernel.fail_mkdir = "ctr"
     with pytest.raises(Aborted, match="ENOSPC"):
-        apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=GiB), create=True)
+        apply_memory_limits(
+            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB), create=True)
+        )
     assert not (fake_root.root / "sys/fs/cgroup/pod").exists()
 
 
-def test_writes_swap_then_memory_then_low(
-    fake_root: FakeRoot, ctr: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    written = failing_write(monkeypatch, {})
-    apply_memory_limits(fake_root.fs, "pod/ctr", MemorySpec(limit=GiB, swap=-1, reservation=MiB))
+def test_writes_swap_then_memory_then_low(fake_root: FakeRoot, ctr: Path) -> None:
+    written = failing_write(fake_root, {})
+    apply_memory_limits(
+        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB, swap=-1, reservation=MiB))
+    )
     assert written == [
         ("memory.swap.max", "max"),
         ("memory.max", str(GiB)),

@@ -7,14 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guestagent.errors import InvalidArgument
-from guestagent.ops.limits import INT64_MAX, MemorySpec, cgroup_values
+from guestagent.linux.abi import LONG_MAX
+from guestagent.ops.limits import MemorySpec, cgroup_values
 
-bytes_ = st.integers(min_value=1, max_value=INT64_MAX)
+bytes_ = st.integers(min_value=1, max_value=LONG_MAX)
 not_given = st.sampled_from([None, 0])
 # Any int64 and a little beyond, weighted towards the edges where the rules change.
 anything = st.one_of(
     st.none(),
-    st.sampled_from([0, -1, -2, 1, INT64_MAX, INT64_MAX + 1]),
+    st.sampled_from([0, -1, -2, 1, LONG_MAX, LONG_MAX + 1]),
     st.integers(min_value=-(2**64), max_value=2**64),
 )
 
@@ -26,7 +27,7 @@ def written_numbers(spec: MemorySpec) -> list[str]:
 
 @given(limit=bytes_, data=st.data())
 def test_swap_plus_limit_is_the_total(limit: int, data: st.DataObject) -> None:
-    total = data.draw(st.integers(min_value=limit, max_value=INT64_MAX))
+    total = data.draw(st.integers(min_value=limit, max_value=LONG_MAX))
     values = cgroup_values(MemorySpec(limit=limit, swap=total))
     assert values.memory_max == str(limit)
     assert values.swap_max is not None
@@ -41,7 +42,7 @@ def valid_specs(draw: st.DrawFn) -> MemorySpec:
     elif limit == -1:
         swap = draw(st.one_of(not_given, st.just(-1), bytes_))
     else:
-        swap = draw(st.one_of(not_given, st.just(-1), st.integers(limit, INT64_MAX)))
+        swap = draw(st.one_of(not_given, st.just(-1), st.integers(limit, LONG_MAX)))
     reservation = draw(st.one_of(not_given, st.just(-1), bytes_))
     return MemorySpec(limit, swap, reservation)
 
@@ -49,7 +50,7 @@ def valid_specs(draw: st.DrawFn) -> MemorySpec:
 @given(valid_specs())
 def test_valid_specs_never_write_a_negative_number(spec: MemorySpec) -> None:
     for value in written_numbers(spec):
-        assert value == "max" or (value.isdigit() and 0 <= int(value) <= INT64_MAX)
+        assert value == "max" or (value.isdigit() and 0 <= int(value) <= LONG_MAX)
 
 
 @given(valid_specs())
@@ -64,7 +65,7 @@ def test_swap_never_exceeds_what_the_total_allows(spec: MemorySpec) -> None:
 def invalid_specs(draw: st.DrawFn) -> tuple[MemorySpec, list[int]]:
     """A spec that breaks one rule, and the numbers its error must name."""
     bad_number = st.one_of(
-        st.integers(max_value=-2), st.integers(min_value=INT64_MAX + 1, max_value=2**70)
+        st.integers(max_value=-2), st.integers(min_value=LONG_MAX + 1, max_value=2**70)
     )
     case = draw(st.sampled_from(["limit", "swap", "reservation", "no limit", "total too small"]))
     if case == "limit":
@@ -79,7 +80,7 @@ def invalid_specs(draw: st.DrawFn) -> tuple[MemorySpec, list[int]]:
     if case == "no limit":
         swap = draw(bytes_)
         return MemorySpec(limit=draw(not_given), swap=swap), [swap]
-    limit = draw(st.integers(min_value=2, max_value=INT64_MAX))
+    limit = draw(st.integers(min_value=2, max_value=LONG_MAX))
     swap = draw(st.integers(min_value=1, max_value=limit - 1))
     return MemorySpec(limit=limit, swap=swap), [swap, limit]
 
@@ -100,7 +101,7 @@ def test_any_spec_is_values_or_invalid_argument(spec: MemorySpec) -> None:
     except InvalidArgument:
         return
     for value in numbers:
-        assert value == "max" or (value.isdigit() and int(value) <= INT64_MAX)
+        assert value == "max" or (value.isdigit() and int(value) <= LONG_MAX)
 
 
 @given(st.builds(MemorySpec, anything, anything, anything))

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 from guestagent.agent import cli
+from guestagent.linux.cgroups import own_cgroup
 from guestagent.ops import self_cgroup
 from guestagent.ops.self_cgroup import (
     MEMORY_HIGH,
     MEMORY_MIN,
     Action,
     decide,
-    own_cgroup,
     protect_self,
 )
 from tests.fakes.root import FakeRoot
@@ -33,20 +33,6 @@ IN_ROOT = "0::/\n"
 
 
 @pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("0::/\n", "/"),
-        ("0::/system.slice/guestagent.service\n", "/system.slice/guestagent.service"),
-        ("9:name=systemd:/\n4:memory:/x\n0::/guestagent\n", "/guestagent"),
-        ("4:memory:/x\n1:cpu:/\n", None),  # cgroup v1 only
-        ("", None),
-    ],
-)
-def test_own_cgroup(text: str, expected: str | None) -> None:
-    assert own_cgroup(text) == expected
-
-
-@pytest.mark.parametrize(
     ("euid", "proc", "controllers", "has_type", "action", "words"),
     [
         (0, IN_ROOT, ROOT_CONTROLLERS, False, Action.MOVE, "root cgroup"),
@@ -57,8 +43,8 @@ def test_own_cgroup(text: str, expected: str | None) -> None:
         # In a cgroup namespace the mount shows a non-root cgroup, which has cgroup.type.
         (0, IN_ROOT, ROOT_CONTROLLERS, True, Action.SKIP, "not a cgroup2 root"),
         (0, IN_ROOT, "cpu io pids", False, Action.SKIP, "no memory controller"),
-        (0, "1:cpu:/\n", ROOT_CONTROLLERS, False, Action.SKIP, "names no cgroup2"),
-        (0, None, ROOT_CONTROLLERS, False, Action.SKIP, "names no cgroup2"),
+        (0, "1:cpu:/\n", ROOT_CONTROLLERS, False, Action.SKIP, "in no cgroup2 cgroup"),
+        (0, None, ROOT_CONTROLLERS, False, Action.SKIP, "in no cgroup2 cgroup"),
     ],
 )
 def test_decide(
@@ -69,15 +55,15 @@ def test_decide(
     action: Action,
     words: str,
 ) -> None:
-    decision = decide(euid, proc, controllers, has_type)
+    decision = decide(euid, own_cgroup(proc or ""), controllers, has_type)
     assert decision.action is action
     assert words in decision.reason
 
 
 @pytest.fixture
-def guest(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> FakeRoot:
+def guest(fake_root: FakeRoot) -> FakeRoot:
     """A guest whose agent runs in the root cgroup, as the image's shell init starts it."""
-    FakeKernel(fake_root).install(monkeypatch)
+    FakeKernel(fake_root).install()
     fake_root.write("sys/fs/cgroup/cgroup.controllers", ROOT_CONTROLLERS + "\n")
     fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
     fake_root.write("proc/self/cgroup", IN_ROOT)
@@ -128,10 +114,8 @@ def test_leaves_everything_alone_otherwise(
     assert vars(record)["fields"]["reason"] == decision.reason
 
 
-def test_a_failure_is_logged_not_fatal(
-    guest: FakeRoot, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    FakeKernel(guest, fail_mkdir="guestagent").install(monkeypatch)
+def test_a_failure_is_logged_not_fatal(guest: FakeRoot, caplog: pytest.LogCaptureFixture) -> None:
+    FakeKernel(guest, fail_mkdir="guestagent").install()
     with caplog.at_level(logging.INFO):
         decision = protect_self(guest.fs, pid=4242, euid=0)
     assert decision.action is Action.SKIP

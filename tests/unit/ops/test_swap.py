@@ -4,12 +4,14 @@ from pathlib import Path
 import pytest
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
-from guestagent.linux.blockdev import BlockDevice, DeviceSelector
-from guestagent.ops.swap import (
+from guestagent.linux.abi import (
     SWAP_FLAG_DISCARD,
     SWAP_FLAG_DISCARD_ONCE,
     SWAP_FLAG_DISCARD_PAGES,
     SWAP_FLAG_PREFER,
+)
+from guestagent.linux.blockdev import BlockDevice, DeviceSelector
+from guestagent.ops.swap import (
     DiscardPolicy,
     EnableSwapSpec,
     SwapManager,
@@ -94,7 +96,7 @@ def disk_manager(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> SwapMa
     fake_root.write("proc/swaps", SWAPS.splitlines()[0] + "\n")
     fake_root.write("sys/class/block/vdb/queue/rotational", "1\n")
     monkeypatch.setattr("guestagent.ops.swap.refuse_unsafe_device", lambda fs, device: None)
-    monkeypatch.setattr("guestagent.ops.swap.blkid_signatures", lambda devnode: [])
+    monkeypatch.setattr("guestagent.linux.swaps.blkid_signatures", lambda devnode: [])
     return SwapManager(fake_root.fs, FakeFinder([VDB]))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,7 +28,7 @@ def test_pace_scales_idle_deadlines() -> None:
 
 
 def test_wait_until_returns_the_first_true_value() -> None:
-    values = iter([None, 0, [], "found"])
+    values: Iterator[object] = iter([None, 0, [], "found"])
     assert wait_until(lambda: next(values), 5, "a value", every=0.001) == "found"
 
 

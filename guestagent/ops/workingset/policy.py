@@ -1,6 +1,6 @@
 """The working-set reclaimer's decisions, as pure functions over one interval's figures.
 
-Each interval the loop (ops/reclaimer.py) measures a target cgroup: how long its tasks
+Each interval the loop (reclaimer.py) measures a target cgroup: how long its tasks
 stalled on memory (memory.pressure `some` total, delta), how much of what was reclaimed
 came back (workingset refaults, delta) and memory.current. `decide` turns that into how many
 bytes to ask memory.reclaim for: a step proportional to the slack below the stall target
@@ -21,32 +21,27 @@ import math
 from dataclasses import dataclass, replace
 
 from guestagent.errors import InvalidArgument
+from guestagent.linux.abi import LONG_MAX
 
 MIB = 1 << 20
 # Hold at most this many intervals after a back-off: 32 s at the default interval, so a
 # workload whose hot set grew back is probed again within a minute, not never.
 MAX_HOLD_INTERVALS = 32
-# Each back-off multiplies the hold and divides the probe by this. Measured under TCG: a probe
-# into a 300 MiB hot set cost 3-66 ms of stall, about in proportion to its size, and halving
-# (the first design) still spent 209 ms of stall in 45 s against a budget of 90.
+# Each back-off multiplies the hold and divides the probe by this: a probe's stall grows with
+# its size, and halving overspent the stall budget (docs/measurements.md).
 BACKOFF_FACTOR = 4
 # A back-off is worked off after this many clean steps in a row, so the probe grows 4x every
-# four intervals (about 1.4x per interval), not 4x per interval. Measured under TCG on a busy
-# host: working one off per clean step took the probe from 0.24 to 3.8 MiB in two intervals,
-# into the hot set again (25 ms of stall), and the next hold was only 4 intervals: 2.1 ms/s
-# of stall over 20 s against a 2 ms/s target.
+# four intervals (about 1.4x per interval): one per step grew it back into the hot set.
 CLEAN_STEPS_PER_BACKOFF = 4
 # A step that got less than 1/UNPRODUCTIVE of what it asked counts as a back-off; so does a
 # chunk in which the kernel stole less than 1/UNPRODUCTIVE of the pages it scanned.
 UNPRODUCTIVE = 4
 # memory.reclaim is asked this much at a time, so a step that reaches the working set stops
-# after one chunk, not after the whole step. Measured under TCG: one 15 MiB write into a
-# 300 MiB hot set ran for 9 s, scanning, and slowed the workload 1.7x with no stall to show.
+# after one chunk, not after the whole step (one large write scans on, unseen by PSI).
 CHUNK_BYTES = 1 * MIB
-# A step spends at most its interval in memory.reclaim, so the loop keeps its cadence. (A
-# quarter, tried first, cut steps of cold anon to 6-10 MiB under TCG: swap-out is slow there.)
+# A step spends at most its interval in memory.reclaim, so the loop keeps its cadence (less
+# cut steps of cold anon short where swap-out is slow).
 WRITE_BUDGET_SHARE = 1.0
-HUGE_ORDER = 9  # 2 MiB blocks with 4 KiB pages: what free page reporting hands back.
 
 
 class Mode(enum.Enum):
@@ -75,7 +70,6 @@ class ReclaimPolicy:
 INTERVAL_MS_RANGE = (100, 600_000)
 MAX_STEP_RANGE = (0.0001, 0.5)
 REFAULT_GUARD_RANGE = (0.0, 1.0)
-FLOOR_MAX = (1 << 63) - 1
 
 
 def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
@@ -96,8 +90,8 @@ def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
     guard = policy.refault_guard_fraction
     if not (math.isfinite(guard) and low_g <= guard <= high_g):
         raise InvalidArgument(f"refault_guard_fraction {guard} is outside [{low_g}, {high_g}]")
-    if not 0 <= policy.floor_bytes <= FLOOR_MAX:
-        raise InvalidArgument(f"floor_bytes {policy.floor_bytes} is outside [0, {FLOOR_MAX}]")
+    if not 0 <= policy.floor_bytes <= LONG_MAX:
+        raise InvalidArgument(f"floor_bytes {policy.floor_bytes} is outside [0, {LONG_MAX}]")
     return policy
 
 
@@ -146,7 +140,7 @@ def decide(
     over_stall = sample.stall_us > policy.stall_target_us
     over_refault = policy.refault_guard_fraction > 0 and sample.refault_bytes > guard_bytes
     # The kernel found little to take: what is left is referenced, the working set. Asking
-    # again only burns the guest's CPU scanning it (measured: the hot loop ran 2x slower).
+    # again only burns the guest's CPU scanning it, slowing the workload.
     unproductive = state.stepped and sample.reclaimed_bytes * UNPRODUCTIVE < state.last_step
     low_yield = state.stepped and bool(sample.low_yield)
     if over_stall or over_refault or unproductive or low_yield:
@@ -229,11 +223,10 @@ def stop_step_after_chunk(
     since the step began, `done_bytes` what it has reclaimed.
 
     Refaults while the step runs are the surest sign: a hot loop touches what was just taken
-    within its next pass (measured under TCG: a 15 MiB step into a 300 MiB hot set cost 320 ms
-    of stall, while the kernel still stole nearly every page it scanned, because it had just
-    cleared their referenced bits). A low yield is the other: one low-yield chunk can be the
-    kernel sorting referenced pages onto the active list for the first time (measured: a fresh
-    48 MiB hot set at the tail of the inactive list); two in a row is the working set."""
+    within its next pass, while the kernel, having just cleared the referenced bits, still
+    steals nearly every page it scans. A low yield is the other: one low-yield chunk can be the
+    kernel sorting referenced pages onto the active list for the first time; two in a row is
+    the working set. (docs/measurements.md has the runs behind both.)"""
     if refaulted_pages * page_size * UNPRODUCTIVE > done_bytes:
         return (
             f"{refaulted_pages} pages refaulted while it reclaimed {done_bytes} B: "
@@ -252,52 +245,3 @@ def stop_step_after_chunk(
     if spent_s > budget:
         return f"memory.reclaim took {spent_s * 1000:.0f} ms, over {budget * 1000:.0f} ms", False
     return "", False
-
-
-@dataclass(frozen=True)
-class CompactionRule:
-    # Rate limit: kata's mem-agent compacts at most every 10 min; a guest that has just given
-    # back hundreds of MiB gains most in the first minute, so once a minute at most.
-    min_gap_s: float = 60.0
-    # Compact when this much free memory sits in blocks below 2 MiB and it is at least
-    # min_small_share of all free memory...
-    min_small_bytes: int = 32 * MIB
-    min_small_share: float = 0.5
-    # ...or when this much does, whatever the share: measured in the guest, 184 MiB stranded
-    # in small blocks was 23 % of free memory after reclaim, and the host never got it back.
-    stranded_bytes: int = 64 * MIB
-    # Sooner than min_gap_s once the reclaimer has freed this much since the last run and
-    # paused: measured under TCG, reclaim of 552 cold MiB went on for 10 s after the first
-    # compaction, and 60 s later the host still had not got 70-90 MiB of it back.
-    settled_after_bytes: int = 32 * MIB
-    settled_min_gap_s: float = 10.0
-
-
-def compaction_decision(
-    free_blocks: tuple[int, ...],
-    page_size: int,
-    stall_us: int,
-    stall_target_us: int,
-    since_last_s: float | None,
-    rule: CompactionRule = CompactionRule(),
-    reclaimed_since_bytes: int = 0,
-    reclaiming: bool = False,
-) -> tuple[bool, str]:
-    """Whether compacting now pays: free memory mostly in blocks free page reporting cannot
-    take, the guest calm, and the last run long enough ago (or the reclaimer has freed a lot
-    since and paused: what it freed is scattered). Returns (run, why)."""
-    small = sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < HUGE_ORDER)
-    total = sum(n * (page_size << o) for o, n in enumerate(free_blocks))
-    share = small / total if total else 0.0
-    figures = f"{small // MIB} MiB of {total // MIB} MiB free is in blocks under 2 MiB"
-    settled = not reclaiming and reclaimed_since_bytes >= rule.settled_after_bytes
-    gap = rule.settled_min_gap_s if settled else rule.min_gap_s
-    if since_last_s is not None and since_last_s < gap:
-        return False, f"ran {since_last_s:.0f} s ago (at most every {gap:.0f} s)"
-    if stall_us > stall_target_us:
-        return False, f"system stall {stall_us} us over {stall_target_us} us; {figures}"
-    mostly_small = small >= rule.min_small_bytes and share >= rule.min_small_share
-    if not (mostly_small or small >= rule.stranded_bytes):
-        return False, f"not worth it: {figures}"
-    after = f"; {reclaimed_since_bytes // MIB} MiB reclaimed since the last run" if settled else ""
-    return True, f"{figures} ({share:.0%}){after}"

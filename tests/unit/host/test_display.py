@@ -1,9 +1,12 @@
 """The hotplug section of `guestctl info`."""
 
+import pytest
+
 from guestagent.agent.wire import hotplug_pb, memory_info_pb
-from guestagent.host.display import memory_info_text
+from guestagent.host.display import memory_info_text, swap_area_text
 from guestagent.linux.memblocks import HotplugReport, RegionBlocks, VirtioMemRegion
 from guestagent.linux.meminfo import MemoryReport, SystemMemory
+from guestagent.v1 import agent_pb2 as pb
 
 MIB = 1 << 20
 REPORT = HotplugReport(
@@ -34,3 +37,11 @@ def test_no_hotplug_section_without_memory_hotplug() -> None:
     info = memory_info_pb(MemoryReport(0, system, None, ()))
     assert not info.HasField("hotplug") and "hotplug" not in memory_info_text(info)
     assert hotplug_pb(REPORT).virtio_mem[0].plugged_bytes == 640 * MIB
+
+
+@pytest.mark.parametrize(("rotational", "text"), [(False, "0"), (True, "1"), (None, "unknown")])
+def test_swap_area_shows_rotational_when_known(rotational: bool | None, text: str) -> None:
+    message = pb.SwapArea(device="/dev/vdb", size_bytes=1 << 30, priority=10, uuid="u")
+    if rotational is not None:
+        message.rotational = rotational
+    assert f"rotational {text} " in swap_area_text(message)

@@ -9,14 +9,14 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from guestagent.relay import SocketRelay, Upstream
-from guestagent.transport import dial_unix
+from guestagent.transport.dial import dial_unix
+from guestagent.transport.relay import SocketRelay, Upstream
 
 
 def _listen(path: Path, backlog: int = 256) -> socket.socket:
@@ -65,7 +65,7 @@ def _exchange(front: Path, payload: bytes) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.connect(str(front))
         sender = threading.Thread(
-            target=lambda: (client.sendall(payload), client.shutdown(socket.SHUT_WR))
+            target=lambda: [client.sendall(payload), client.shutdown(socket.SHUT_WR)]  # type: ignore[func-returns-value]
         )
         sender.start()
         received = _recv_all(client)
@@ -223,7 +223,7 @@ def test_sockets_that_cannot_splice_fall_back_to_a_buffer(
 class RoutedRelay(SocketRelay):
     """Each caller's upstream is the next address in the list, connected by the relay."""
 
-    def __init__(self, listener: socket.socket, routes: list[tuple[int, Any]]) -> None:
+    def __init__(self, listener: socket.socket, routes: Sequence[tuple[int, Any]]) -> None:
         super().__init__(listener, dial=lambda: pytest.fail("the relay must connect"))
         self.routes = iter(routes)
         self.released: list[Any] = []
@@ -254,7 +254,8 @@ def test_a_slow_upstream_dial_holds_up_only_its_own_caller(
 ) -> None:
     busy = str(tmp_path / "busy.sock")
     routes = [(socket.AF_UNIX, busy), (socket.AF_UNIX, str(echo_upstream))]
-    relay = RoutedRelay(_listen(tmp_path / "front.sock"), routes).start()
+    relay = RoutedRelay(_listen(tmp_path / "front.sock"), routes)
+    relay.start()
     try:
         first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         first.settimeout(10)
@@ -285,7 +286,8 @@ def test_a_caller_that_leaves_during_the_dial_is_dropped(
     tmp_path: Path, full_upstream: socket.socket
 ) -> None:
     busy = str(tmp_path / "busy.sock")
-    relay = RoutedRelay(_listen(tmp_path / "front.sock"), [(socket.AF_UNIX, busy)]).start()
+    relay = RoutedRelay(_listen(tmp_path / "front.sock"), [(socket.AF_UNIX, busy)])
+    relay.start()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
             client.connect(str(tmp_path / "front.sock"))
@@ -319,7 +321,8 @@ def test_a_connect_in_progress_completes_on_epollout(
     with socket.create_server(("127.0.0.1", 0)) as closed:
         refused = closed.getsockname()
     routes = [(socket.AF_INET, tcp_echo), (socket.AF_INET, refused)]
-    relay = RoutedRelay(_listen(tmp_path / "front.sock"), routes).start()
+    relay = RoutedRelay(_listen(tmp_path / "front.sock"), routes)
+    relay.start()
     try:
         assert _exchange(tmp_path / "front.sock", b"over tcp") == b"over tcpbye"
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
@@ -333,7 +336,8 @@ def test_a_connect_in_progress_completes_on_epollout(
 
 def test_an_upstream_that_is_not_there_closes_the_caller(tmp_path: Path) -> None:
     missing = str(tmp_path / "none")
-    relay = RoutedRelay(_listen(tmp_path / "front.sock"), [(socket.AF_UNIX, missing)]).start()
+    relay = RoutedRelay(_listen(tmp_path / "front.sock"), [(socket.AF_UNIX, missing)])
+    relay.start()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
             client.settimeout(10)

@@ -5,16 +5,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guestagent.errors import InvalidArgument
-from guestagent.ops.reclaim_policy import (
+from guestagent.ops.workingset.policy import (
     CLEAN_STEPS_PER_BACKOFF,
     MAX_HOLD_INTERVALS,
     MIB,
-    CompactionRule,
     ControllerState,
     Mode,
     ReclaimPolicy,
     Sample,
-    compaction_decision,
     decide,
     stop_step_after_chunk,
     validate_policy,
@@ -93,7 +91,7 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
         worked_off = 1 if judged == CLEAN_STEPS_PER_BACKOFF else 0
         assert state.backoffs == backoffs - worked_off
     # The probe grows BACKOFF_FACTOR-fold once every CLEAN_STEPS_PER_BACKOFF clean steps.
-    probes = []
+    probes: list[int] = []
     state = ControllerState(backoffs=3)
     for _ in range(3 * CLEAN_STEPS_PER_BACKOFF + 1):
         decision = decide(sample(reclaimed=probes[-1] if probes else 0), POLICY, state)
@@ -265,46 +263,3 @@ def test_out_of_range_names_value_and_range(policy: ReclaimPolicy, named: str) -
 
 def test_defaults_are_valid() -> None:
     assert validate_policy(ReclaimPolicy()) == ReclaimPolicy()
-
-
-def blocks(small_pages: int, huge_blocks: int) -> tuple[int, ...]:
-    return (small_pages, 0, 0, 0, 0, 0, 0, 0, 0, huge_blocks, 0)
-
-
-@pytest.mark.parametrize(
-    ("free", "stall", "since", "run", "why"),
-    [
-        (blocks(64 * 256, 4), 0, None, True, "64 MiB of 72 MiB free"),
-        (blocks(64 * 256, 4), 0, 10.0, False, "ran 10 s ago"),
-        (blocks(64 * 256, 4), 5000, 100.0, False, "system stall 5000 us"),
-        (blocks(16 * 256, 0), 0, None, False, "not worth it"),  # Too little to gain.
-        (blocks(48 * 256, 100), 0, None, False, "not worth it"),  # Mostly in 2 MiB blocks.
-        (blocks(64 * 256, 100), 0, None, True, "64 MiB of 264 MiB"),  # But 64 MiB stranded.
-        ((), 0, None, False, "not worth it"),
-    ],
-)
-def test_compaction_when_it_pays(
-    free: tuple[int, ...], stall: int, since: float | None, run: bool, why: str
-) -> None:
-    decided, reason = compaction_decision(free, PAGE, stall, 1000, since, CompactionRule())
-    assert decided is run
-    assert why in reason
-
-
-@pytest.mark.parametrize(
-    ("since", "reclaimed", "reclaiming", "run", "why"),
-    [
-        (15.0, 64 * MIB, False, True, "64 MiB reclaimed since the last run"),
-        (15.0, 64 * MIB, True, False, "at most every 60 s"),  # Still reclaiming: wait.
-        (15.0, 16 * MIB, False, False, "at most every 60 s"),  # Too little freed since.
-        (5.0, 64 * MIB, False, False, "at most every 10 s"),
-    ],
-)
-def test_compaction_soon_after_reclaim_settles(
-    since: float, reclaimed: int, reclaiming: bool, run: bool, why: str
-) -> None:
-    decided, reason = compaction_decision(
-        blocks(64 * 256, 4), PAGE, 0, 1000, since, CompactionRule(), reclaimed, reclaiming
-    )
-    assert decided is run
-    assert why in reason

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from guestagent.host.client import AgentClient
-from guestagent.ops.compaction import HUGE_ORDER, free_bytes_at_or_above, parse_buddyinfo
+from guestagent.linux.abi import HUGE_ORDER
+from guestagent.linux.mm import parse_buddyinfo
+from guestagent.ops.compaction import free_bytes_at_or_above
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import make_cgroup, wait_until

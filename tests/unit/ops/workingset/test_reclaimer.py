@@ -12,9 +12,8 @@ import pytest
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, kernel_error
 from guestagent.linux.fs import KernelFS
-from guestagent.ops import reclaimer as reclaimer_module
-from guestagent.ops.reclaim_policy import CHUNK_BYTES, MIB, Mode, ReclaimPolicy
-from guestagent.ops.reclaimer import Reclaimer
+from guestagent.ops.workingset.policy import CHUNK_BYTES, MIB, Mode, ReclaimPolicy
+from guestagent.ops.workingset.reclaimer import Reclaimer, ReclaimPolicyRequest
 from tests.fakes.root import FakeRoot
 
 SWAPS = "Filename\tType\tSize\tUsed\tPriority\n/dev/vdb\tpartition\t1048572\t0\t-2\n"
@@ -51,10 +50,10 @@ class KernelReclaim:
     yields: Callable[[int], tuple[int, int]] = lambda pages: (pages, pages)
     refaults: Callable[[int], int] = lambda pages: 0  # Pages refaulted meanwhile, per write.
 
-    def __call__(self, fs: KernelFS, control: Path, request: str) -> bool:
+    def __call__(self, fs: KernelFS, directory: Path, request: str) -> bool:
         self.writes.append(request)
-        control.write_text(request)
-        stat_path = control.parent / "memory.stat"
+        (directory / "memory.reclaim").write_text(request)
+        stat_path = directory / "memory.stat"
         stat = dict(line.split() for line in stat_path.read_text().splitlines())
         scanned, stolen = self.yields(int(request.split()[0]) // 4096)
         stat["pgscan"] = str(int(stat.get("pgscan", 0)) + scanned)
@@ -72,10 +71,8 @@ class KernelReclaim:
 
 
 @pytest.fixture
-def kernel(monkeypatch: pytest.MonkeyPatch) -> KernelReclaim:
-    fake = KernelReclaim()
-    monkeypatch.setattr(reclaimer_module, "write_memory_reclaim", fake)
-    return fake
+def kernel() -> KernelReclaim:
+    return KernelReclaim()
 
 
 def chunks(total: int, suffix: str = "") -> list[str]:
@@ -85,7 +82,7 @@ def chunks(total: int, suffix: str = "") -> list[str]:
 def started_with_baseline(fake_root: FakeRoot, reclaimer: Reclaimer) -> Path:
     """A target on with POLICY, its first reading (the baseline for deltas) taken."""
     directory = make_target(fake_root)
-    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
     reclaimer.run_due()
     return directory
 
@@ -96,8 +93,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def reclaimer(fake_root: FakeRoot, clock: Clock) -> Reclaimer:
-    return Reclaimer(fake_root.fs, clock=clock)
+def reclaimer(fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim) -> Reclaimer:
+    return Reclaimer(fake_root.fs, clock=clock, write=kernel)
 
 
 POLICY = ReclaimPolicy(stall_target_us=1000, max_step_fraction=0.1)
@@ -107,7 +104,7 @@ def test_a_step_each_interval_under_the_target(
     fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
 ) -> None:
     make_target(fake_root)
-    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
     assert reclaimer.run_due() == pytest.approx(1.0)  # The baseline reading.
     assert kernel.asked() == []
     clock.now += 1
@@ -165,7 +162,7 @@ def test_turning_off_mid_step_stops_before_the_next_chunk(
 
     def host_turns_it_off(pages: int) -> tuple[int, int]:
         if len(kernel.writes) == 2:
-            reclaimer.set_policy("pod", False, POLICY)
+            reclaimer.set_policy(ReclaimPolicyRequest("pod", False, POLICY))
         return pages, pages
 
     kernel.yields = host_turns_it_off
@@ -196,7 +193,7 @@ def test_stall_over_the_target_backs_off(
     fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
 ) -> None:
     directory = make_target(fake_root)
-    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
     reclaimer.run_due()
     (directory / "memory.pressure").write_text(pressure(5000))
     clock.now += 1
@@ -214,9 +211,9 @@ def test_anon_needs_swap_and_then_writes_the_plain_size(
     make_target(fake_root)
     anon = ReclaimPolicy(stall_target_us=1000, max_step_fraction=0.1, anon=True)
     with pytest.raises(FailedPrecondition, match="no active swap"):
-        reclaimer.set_policy("pod", True, anon)
+        reclaimer.set_policy(ReclaimPolicyRequest("pod", True, anon))
     fake_root.write("proc/swaps", SWAPS)
-    reclaimer.set_policy("pod", True, anon)
+    reclaimer.set_policy(ReclaimPolicyRequest("pod", True, anon))
     reclaimer.run_due()
     clock.now += 1
     reclaimer.run_due()
@@ -224,19 +221,20 @@ def test_anon_needs_swap_and_then_writes_the_plain_size(
 
 
 def test_a_kernel_without_the_swappiness_argument_gets_the_plain_size(
-    fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    fake_root: FakeRoot, clock: Clock
 ) -> None:
     make_target(fake_root)
     writes: list[str] = []
 
-    def before_6_12(fs: KernelFS, control: Path, request: str) -> bool:
+    def before_6_12(fs: KernelFS, directory: Path, request: str) -> bool:
         writes.append(request)
         if " " in request:
+            control = directory / "memory.reclaim"
             raise kernel_error("write", control, request, OSError(errno.EINVAL, "Invalid argument"))
         return False  # EAGAIN: the kernel got less than asked.
 
-    monkeypatch.setattr(reclaimer_module, "write_memory_reclaim", before_6_12)
-    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer = Reclaimer(fake_root.fs, clock=clock, write=before_6_12)
+    reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
     reclaimer.run_due()
     clock.now += 1
     reclaimer.run_due()
@@ -254,7 +252,7 @@ def test_turning_off_stops_at_once(
     fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock, kernel: KernelReclaim
 ) -> None:
     started_with_baseline(fake_root, reclaimer)
-    status = reclaimer.set_policy("pod", False, POLICY)
+    status = reclaimer.set_policy(ReclaimPolicyRequest("pod", False, POLICY))
     assert status.mode == Mode.DISABLED and status.why == "turned off"
     clock.now += 1
     assert reclaimer.run_due() is None  # Nothing on: sleep until a policy changes.
@@ -265,7 +263,7 @@ def test_a_removed_cgroup_is_dropped(
     fake_root: FakeRoot, reclaimer: Reclaimer, clock: Clock
 ) -> None:
     directory = make_target(fake_root)
-    reclaimer.set_policy("pod", True, POLICY)
+    reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
     reclaimer.run_due()
     shutil.rmtree(directory)
     clock.now += 1
@@ -279,7 +277,7 @@ def test_a_removed_cgroup_that_was_turned_off_is_dropped_too(
     fake_root: FakeRoot, reclaimer: Reclaimer
 ) -> None:
     directory = make_target(fake_root)
-    reclaimer.set_policy("pod", False, POLICY)
+    reclaimer.set_policy(ReclaimPolicyRequest("pod", False, POLICY))
     shutil.rmtree(directory)
     assert reclaimer.known(["pod"]) == ()
 
@@ -288,8 +286,8 @@ def test_policies_survive_a_restart(fake_root: FakeRoot, clock: Clock) -> None:
     make_target(fake_root, "pod")
     make_target(fake_root, "other")
     first = Reclaimer(fake_root.fs, clock=clock)
-    first.set_policy("pod", True, POLICY)
-    first.set_policy("other", False, POLICY)
+    first.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
+    first.set_policy(ReclaimPolicyRequest("other", False, POLICY))
     second = Reclaimer(fake_root.fs, clock=clock)
     second.start(initial=["pod", "other"])  # The host's settings win over --reclaim.
     try:
@@ -316,7 +314,9 @@ def test_the_thread_waits_for_the_interval_and_wakes_on_a_change(fake_root: Fake
     reclaimer = Reclaimer(fake_root.fs)
     reclaimer.start()
     try:
-        reclaimer.set_policy("pod", True, ReclaimPolicy(interval_ms=100, max_step_fraction=0.1))
+        reclaimer.set_policy(
+            ReclaimPolicyRequest("pod", True, ReclaimPolicy(interval_ms=100, max_step_fraction=0.1))
+        )
         done = threading.Event()
         for _ in range(100):
             if (directory / "memory.reclaim").read_text():
@@ -351,7 +351,7 @@ def test_refusals(
     if setup:
         (directory / setup).unlink()
     with pytest.raises(error, match=words):
-        reclaimer.set_policy(cgroup, True, policy)
+        reclaimer.set_policy(ReclaimPolicyRequest(cgroup, True, policy))
     assert reclaimer.status() == ()
 
 

@@ -1,0 +1,156 @@
+"""The agent's own state under /run/guestagent: a JSON file per store, saved whole or not at all.
+
+/run outlives an agent restart but not a reboot, as the kernel state these files describe
+does. A save writes a temporary file in the same directory, fsyncs it, renames it over the
+old one and fsyncs the directory. The directory is made 0700 and each file 0600, and both
+are opened without following symlinks: a directory someone else could write to, or a link
+planted in it, is refused rather than trusted, since what is read here is acted on as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from guestagent.errors import FailedPrecondition, errno_text
+from guestagent.linux.fs import KernelFS
+
+STATE_DIRECTORY = "guestagent"
+# The stores, one file each.
+SWAPS = "swaps.json"
+RECLAIM_POLICIES = "reclaim-policy.json"
+LIMITS_JOURNAL = "limits-journal.json"
+# The stores hold a few entries; anything larger is not one of ours.
+MAX_BYTES = 1 << 20
+_NOT_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+_FILE_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+class StateFileError(FailedPrecondition):
+    """A state file, or its directory, that cannot be read or written as one of ours."""
+
+
+@dataclass(frozen=True)
+class StateFile:
+    path: Path
+
+    def load(self) -> Any:
+        """The JSON value saved last; None when nothing is saved."""
+        try:
+            directory = _open_directory(self.path.parent, create=False)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise self._error("open the directory of", e) from e
+        try:
+            fd = os.open(
+                self.path.name, os.O_RDONLY | os.O_NONBLOCK | _FILE_FLAGS, dir_fd=directory
+            )
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise self._error("open", e) from e
+        finally:
+            os.close(directory)
+        try:
+            _check_owned(fd, self.path, stat.S_ISREG, "a regular file")
+            data = os.read(fd, MAX_BYTES + 1)
+        except OSError as e:
+            raise self._error("read", e) from e
+        finally:
+            os.close(fd)
+        if len(data) > MAX_BYTES:
+            raise StateFileError(f"{self.path} is over {MAX_BYTES} bytes: not a state file")
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as e:  # UnicodeError is a ValueError.
+            raise StateFileError(f"{self.path} is not valid JSON: {e}") from None
+
+    def save(self, value: Any) -> None:
+        data = json.dumps(value, indent=1).encode() + b"\n"
+        temporary = f".{self.path.name}.tmp"
+        try:
+            directory = _open_directory(self.path.parent, create=True)
+        except OSError as e:
+            raise self._error("open the directory of", e) from e
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary, dir_fd=directory)  # Left by an agent killed mid-save.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS
+            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(temporary, self.path.name, src_dir_fd=directory, dst_dir_fd=directory)
+            os.fsync(directory)
+        except OSError as e:
+            raise self._error("write", e) from e
+        finally:
+            os.close(directory)
+
+    def remove(self) -> None:
+        try:
+            directory = _open_directory(self.path.parent, create=False)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise self._error("open the directory of", e) from e
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path.name, dir_fd=directory)
+            os.fsync(directory)
+        except OSError as e:
+            raise self._error("remove", e) from e
+        finally:
+            os.close(directory)
+
+    def _error(self, op: str, e: OSError) -> StateFileError:
+        why = " (a symlink, refused)" if e.errno == errno.ELOOP else ""
+        error = StateFileError(f"cannot {op} {self.path}: {errno_text(e)}{why}")
+        error.errno = e.errno
+        return error
+
+
+def state_file(fs: KernelFS, name: str) -> StateFile:
+    return StateFile(fs.run(STATE_DIRECTORY, name))
+
+
+def _open_directory(path: Path, create: bool) -> int:
+    """The state directory, made 0700 if asked, refused unless it is this user's own."""
+    if create:
+        os.makedirs(path.parent, mode=0o755, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _FILE_FLAGS)
+    try:
+        _check_owned(fd, path, stat.S_ISDIR, "a directory")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_owned(fd: int, path: Path, is_kind: Callable[[int], bool], kind: str) -> None:
+    info = os.fstat(fd)
+    if not is_kind(info.st_mode):
+        raise StateFileError(f"{path} is not {kind}")
+    if info.st_uid != os.geteuid() or info.st_mode & _NOT_BY_OTHERS:
+        raise StateFileError(
+            f"{path} is owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}: "
+            f"state must be uid {os.geteuid()}'s and writable by no one else"
+        )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

@@ -1,0 +1,23 @@
+"""GetMemoryInfo's answer: the memory report, and the reclaimer's status for the cgroups it
+acts on among those asked about."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.memblocks import HotplugReportCache
+from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.ops.workingset.reclaimer import Reclaimer, TargetStatus
+
+
+@dataclass(frozen=True)
+class Report:
+    report: MemoryReport
+    reclaim: tuple[TargetStatus, ...] = ()
+
+
+def memory_info(
+    fs: KernelFS, cgroups: tuple[str, ...], reclaimer: Reclaimer, hotplug: HotplugReportCache
+) -> Report:
+    return Report(read_report(fs, cgroups, hotplug), reclaimer.known(cgroups))

@@ -1,0 +1,152 @@
+"""The working-set reclaimer's compaction trigger: when free memory is left in blocks too
+small for free page reporting to hand back, compact (rate-limited, and soon after a burst of
+reclaim settles). `compaction_decision` is the pure rule; CompactionTrigger applies it on the
+reclaimer's thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from guestagent.errors import AgentError
+from guestagent.linux.abi import HUGE_ORDER
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.meminfo import read_system_pressure
+from guestagent.linux.mm import read_free_blocks_optional
+from guestagent.ops.compaction import Compactor
+from guestagent.ops.workingset.policy import MIB, ReclaimPolicy
+
+# How often the rule is looked at while any target is on; the rule itself limits how often
+# compaction runs.
+CHECK_EVERY_S = 10.0
+
+
+@dataclass(frozen=True)
+class CompactionRule:
+    # Rate limit: kata's mem-agent compacts at most every 10 min; a guest that has just given
+    # back hundreds of MiB gains most in the first minute, so once a minute at most.
+    min_gap_s: float = 60.0
+    # Compact when this much free memory sits in blocks below 2 MiB and it is at least
+    # min_small_share of all free memory...
+    min_small_bytes: int = 32 * MIB
+    min_small_share: float = 0.5
+    # ...or when this much does, whatever the share: stranded in small blocks after reclaim,
+    # it is never given back to the host, however small a share of free memory it is.
+    stranded_bytes: int = 64 * MIB
+    # Sooner than min_gap_s once the reclaimer has freed this much since the last run and
+    # paused: what a long burst of reclaim freed after the first run is scattered again.
+    settled_after_bytes: int = 32 * MIB
+    settled_min_gap_s: float = 10.0
+
+
+def compaction_decision(
+    free_blocks: tuple[int, ...],
+    page_size: int,
+    stall_us: int,
+    stall_target_us: int,
+    since_last_s: float | None,
+    rule: CompactionRule = CompactionRule(),
+    reclaimed_since_bytes: int = 0,
+    reclaiming: bool = False,
+) -> tuple[bool, str]:
+    """Whether compacting now pays: free memory mostly in blocks free page reporting cannot
+    take, the guest calm, and the last run long enough ago (or the reclaimer has freed a lot
+    since and paused: what it freed is scattered). Returns (run, why)."""
+    small = sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < HUGE_ORDER)
+    total = sum(n * (page_size << o) for o, n in enumerate(free_blocks))
+    share = small / total if total else 0.0
+    figures = f"{small // MIB} MiB of {total // MIB} MiB free is in blocks under 2 MiB"
+    settled = not reclaiming and reclaimed_since_bytes >= rule.settled_after_bytes
+    gap = rule.settled_min_gap_s if settled else rule.min_gap_s
+    if since_last_s is not None and since_last_s < gap:
+        return False, f"ran {since_last_s:.0f} s ago (at most every {gap:.0f} s)"
+    if stall_us > stall_target_us:
+        return False, f"system stall {stall_us} us over {stall_target_us} us; {figures}"
+    mostly_small = small >= rule.min_small_bytes and share >= rule.min_small_share
+    if not (mostly_small or small >= rule.stranded_bytes):
+        return False, f"not worth it: {figures}"
+    after = f"; {reclaimed_since_bytes // MIB} MiB reclaimed since the last run" if settled else ""
+    return True, f"{figures} ({share:.0%}){after}"
+
+
+@dataclass(frozen=True)
+class CompactionStatus:
+    runs: int = 0
+    last_decision: str = "not checked yet"
+    last_run_unix_ns: int = 0
+
+
+class CompactionTrigger:
+    """Looks at the rule at most every CHECK_EVERY_S, and compacts when it says so.
+
+    Called from the reclaimer's thread only; `status` is read from others, and is replaced
+    whole, never changed in place.
+    """
+
+    def __init__(
+        self,
+        fs: KernelFS,
+        clock: Callable[[], float],
+        page_size: int,
+        rule: CompactionRule | None = None,
+    ) -> None:
+        self.fs = fs
+        self._clock = clock
+        self._page_size = page_size
+        self._rule = rule or CompactionRule()
+        self._compactor = Compactor(fs, page_size)
+        self.status = CompactionStatus()
+        self._checked: float | None = None
+        self._compacted_at: float | None = None
+        self._system_stall_us: int | None = None
+        self._reclaimed_since = 0
+
+    @property
+    def checked(self) -> bool:
+        return self._checked is not None
+
+    def reclaimed(self, bytes_: int) -> None:
+        self._reclaimed_since += bytes_
+
+    def maybe_compact(self, policies: Sequence[ReclaimPolicy], reclaiming: bool) -> None:
+        """`policies` of the targets that are on; `reclaiming` whether any stepped last."""
+        now = self._clock()
+        if self._checked is not None and now - self._checked < CHECK_EVERY_S:
+            return
+        pressure = read_system_pressure(self.fs)
+        free_blocks = read_free_blocks_optional(self.fs)
+        if not policies or pressure is None or free_blocks is None:
+            return
+        stall_total = pressure.some.total_us
+        elapsed = now - self._checked if self._checked else None
+        previous = self._system_stall_us
+        self._checked, self._system_stall_us = now, stall_total
+        if elapsed is None or previous is None:
+            return  # The first check is the baseline for the stall delta.
+        # The system's calm bar: the strictest target's stall rate over the elapsed time.
+        allowed = int(min(p.stall_target_us / p.interval_ms for p in policies) * elapsed * 1000)
+        since = now - self._compacted_at if self._compacted_at is not None else None
+        run, why = compaction_decision(
+            free_blocks,
+            self._page_size,
+            stall_total - previous,
+            allowed,
+            since,
+            self._rule,
+            self._reclaimed_since,
+            reclaiming,
+        )
+        runs, last_run = self.status.runs, self.status.last_run_unix_ns
+        if run:
+            try:
+                self._compactor.compact_blocking()
+            except (AgentError, OSError) as e:
+                why = f"compaction failed: {e}"
+            else:
+                runs, last_run = runs + 1, time.time_ns()
+                why = f"ran: {why}"
+            self._compacted_at = self._clock()
+            self._reclaimed_since = 0
+        self.status = CompactionStatus(runs, why, last_run)

@@ -1,0 +1,411 @@
+"""The working-set reclaimer: the guest gives back memory its workloads do not use.
+
+One thread serves every target cgroup. It sleeps until the next target is due (or a policy
+changes), then for each due target reads the interval's stall (memory.pressure), refaults
+(memory.stat) and memory.current, asks policy.decide for a step and has the writer
+(writer.py) give it to memory.reclaim. The compaction trigger (compaction.py) runs after.
+Policies are kept in a state file under /run, so an agent restart carries on with what the
+host set.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from guestagent.errors import AgentError, FailedPrecondition, NotFound
+from guestagent.jsonlog import EventLog
+from guestagent.linux.abi import PAGE_SIZE
+from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.memcg import (
+    MEMORY_PRESSURE,
+    MEMORY_RECLAIM,
+    read_reclaim_reading,
+    write_memory_reclaim,
+)
+from guestagent.linux.mm import read_lru_gen
+from guestagent.linux.statefile import RECLAIM_POLICIES, StateFileError, state_file
+from guestagent.linux.swaps import active_swaps
+from guestagent.ops.workingset.compaction import (
+    CompactionRule,
+    CompactionStatus,
+    CompactionTrigger,
+)
+from guestagent.ops.workingset.policy import (
+    ControllerState,
+    Mode,
+    ReclaimPolicy,
+    Sample,
+    decide,
+    floor_of,
+    validate_policy,
+)
+from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
+
+log = EventLog("guestagent.ops.workingset")
+
+
+@dataclass(frozen=True)
+class ReclaimPolicyRequest:
+    """SetReclaimPolicy: turn the reclaimer on or off for a cgroup, with a policy."""
+
+    cgroup: str
+    enabled: bool
+    policy: ReclaimPolicy = field(default_factory=ReclaimPolicy)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a target's last intervals did, as its status shows them."""
+
+    reclaimed_total: int = 0
+    reclaimed_last: int = 0
+    # Why the last step stopped at the working set, "" if it did not.
+    low_yield: str = ""
+    last_stall_us: int = 0
+    last_refault_bytes: int = 0
+    intervals: int = 0
+    current: int = 0
+    floor: int = 0
+
+
+@dataclass(frozen=True)
+class TargetStatus:
+    cgroup: str
+    enabled: bool
+    policy: ReclaimPolicy
+    mode: Mode
+    why: str
+    reclaimed_total: int
+    reclaimed_last: int
+    last_stall_us: int
+    last_refault_bytes: int
+    intervals: int
+    current: int
+    floor: int
+
+
+@dataclass(frozen=True)
+class ReclaimOverview:
+    """GetReclaimStatus's answer."""
+
+    targets: tuple[TargetStatus, ...]
+    compaction: CompactionStatus
+
+
+@dataclass(frozen=True)
+class _Baseline:
+    """The last reading, against which the next interval's deltas are taken."""
+
+    at: float
+    stall_total_us: int
+    refault_pages: int
+
+
+@dataclass
+class _Target:
+    cgroup: str
+    directory: Path
+    policy: ReclaimPolicy
+    enabled: bool
+    state: ControllerState = field(default_factory=ControllerState)
+    # Bumped by every policy change, so a tick measured under the old one is thrown away.
+    generation: int = 0
+    due: float = 0.0
+    baseline: _Baseline | None = None
+    figures: Figures = field(default_factory=Figures)
+
+    def status(self) -> TargetStatus:
+        mode = self.state.mode if self.enabled else Mode.DISABLED
+        f = self.figures
+        return TargetStatus(
+            self.cgroup,
+            self.enabled,
+            self.policy,
+            mode,
+            self.state.why,
+            f.reclaimed_total,
+            f.reclaimed_last,
+            f.last_stall_us,
+            f.last_refault_bytes,
+            f.intervals,
+            f.current,
+            f.floor,
+        )
+
+
+class Reclaimer:
+    def __init__(
+        self,
+        fs: KernelFS,
+        clock: Callable[[], float] = time.monotonic,
+        compaction_rule: CompactionRule | None = None,
+        write: WriteReclaim = write_memory_reclaim,
+    ) -> None:
+        """`write` is the one memory.reclaim write (tests give a fake kernel's)."""
+        self.fs = fs
+        self._clock = clock
+        self._page_size = PAGE_SIZE
+        self._writer = StepWriter(fs, clock, PAGE_SIZE, write)
+        self._compaction = CompactionTrigger(fs, clock, PAGE_SIZE, compaction_rule)
+        self._store = state_file(fs, RECLAIM_POLICIES)
+        self._targets: dict[str, _Target] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+
+    # The host's side: policies and status.
+
+    def set_policy(self, request: ReclaimPolicyRequest, persist: bool = True) -> TargetStatus:
+        cgroup, enabled, policy = request.cgroup, request.enabled, request.policy
+        validate_policy(policy)
+        directory = cgroup_dir(self.fs, cgroup)
+        if enabled:
+            self._check_kernel(directory, policy)
+        with self._lock:
+            target = self._targets.get(cgroup)
+            if target is None:
+                target = _Target(cgroup, directory, policy, enabled)
+                self._targets[cgroup] = target
+            target.policy, target.enabled = policy, enabled
+            target.generation += 1
+            target.baseline = None  # A fresh baseline: the old deltas belong to another policy.
+            target.due = self._clock()
+            why = "waiting for the first interval's figures" if enabled else "turned off"
+            target.state = ControllerState(why=why)
+            status = target.status()
+            if persist:
+                self._save_locked()
+        # The reclaimer works best with the multi-gen LRU (README: Working-set reclaimer).
+        log.info(
+            "reclaim_policy",
+            cgroup=cgroup,
+            enabled=enabled,
+            multigen_lru=read_lru_gen(self.fs),
+            **asdict(policy),
+        )
+        if enabled:
+            self._run_thread()
+        self._wake.set()
+        return status
+
+    def _check_kernel(self, directory: Path, policy: ReclaimPolicy) -> None:
+        for name, why in (
+            (MEMORY_RECLAIM, "memory.reclaim needs Linux 5.19 or later"),
+            (MEMORY_PRESSURE, "the kernel has no PSI (CONFIG_PSI, psi=1)"),
+        ):
+            if not self.fs.exists(directory / name):
+                raise FailedPrecondition(f"{directory / name} is missing: {why}")
+        if policy.anon and not active_swaps(self.fs):
+            raise FailedPrecondition(
+                "anon reclaim asked with no active swap area (/proc/swaps lists none): "
+                "enable swap first, or leave anon off"
+            )
+
+    def status(self, cgroups: Iterable[str] = ()) -> tuple[TargetStatus, ...]:
+        names = tuple(cgroups)
+        self._drop_vanished()
+        with self._lock:
+            missing = [name for name in names if name not in self._targets]
+            if missing:
+                raise NotFound(f"the reclaimer has no policy for cgroup(s) {', '.join(missing)}")
+            chosen = names or tuple(sorted(self._targets))
+            return tuple(self._targets[name].status() for name in chosen)
+
+    def overview(self, cgroups: Iterable[str] = ()) -> ReclaimOverview:
+        return ReclaimOverview(self.status(cgroups), self.compaction)
+
+    def known(self, cgroups: Iterable[str]) -> tuple[TargetStatus, ...]:
+        """Status of those of the cgroups that are targets (for WatchMemory)."""
+        self._drop_vanished()
+        with self._lock:
+            return tuple(self._targets[n].status() for n in cgroups if n in self._targets)
+
+    @property
+    def compaction(self) -> CompactionStatus:
+        return self._compaction.status
+
+    # Start, stop, persistence.
+
+    def start(self, initial: Iterable[str] = ()) -> None:
+        """Reload the host's policies, turn on `initial` cgroups the host has not set, run."""
+        self._load()
+        for cgroup in initial:
+            if cgroup in self._targets:
+                continue
+            try:
+                self.set_policy(ReclaimPolicyRequest(cgroup, True))
+            except AgentError as e:
+                log.warning("reclaim_initial_refused", cgroup=cgroup, error=str(e))
+        self._started = True
+        if any(target.enabled for target in self._targets.values()):
+            self._run_thread()
+
+    def _run_thread(self) -> None:
+        """The loop's thread starts with the first target turned on (after start()): an
+        agent whose host never turns the reclaimer on pays no thread for it."""
+        with self._lock:
+            if self._thread is not None or not self._started or self._stopping.is_set():
+                return
+            self._thread = threading.Thread(target=self._run, name="reclaimer", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _save_locked(self) -> None:
+        state = {
+            name: {"enabled": t.enabled, "policy": asdict(t.policy)}
+            for name, t in sorted(self._targets.items())
+        }
+        self._store.save(state)
+
+    def _load(self) -> None:
+        try:
+            state = self._store.load()
+        except StateFileError as e:
+            log.warning("reclaim_state_unreadable", error=str(e))
+            return
+        if not isinstance(state, dict):
+            return
+        for cgroup, entry in state.items():
+            try:
+                request = ReclaimPolicyRequest(
+                    cgroup, bool(entry["enabled"]), ReclaimPolicy(**entry["policy"])
+                )
+                self.set_policy(request, persist=False)
+            except (AgentError, TypeError, KeyError) as e:
+                log.warning("reclaim_policy_dropped", cgroup=cgroup, error=str(e))
+        with self._lock:
+            self._save_locked()
+
+    # The loop.
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                wait = self.run_due()
+            except Exception:  # A bug must not end reclaim for every cgroup silently.
+                log.error("reclaimer_failed", exc=True)
+                wait = 1.0
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def run_due(self) -> float | None:
+        """Serve every due target once; return the seconds until the next is due (None: none
+        is on, sleep until a policy changes)."""
+        now = self._clock()
+        with self._lock:
+            due = [t for t in self._targets.values() if t.enabled and t.due <= now]
+        for target in due:
+            if self._stopping.is_set():
+                return None
+            self._serve(target)
+        if due or not self._compaction.checked:
+            with self._lock:
+                on = [t for t in self._targets.values() if t.enabled]
+            self._compaction.maybe_compact([t.policy for t in on], any(t.state.stepped for t in on))
+        with self._lock:
+            times = [t.due for t in self._targets.values() if t.enabled]
+        if not times:
+            return None
+        return max(0.0, min(times) - self._clock())
+
+    def _serve(self, target: _Target) -> None:
+        started = self._clock()
+        try:
+            reading = read_reclaim_reading(self.fs, target.directory)
+        except AgentError as e:
+            if e.errno == errno.ENOENT and not self.fs.is_dir(target.directory):
+                self._drop(target, "the cgroup was removed")
+                return
+            raise
+        with self._lock:
+            generation, policy = target.generation, target.policy
+            interval = policy.interval_ms / 1000
+            target.due = started + interval
+            if not target.enabled:
+                return
+            previous = target.baseline
+            target.baseline = _Baseline(started, reading.stall_total_us, reading.refault_pages)
+            figures = replace(
+                target.figures,
+                current=reading.current,
+                floor=floor_of(policy, reading.protected),
+            )
+            target.figures = figures
+            if previous is None:
+                return  # The first reading is the baseline for the next interval's deltas.
+            stall = reading.stall_total_us - previous.stall_total_us
+            refaults = reading.refault_pages - previous.refault_pages
+            # A slow interval (a long reclaim write) is judged at the nominal interval's rate.
+            scale = min(1.0, interval / max(started - previous.at, 1e-6))
+            sample = Sample(
+                int(max(0, stall) * scale),
+                int(max(0, refaults) * self._page_size * scale),
+                reading.current,
+                reading.protected,
+                figures.reclaimed_last,
+                figures.low_yield,
+            )
+            decision = decide(sample, policy, target.state, self._page_size)
+            target.state = decision.state
+            target.figures = replace(
+                figures,
+                last_stall_us=sample.stall_us,
+                last_refault_bytes=sample.refault_bytes,
+                intervals=figures.intervals + 1,
+                reclaimed_last=0,
+                low_yield="",
+            )
+        if decision.step_bytes:
+            result = self._writer.write_step(
+                target.cgroup,
+                target.directory,
+                decision.step_bytes,
+                reading.current,
+                policy,
+                lambda: self._still_on(target, generation),
+            )
+            with self._lock:
+                if target.generation == generation:
+                    target.figures = replace(
+                        target.figures,
+                        reclaimed_last=result.reclaimed,
+                        low_yield=result.low_yield,
+                        reclaimed_total=target.figures.reclaimed_total + result.reclaimed,
+                    )
+                    self._compaction.reclaimed(result.reclaimed)
+                    if result.stopped:
+                        why = f"{target.state.why}; stopped after {result.reclaimed} B: "
+                        target.state = replace(target.state, why=why + result.stopped)
+
+    def _still_on(self, target: _Target, generation: int) -> bool:
+        with self._lock:
+            return (
+                target.generation == generation and target.enabled and not self._stopping.is_set()
+            )
+
+    def _drop_vanished(self) -> None:
+        """Turned-off targets are not read each interval; a status call notices them gone."""
+        with self._lock:
+            gone = [t for t in self._targets.values() if not self.fs.is_dir(t.directory)]
+        for target in gone:
+            self._drop(target, "the cgroup was removed")
+
+    def _drop(self, target: _Target, why: str) -> None:
+        with self._lock:
+            if self._targets.get(target.cgroup) is target:
+                del self._targets[target.cgroup]
+                self._save_locked()
+        log.info("reclaim_target_dropped", cgroup=target.cgroup, reason=why)

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from guestagent.errors import FailedPrecondition
+from guestagent.linux.statefile import MAX_BYTES, StateFile, StateFileError, state_file
+from tests.fakes.root import FakeRoot
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> StateFile:
+    return StateFile(tmp_path / "run" / "guestagent" / "store.json")
+
+
+def test_save_then_load_round_trips_with_private_modes(store: StateFile) -> None:
+    store.save({"a": [1, "two"]})
+    assert store.load() == {"a": [1, "two"]}
+    assert os.stat(store.path).st_mode & 0o777 == 0o600
+    assert os.stat(store.path.parent).st_mode & 0o777 == 0o700
+    assert [p.name for p in store.path.parent.iterdir()] == ["store.json"]
+
+
+def test_nothing_saved_loads_as_none(store: StateFile) -> None:
+    assert store.load() is None
+    store.path.parent.mkdir(parents=True)
+    assert store.load() is None
+
+
+def test_remove(store: StateFile) -> None:
+    store.remove()  # Nothing there: not an error.
+    store.save([])
+    store.remove()
+    assert store.load() is None
+
+
+def test_a_temporary_file_left_by_a_kill_is_replaced(store: StateFile) -> None:
+    store.save(1)
+    leftover = store.path.with_name(f".{store.path.name}.tmp")
+    leftover.write_text("half")
+    store.save(2)
+    assert store.load() == 2
+    assert not leftover.exists()
+
+
+def test_the_store_lives_under_run_guestagent(fake_root: FakeRoot) -> None:
+    assert state_file(fake_root.fs, "x.json").path == fake_root.root / "run/guestagent/x.json"
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        pytest.param(b"{", "not valid JSON", id="truncated"),
+        pytest.param(b"\xff\xfe{}", "not valid JSON", id="not UTF-8"),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, "not valid JSON", id="too deep"),
+        pytest.param(b" " * (MAX_BYTES + 1), f"over {MAX_BYTES} bytes", id="too large"),
+    ],
+)
+def test_a_corrupt_file_is_a_clear_error(store: StateFile, data: bytes, words: str) -> None:
+    store.save(None)
+    store.path.write_bytes(data)
+    with pytest.raises(StateFileError, match=words) as raised:
+        store.load()
+    assert isinstance(raised.value, FailedPrecondition)
+    assert str(store.path) in str(raised.value)
+
+
+def test_a_symlinked_file_is_refused(store: StateFile, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    store.save(None)
+    store.path.unlink()
+    store.path.symlink_to(target)
+    with pytest.raises(StateFileError, match=r"ELOOP.*symlink"):
+        store.load()
+    store.save({"b": 1})  # The rename replaces the link; the target is never written.
+    assert target.read_text() == "{}"
+    assert not store.path.is_symlink()
+
+
+def test_a_symlinked_directory_is_refused(store: StateFile, tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    store.path.parent.parent.mkdir()
+    store.path.parent.symlink_to(real)
+    with pytest.raises(StateFileError):
+        store.save({})
+    with pytest.raises(StateFileError):
+        store.load()
+    assert list(real.iterdir()) == []
+
+
+def test_a_directory_others_can_write_is_refused(store: StateFile) -> None:
+    store.save({})
+    os.chmod(store.path.parent, 0o777)
+    with pytest.raises(StateFileError, match="mode 777"):
+        store.load()
+    with pytest.raises(StateFileError, match="writable by no one else"):
+        store.save({})
+
+
+def test_a_directory_of_another_user_is_refused(store: StateFile) -> None:
+    store.save({})
+    os.chown(store.path.parent, 65534, 65534)
+    with pytest.raises(StateFileError, match="uid 65534"):
+        store.load()
+
+
+def test_a_file_others_can_write_is_refused(store: StateFile) -> None:
+    store.save({})
+    os.chmod(store.path, 0o666)
+    with pytest.raises(StateFileError, match="mode 666"):
+        store.load()
+
+
+def test_a_fifo_is_refused_without_blocking(store: StateFile) -> None:
+    store.path.parent.mkdir(parents=True, mode=0o700)
+    os.mkfifo(store.path, 0o600)
+    with pytest.raises(StateFileError, match="not a regular file"):
+        store.load()
+
+
+def test_a_file_where_the_directory_should_be(store: StateFile) -> None:
+    store.path.parent.parent.mkdir()
+    store.path.parent.write_text("")
+    with pytest.raises(StateFileError, match="ENOTDIR"):
+        store.save({})
+    with pytest.raises(StateFileError, match="ENOTDIR"):
+        store.load()

@@ -1,0 +1,1 @@
+"""Workloads shared by the VM tests and the benchmarks."""
