@@ -1,12 +1,16 @@
 """The programs the agent runs, and the one place that finds them.
 
 Every external program goes through tool_path, so where the agent looks for its tools is
-decided once (today: PATH).
+decided once: its own runtime's sbin/ first (the bundle and the Kata extension carry
+util-linux's mkswap and blkid, built for their own loader), then PATH, where the agent runs
+from a development venv or a guest supplies them.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 
 from guestagent.errors import FailedPrecondition
 from guestagent.linux.blockdev import SWAP_SIGNATURE
@@ -16,13 +20,21 @@ class ToolMissing(FailedPrecondition):
     """A program the agent needs is not installed where it looks."""
 
 
+def own_tool(name: str, prefix: str | None = None) -> str | None:
+    """The runtime's own copy of a tool, beside its interpreter."""
+    path = os.path.join(sys.prefix if prefix is None else prefix, "sbin", name)
+    return path if os.access(path, os.X_OK) else None
+
+
 def tool_path(name: str) -> str:
     """The executable to run for a tool; ToolMissing, naming it, when there is none."""
     import shutil  # Here, not at start: the daemon's start loads no shutil.
 
-    path = shutil.which(name)
+    path = own_tool(name) or shutil.which(name)
     if path is None:
-        raise ToolMissing(f"{name} is not installed (looked for it on PATH)")
+        raise ToolMissing(
+            f"{name} is not installed (looked for it in {sys.prefix}/sbin and on PATH)"
+        )
     return path
 
 
