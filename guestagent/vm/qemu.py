@@ -534,7 +534,9 @@ class GuestVM:
             self._process.wait()
         self._testexec.close()
         if self._qmp_client is not None:
-            self._qmp_client.close()
+            # After a QMP quit QEMU has closed the monitor, which the client reports as EOF.
+            with contextlib.suppress(EOFError):
+                self._qmp_client.close()
             self._qmp_client = None
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
