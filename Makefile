@@ -8,8 +8,9 @@ SOURCES := $(shell find guestagent protos -name '*.py' -o -name '*.proto' | grep
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 BUNDLE := dist/guestagent-bundle-$(VERSION)-x86_64.tar.xz
+EXTENSION := dist/guestagent-extension-$(VERSION)-x86_64
 
-.PHONY: setup protos test unit vm vm-stress run bench lint image bundle wheel clean
+.PHONY: setup protos test unit vm vm-stress run bench lint image bundle extension wheel clean
 
 setup: $(STAMP)
 
@@ -38,6 +39,14 @@ image: $(WHEEL_STAMP)
 bundle: $(WHEEL_STAMP)
 	$(MAKE) -C image bundle WHEEL=$(abspath $(wildcard dist/guestagent-*.whl))
 	cp image/build/guestagent-bundle.tar.xz $(BUNDLE)
+
+# The Kata guest extension image, its verity params and the runtime's configuration entry
+# (docs/kata-extension.md).
+extension: $(WHEEL_STAMP)
+	$(MAKE) -C image extension WHEEL=$(abspath $(wildcard dist/guestagent-*.whl)) PYTHON=$(abspath $(PY))
+	cp image/build/guestagent-extension.img $(EXTENSION).img
+	cp image/build/guestagent-extension.verity-params $(EXTENSION).verity-params
+	$(PY) -m guestagent.build.extension snippet $(abspath $(EXTENSION).img)
 
 # The README's test command: unit, integration and VM tests, the VM ones required.
 test: image

@@ -3,7 +3,8 @@
 # need. Idempotent, and quick when everything is already there: apt runs only for what is missing.
 set -eu
 packages="make qemu-system-x86 qemu-utils mmdebstrap debian-archive-keyring e2fsprogs cpio gzip
-    kmod busybox-static python3 python3-pip python3-venv apt coreutils patchelf xz-utils binutils"
+    kmod busybox-static python3 python3-pip python3-venv apt coreutils patchelf xz-utils binutils
+    erofs-utils cryptsetup-bin fdisk"
 missing=""
 for package in $packages; do
     dpkg-query -W -f='${Status}\n' "$package" 2>/dev/null | grep -q '^install ok installed$' ||

@@ -57,6 +57,16 @@ class Disk:
 
 
 @dataclass(frozen=True)
+class ReadOnlyDisk:
+    """A virtio-blk disk backed by an existing image, attached read-only (a Kata guest
+    extension, for one), with an optional text for the kernel command line."""
+
+    path: Path
+    serial: str
+    cmdline: str = ""
+
+
+@dataclass(frozen=True)
 class Flavour:
     """One root disk of the image directory and the PID 1 it boots."""
 
@@ -65,11 +75,18 @@ class Flavour:
     # The fast image's init reads the agent's arguments from the kernel command line; under
     # systemd the unit reads /etc/default/guestagent, as in any guest, so VMConfig cannot set them.
     agent_args_from_cmdline: bool
+    # A guest without python has no testexec: it is ready when the agent answers, and
+    # exec() is not available.
+    testexec: bool = True
 
 
 FLAVOURS = {
     "fast": Flavour("rootfs.img", "/sbin/guestagent-init", agent_args_from_cmdline=True),
     "systemd": Flavour("rootfs-systemd.img", "/lib/systemd/systemd", agent_args_from_cmdline=False),
+    # Debian trixie, no python, the agent started from a Kata guest extension (image/kata/).
+    "kata": Flavour(
+        "rootfs-kata.img", "/lib/systemd/systemd", agent_args_from_cmdline=False, testexec=False
+    ),
 }
 DEFAULT_LISTEN = f"vsock://:{GUEST_AGENT_PORT},tcp://0.0.0.0:{GUEST_AGENT_PORT}"
 
@@ -101,6 +118,7 @@ class VMConfig:
     agent_args: tuple[str, ...] = ()
     extra_cmdline: str = ""
     virtio_mem: VirtioMem | None = None
+    readonly_disks: tuple[ReadOnlyDisk, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -281,7 +299,9 @@ class GuestVM:
     def disk_path(self, name: str) -> Path:
         return self.workdir / f"disk-{name}.img"
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Boot; with wait=False, return once QEMU runs (a test that expects the guest
+        never to serve watches console_log() instead)."""
         for disk in self.config.disks:
             with open(self.disk_path(disk.name), "wb") as backing:
                 backing.truncate(disk.size_bytes)
@@ -294,6 +314,8 @@ class GuestVM:
                 stdout=qemu_log,
                 stderr=subprocess.STDOUT,
             )
+        if not wait:
+            return
         try:
             self._wait_ready(started + self.boot_timeout)
         except BaseException:
@@ -312,6 +334,7 @@ class GuestVM:
             kernel_args.append(f"guestagent.listen={config.listen}")
         if config.agent_args:
             kernel_args.append("guestagent.args=" + ",".join(config.agent_args))
+        kernel_args += [disk.cmdline for disk in config.readonly_disks if disk.cmdline]
         if config.extra_cmdline:
             kernel_args.append(config.extra_cmdline)
         memory = f"{config.memory_mib}M"
@@ -356,6 +379,10 @@ class GuestVM:
             serial = f",serial={disk.serial}" if disk.serial else ""
             options.append(("-drive", f"{backing},id=disk-{disk.name}"))
             options.append(("-device", f"virtio-blk-pci,drive=disk-{disk.name}{serial}"))
+        for index, image in enumerate(config.readonly_disks):
+            drive = f"file={image.path},if=none,format=raw,readonly=on,id=ro{index}"
+            options.append(("-drive", drive))
+            options.append(("-device", f"virtio-blk-pci,drive=ro{index},serial={image.serial}"))
         if config.balloon:
             reporting = "on" if config.free_page_reporting else "off"
             balloon = f"virtio-balloon-pci,id=balloon0,free-page-reporting={reporting}"
@@ -364,6 +391,11 @@ class GuestVM:
             options += virtio_mem_options(config.virtio_mem)
         flags = [QEMU, "-nodefaults", "-no-user-config", "-no-reboot"]
         return flags + [word for option in options for word in option]
+
+    @property
+    def running(self) -> bool:
+        """QEMU has not exited (a guest that powers itself off ends it)."""
+        return self._alive()
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -375,7 +407,8 @@ class GuestVM:
             while not (self.console_path.exists() and (self.workdir / "testexec.sock").exists()):
                 self._check_boot(deadline, waiting_for)
                 time.sleep(0.1)
-            self._testexec.call({"argv": ["true"], "timeout": 10}, deadline, self._alive)
+            if self.flavour.testexec:
+                self._testexec.call({"argv": ["true"], "timeout": 10}, deadline, self._alive)
             waiting_for = f"the agent on guest port {GUEST_AGENT_PORT}"
             while not self._agent_answers():
                 self._check_boot(deadline, waiting_for)
@@ -416,6 +449,8 @@ class GuestVM:
         stdin: str | None = None,
     ) -> ExecResult:
         """Run a command in the guest: a list is an argv, a string goes to /bin/sh -c."""
+        if not self.flavour.testexec:
+            raise GuestVMError(f"the {self.config.flavour} guest has no testexec to run commands")
         request: dict[str, Any] = (
             {"sh": argv_or_sh} if isinstance(argv_or_sh, str) else {"argv": list(argv_or_sh)}
         )
@@ -513,12 +548,16 @@ class GuestVM:
             self._process.wait()
         self._testexec.close()
         if self._qmp_client is not None:
-            self._qmp_client.close()
+            # After a QMP quit QEMU has closed the monitor, which the client reports as EOF.
+            with contextlib.suppress(EOFError):
+                self._qmp_client.close()
             self._qmp_client = None
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _poweroff_guest(self) -> None:
+        if not self.flavour.testexec:
+            raise GuestVMError("no testexec in this guest to power it off from inside")
         # The guest powers off before it could answer, so do not wait for one.
         self._testexec.send_only({"id": "poweroff", "argv": ["poweroff", "-f"], "timeout": 10})
 
