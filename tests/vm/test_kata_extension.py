@@ -81,7 +81,7 @@ def agent(vm: GuestVM) -> Iterator[AgentClient]:
 def test_extension_verified_mounted_and_launched(vm: GuestVM, agent: AgentClient) -> None:
     # The agent may answer before the stand-in's next one-second poll sees its socket.
     console = wait_until(
-        lambda: SERVING in (text := vm.console_log()) and text,
+        lambda: text if SERVING in (text := vm.console_log()) else None,
         30,
         "the stand-in to see the agent's socket",
     )
