@@ -142,5 +142,5 @@ def test_systemctl_stop_is_a_clean_sigterm_exit(vm: GuestVM) -> None:
     journal = vm.exec(["journalctl", "-u", UNIT, "-o", "cat", "--no-pager"]).stdout
     assert "Traceback" not in journal
     assert '"event": "stopped"' in journal
-    # RuntimeDirectoryPreserve=yes: the swap policy outlives the agent, as the README says.
+    # RuntimeDirectoryPreserve=yes: the swap policy outlives the agent, as docs/guest-image.md says.
     assert vm.exec(["test", "-s", "/run/guestagent/swaps.json"], check=False).rc == 0

@@ -53,7 +53,7 @@ class Mode(enum.Enum):
 
 @dataclass(frozen=True)
 class ReclaimPolicy:
-    """Defaults, and why, are in the README (Working-set reclaimer)."""
+    """Defaults, and why, are in docs/design-reclaimer.md."""
 
     interval_ms: int = 1000
     # memory.pressure `some` stall per interval, in us: 0.2 % of a 1 s interval.

@@ -183,7 +183,7 @@ class Reclaimer:
             status = target.status()
             if persist:
                 self._save_locked()
-        # The reclaimer works best with the multi-gen LRU (README: Working-set reclaimer).
+        # The reclaimer works best with the multi-gen LRU (docs/design-reclaimer.md).
         log.info(
             "reclaim_policy",
             cgroup=cgroup,
