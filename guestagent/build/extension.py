@@ -44,8 +44,6 @@ AGENT_SOCKET = "/run/guestagent.sock"
 VSOCK_PORT = 6464
 COMPONENTS = PurePosixPath("etc/kata-extensions/components.toml")
 OPERATOR_UNIT = PurePosixPath("etc/systemd/system/guestagent-extension.service")
-# The agent's own tools (mkswap, blkid) are found before the guest's.
-AGENT_PATH = "${extension_root}/sbin:${extension_root}/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class ExtensionError(RuntimeError):
@@ -171,7 +169,6 @@ def agent_process(extra_args: Sequence[str] = ()) -> Process:
         path="bin/guestagent",
         level=1,
         args=agent_args(extra_args),
-        env={"PATH": AGENT_PATH},
         wait_socket=AGENT_SOCKET,
         timeout_secs=30,
     )
@@ -191,7 +188,6 @@ def operator_unit(extra_args: Sequence[str] = ()) -> str:
         "\n"
         "[Service]\n"
         "Type=exec\n"
-        f"Environment=PATH={AGENT_PATH.replace('${extension_root}', str(PREFIX))}\n"
         f"ExecStart={PREFIX}/bin/guestagent {' '.join(agent_args(extra_args))}\n"
         "Restart=on-failure\n"
         "RestartSec=1\n"
