@@ -42,6 +42,8 @@ MIB = 1 << 20
 FIRST_PARTITION_OFFSET = MIB
 AGENT_SOCKET = "/run/guestagent.sock"
 VSOCK_PORT = 6464
+# glibc loads none of the guest's locale files in the C locale (docs/runtime.md).
+LOCALE = "C"
 COMPONENTS = PurePosixPath("etc/kata-extensions/components.toml")
 OPERATOR_UNIT = PurePosixPath("etc/systemd/system/guestagent-extension.service")
 
@@ -169,6 +171,7 @@ def agent_process(extra_args: Sequence[str] = ()) -> Process:
         path="bin/guestagent",
         level=1,
         args=agent_args(extra_args),
+        env={"LC_ALL": LOCALE},
         wait_socket=AGENT_SOCKET,
         timeout_secs=30,
     )
@@ -188,6 +191,7 @@ def operator_unit(extra_args: Sequence[str] = ()) -> str:
         "\n"
         "[Service]\n"
         "Type=exec\n"
+        f"Environment=LC_ALL={LOCALE}\n"
         f"ExecStart={PREFIX}/bin/guestagent {' '.join(agent_args(extra_args))}\n"
         "Restart=on-failure\n"
         "RestartSec=1\n"

@@ -171,14 +171,26 @@ def unpack_guest_side(wheel: Path, into: Path) -> None:
                 archive.extract(member, into)
 
 
+# -I: the guest's PYTHON* variables and user site never reach the agent; -S: no site module
+# (it looks the user up through the guest's NSS modules); -B: a read-only tree stays
+# unwritten; -X utf8: UTF-8 whatever the locale.
+INTERPRETER_FLAGS = "-ISBXutf8"
+
+
 def entry_script(prefix: PurePosixPath) -> str:
-    # The kernel runs the shebang itself: no shell, no env. -I: the guest's PYTHON*
-    # variables and user site never reach the agent; -B: a read-only tree stays unwritten;
-    # -X utf8: no dependence on the guest's locales.
+    """The agent's command. The kernel runs the shebang itself: no shell, no env. Any locale
+    but C makes glibc load the guest's locale data and charset modules, built for the guest's
+    glibc, so the script starts itself again with LC_ALL=C unless its parent (a unit,
+    components.toml) already set it."""
+    site = prefix / LAYOUT.site
     return (
-        f"#!{prefix / LAYOUT.bin / 'python3.11'} -IBXutf8\n"
+        f"#!{prefix / LAYOUT.bin / 'python3.11'} {INTERPRETER_FLAGS}\n"
+        "import os\n"
         "import sys\n\n"
-        "from guestagent.agent.cli import entry\n\n"
+        'if os.environ.get("LC_ALL") != "C":\n'
+        '    os.execve(sys.argv[0], sys.argv, {**os.environ, "LC_ALL": "C"})\n'
+        f'sys.path.append("{site}")\n'
+        "from guestagent.agent.cli import entry  # noqa: E402\n\n"
         "sys.exit(entry())\n"
     )
 

@@ -55,7 +55,7 @@ def only_pid(vm: GuestVM, pattern: str) -> str:
 def test_the_stand_in_started_first(vm: GuestVM) -> None:
     standin = only_pid(vm, f"^/usr/bin/python3 {STANDIN} {INIT_AGENT_PORT}$")
     agent = only_pid(
-        vm, "^/opt/guestagent/bin/python3.11 -IBXutf8 /opt/guestagent/bin/guestagent serve"
+        vm, "^/opt/guestagent/bin/python3.11 -ISBXutf8 /opt/guestagent/bin/guestagent serve"
     )
     assert start_ticks(vm, standin) <= start_ticks(vm, agent)
 

@@ -84,7 +84,7 @@ def test_components_toml_is_toml_kata_agent_reads() -> None:
     assert process["timeout_secs"] == "30"
     # No PATH: the agent runs its own mkswap and blkid first (linux/tools.py), and
     # kata-agent's ${extension_root} names the coco extension's root, not this one's.
-    assert "env" not in process
+    assert process["env"] == {"LC_ALL": "C"}
 
 
 def test_processes_keep_file_order_and_omit_what_is_unset() -> None:
