@@ -44,7 +44,7 @@ class CompactionRule:
 def compaction_decision(
     free_blocks: tuple[int, ...],
     page_size: int,
-    stall_us: int,
+    stall_us: int | None,
     stall_target_us: int,
     since_last_s: float | None,
     rule: CompactionRule = CompactionRule(),
@@ -53,7 +53,8 @@ def compaction_decision(
 ) -> tuple[bool, str]:
     """Whether compacting now pays: free memory mostly in blocks free page reporting cannot
     take, the guest calm, and the last run long enough ago (or the reclaimer has freed a lot
-    since and paused: what it freed is scattered). Returns (run, why)."""
+    since and paused: what it freed is scattered). Returns (run, why). `stall_us` None: the
+    kernel has no PSI, and calm goes unchecked; the rate limit still holds."""
     small = sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < HUGE_ORDER)
     total = sum(n * (page_size << o) for o, n in enumerate(free_blocks))
     share = small / total if total else 0.0
@@ -62,13 +63,14 @@ def compaction_decision(
     gap = rule.settled_min_gap_s if settled else rule.min_gap_s
     if since_last_s is not None and since_last_s < gap:
         return False, f"ran {since_last_s:.0f} s ago (at most every {gap:.0f} s)"
-    if stall_us > stall_target_us:
+    if stall_us is not None and stall_us > stall_target_us:
         return False, f"system stall {stall_us} us over {stall_target_us} us; {figures}"
     mostly_small = small >= rule.min_small_bytes and share >= rule.min_small_share
     if not (mostly_small or small >= rule.stranded_bytes):
         return False, f"not worth it: {figures}"
     after = f"; {reclaimed_since_bytes // MIB} MiB reclaimed since the last run" if settled else ""
-    return True, f"{figures} ({share:.0%}){after}"
+    unchecked = "; no PSI: stall not checked" if stall_us is None else ""
+    return True, f"{figures} ({share:.0%}){after}{unchecked}"
 
 
 @dataclass(frozen=True)
@@ -117,13 +119,13 @@ class CompactionTrigger:
             return
         pressure = read_system_pressure(self.fs)
         free_blocks = read_free_blocks_optional(self.fs)
-        if not policies or pressure is None or free_blocks is None:
+        if not policies or free_blocks is None:
             return
-        stall_total = pressure.some.total_us
+        stall_total = pressure.some.total_us if pressure is not None else None
         elapsed = now - self._checked if self._checked else None
         previous = self._system_stall_us
         self._checked, self._system_stall_us = now, stall_total
-        if elapsed is None or previous is None:
+        if elapsed is None:
             return  # The first check is the baseline for the stall delta.
         # The system's calm bar: the strictest target's stall rate over the elapsed time.
         allowed = int(min(p.stall_target_us / p.interval_ms for p in policies) * elapsed * 1000)
@@ -131,7 +133,7 @@ class CompactionTrigger:
         run, why = compaction_decision(
             free_blocks,
             self._page_size,
-            stall_total - previous,
+            stall_total - previous if stall_total is not None and previous is not None else None,
             allowed,
             since,
             self._rule,

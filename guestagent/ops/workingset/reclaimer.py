@@ -21,9 +21,9 @@ from guestagent.errors import AgentError, FailedPrecondition, NotFound
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memcg import (
-    MEMORY_PRESSURE,
     MEMORY_RECLAIM,
     read_reclaim_reading,
     write_memory_reclaim,
@@ -49,6 +49,17 @@ from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
 
 log = EventLog("guestagent.ops.workingset")
 
+# What a target's steps are judged on (TargetStatus.signals).
+STALL_SIGNAL = "psi_stall"
+REFAULT_SIGNAL = "refaults"
+YIELD_SIGNAL = "reclaim_yield"
+
+
+def signals_without(absent: tuple[Absent, ...]) -> tuple[str, ...]:
+    """The signals a target runs on, given the kernel features it lacks."""
+    psi = all(a.feature != "psi" for a in absent)
+    return ((STALL_SIGNAL,) if psi else ()) + (REFAULT_SIGNAL, YIELD_SIGNAL)
+
 
 @dataclass(frozen=True)
 class ReclaimPolicyRequest:
@@ -67,7 +78,7 @@ class Figures:
     reclaimed_last: int = 0
     # Why the last step stopped at the working set, "" if it did not.
     low_yield: str = ""
-    last_stall_us: int = 0
+    last_stall_us: int | None = 0  # None: no PSI.
     last_refault_bytes: int = 0
     intervals: int = 0
     current: int = 0
@@ -83,11 +94,14 @@ class TargetStatus:
     why: str
     reclaimed_total: int
     reclaimed_last: int
-    last_stall_us: int
+    last_stall_us: int | None
     last_refault_bytes: int
     intervals: int
     current: int
     floor: int
+    signals: tuple[str, ...] = ()
+    # Kernel features the target runs without, each with why (PSI: no stall budget).
+    absent: tuple[Absent, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,7 +117,7 @@ class _Baseline:
     """The last reading, against which the next interval's deltas are taken."""
 
     at: float
-    stall_total_us: int
+    stall_total_us: int | None
     refault_pages: int
 
 
@@ -119,6 +133,7 @@ class _Target:
     due: float = 0.0
     baseline: _Baseline | None = None
     figures: Figures = field(default_factory=Figures)
+    absent: tuple[Absent, ...] = ()
 
     def status(self) -> TargetStatus:
         mode = self.state.mode if self.enabled else Mode.DISABLED
@@ -136,6 +151,8 @@ class _Target:
             f.intervals,
             f.current,
             f.floor,
+            signals_without(self.absent),
+            self.absent,
         )
 
 
@@ -167,14 +184,13 @@ class Reclaimer:
         cgroup, enabled, policy = request.cgroup, request.enabled, request.policy
         validate_policy(policy)
         directory = cgroup_dir(self.fs, cgroup)
-        if enabled:
-            self._check_kernel(directory, policy)
+        absent = self._check_kernel(directory, policy) if enabled else ()
         with self._lock:
             target = self._targets.get(cgroup)
             if target is None:
                 target = _Target(cgroup, directory, policy, enabled)
                 self._targets[cgroup] = target
-            target.policy, target.enabled = policy, enabled
+            target.policy, target.enabled, target.absent = policy, enabled, absent
             target.generation += 1
             target.baseline = None  # A fresh baseline: the old deltas belong to another policy.
             target.due = self._clock()
@@ -189,6 +205,8 @@ class Reclaimer:
             cgroup=cgroup,
             enabled=enabled,
             multigen_lru=read_lru_gen(self.fs),
+            signals=signals_without(absent),
+            absent={a.feature: a.reason for a in absent},
             **asdict(policy),
         )
         if enabled:
@@ -196,18 +214,24 @@ class Reclaimer:
         self._wake.set()
         return status
 
-    def _check_kernel(self, directory: Path, policy: ReclaimPolicy) -> None:
-        for name, why in (
-            (MEMORY_RECLAIM, "memory.reclaim needs Linux 5.19 or later"),
-            (MEMORY_PRESSURE, "the kernel has no PSI (CONFIG_PSI, psi=1)"),
-        ):
-            if not self.fs.exists(directory / name):
-                raise FailedPrecondition(f"{directory / name} is missing: {why}")
+    def _check_kernel(self, directory: Path, policy: ReclaimPolicy) -> tuple[Absent, ...]:
+        """Refuse what cannot run; return the features it runs without."""
+        if not self.fs.exists(directory / MEMORY_RECLAIM):
+            raise FailedPrecondition(
+                f"{directory / MEMORY_RECLAIM} is missing: memory.reclaim needs Linux 5.19 or later"
+            )
+        psi = read_cgroup_psi_absence(self.fs, directory)
+        if psi is not None and policy.refault_guard_fraction == 0:
+            raise FailedPrecondition(
+                f"refault_guard_fraction 0 with no PSI ({psi.reason}): the refault guard is "
+                "the only brake between steps without PSI; leave it on"
+            )
         if policy.anon and not active_swaps(self.fs):
             raise FailedPrecondition(
                 "anon reclaim asked with no active swap area (/proc/swaps lists none): "
                 "enable swap first, or leave anon off"
             )
+        return tuple(a for a in (psi, read_mglru_absence(self.fs)) if a is not None)
 
     def status(self, cgroups: Iterable[str] = ()) -> tuple[TargetStatus, ...]:
         names = tuple(cgroups)
@@ -346,12 +370,16 @@ class Reclaimer:
             target.figures = figures
             if previous is None:
                 return  # The first reading is the baseline for the next interval's deltas.
-            stall = reading.stall_total_us - previous.stall_total_us
+            stall = (
+                reading.stall_total_us - previous.stall_total_us
+                if reading.stall_total_us is not None and previous.stall_total_us is not None
+                else None
+            )
             refaults = reading.refault_pages - previous.refault_pages
             # A slow interval (a long reclaim write) is judged at the nominal interval's rate.
             scale = min(1.0, interval / max(started - previous.at, 1e-6))
             sample = Sample(
-                int(max(0, stall) * scale),
+                int(max(0, stall) * scale) if stall is not None else None,
                 int(max(0, refaults) * self._page_size * scale),
                 reading.current,
                 reading.protected,

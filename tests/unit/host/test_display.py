@@ -1,11 +1,14 @@
-"""The hotplug section of `guestctl info`."""
+"""`guestctl info`: the hotplug section, absent kernel features, swap areas."""
 
 import pytest
 
 from guestagent.agent.wire import hotplug_pb, memory_info_pb
 from guestagent.host.display import memory_info_text, swap_area_text
+from guestagent.linux.features import PSI, Absent
 from guestagent.linux.memblocks import HotplugReport, RegionBlocks, VirtioMemRegion
 from guestagent.linux.meminfo import MemoryReport, SystemMemory
+from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
+from guestagent.ops.workingset.reclaimer import TargetStatus
 from guestagent.v1 import agent_pb2 as pb
 
 MIB = 1 << 20
@@ -45,3 +48,17 @@ def test_swap_area_shows_rotational_when_known(rotational: bool | None, text: st
     if rotational is not None:
         message.rotational = rotational
     assert f"rotational {text} " in swap_area_text(message)
+
+
+def test_absent_features_are_shown_and_a_reclaimer_without_psi_measures_no_stall() -> None:
+    system = SystemMemory(1 << 30, 0, 0, 0, 0, 0, 0, 0)
+    no_psi = Absent(PSI, "the kernel was booted with psi=0; boot without it")
+    status = TargetStatus(
+        "pod", True, ReclaimPolicy(), Mode.PROBING, "", 0, 0, None, 0, 1, 0, 0,
+        ("refaults", "reclaim_yield"), (no_psi,),
+    )  # fmt: skip
+    info = memory_info_pb(MemoryReport(0, system, None, (), absent=(no_psi,)), reclaim=(status,))
+    text = memory_info_text(info)
+    assert "absent   psi: the kernel was booted with psi=0" in text
+    assert "stall not measured (no PSI)" in text and "runs on refaults, reclaim_yield" in text
+    assert list(info.reclaim[0].signals) == ["refaults", "reclaim_yield"]

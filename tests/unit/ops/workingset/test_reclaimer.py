@@ -335,7 +335,6 @@ def test_the_thread_waits_for_the_interval_and_wakes_on_a_change(fake_root: Fake
         ("../x", POLICY, None, InvalidArgument, "'..'"),
         ("pod", ReclaimPolicy(interval_ms=50), None, InvalidArgument, "interval_ms 50"),
         ("pod", POLICY, "memory.reclaim", FailedPrecondition, "memory.reclaim is missing"),
-        ("pod", POLICY, "memory.pressure", FailedPrecondition, "memory.pressure is missing"),
     ],
 )
 def test_refusals(
@@ -353,6 +352,19 @@ def test_refusals(
     with pytest.raises(error, match=words):
         reclaimer.set_policy(ReclaimPolicyRequest(cgroup, True, policy))
     assert reclaimer.status() == ()
+
+
+def test_without_psi_it_runs_on_refaults_and_yield_and_says_so(
+    fake_root: FakeRoot, reclaimer: Reclaimer
+) -> None:
+    (make_target(fake_root) / "memory.pressure").unlink()
+    status = reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
+    assert status.signals == ("refaults", "reclaim_yield")
+    assert [a.feature for a in status.absent] == ["psi", "mglru"]
+    with pytest.raises(FailedPrecondition, match="refault guard is the only brake"):
+        reclaimer.set_policy(
+            ReclaimPolicyRequest("pod", True, ReclaimPolicy(refault_guard_fraction=0))
+        )
 
 
 def test_status_of_an_unknown_target_is_not_found(reclaimer: Reclaimer) -> None:
