@@ -371,7 +371,7 @@ def reclaim_target_pb(status: TargetStatus) -> pb.ReclaimTargetStatus:
         reason=status.why,
         reclaimed_total_bytes=status.reclaimed_total,
         reclaimed_last_bytes=status.reclaimed_last,
-        last_stall_us=status.last_stall_us or 0,
+        last_stall_us=status.last_stall_us,
         last_refault_bytes=status.last_refault_bytes,
         intervals=status.intervals,
         current_bytes=status.current,

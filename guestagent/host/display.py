@@ -84,18 +84,17 @@ def vmstat_text(vmstat: pb.VmStat) -> str:
 def reclaim_target_text(target: pb.ReclaimTargetStatus) -> str:
     state = pb.ReclaimState.Name(target.state).removeprefix("RECLAIM_STATE_").lower()
     policy = target.policy
-    no_psi = any(a.feature == "psi" for a in target.absent)
-    stall = "stall not measured (no PSI)" if no_psi else f"stall {target.last_stall_us} us"
     return (
         f"reclaim {target.cgroup}: {state} ({target.reason})\n"
         f"  reclaimed {mib(target.reclaimed_total_bytes)} in total, "
-        f"{mib(target.reclaimed_last_bytes)} last interval; {stall}, "
+        f"{mib(target.reclaimed_last_bytes)} last interval; stall {target.last_stall_us} us, "
         f"refaults {mib(target.last_refault_bytes)}; memory {mib(target.current_bytes)}, "
         f"floor {mib(target.effective_floor_bytes)}; {target.intervals} intervals\n"
         f"  policy interval {policy.interval_ms} ms  stall target {policy.stall_target_us} us  "
         f"max step {policy.max_step_fraction:g}  floor {mib(policy.floor_bytes)}  "
         f"anon {'on' if policy.anon else 'off'}  refault guard {policy.refault_guard_fraction:g}"
         + (f"\n  runs on {', '.join(target.signals)}" if target.signals else "")
+        + "".join(f"\n  without {a.feature}: {a.reason}" for a in target.absent)
     )
 
 

@@ -32,7 +32,7 @@ def psi_absence(pressure_present: bool, cmdline: str | None) -> Absent | None:
         return None
     args = (cmdline or "").split()
     if "psi=0" in args:
-        why = "the kernel was booted with psi=0; boot without it"
+        why = "the kernel was booted with psi=0; boot with psi=1 instead"
     else:
         why = (
             "the kernel has no /proc/pressure: built without CONFIG_PSI, or with "

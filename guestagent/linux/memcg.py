@@ -41,7 +41,7 @@ def same_limit(a: str, b: str, page_size: int) -> bool:
 class ReclaimReading:
     """What the reclaimer reads of a cgroup each interval."""
 
-    stall_total_us: int | None  # memory.pressure `some` total; None without PSI.
+    stall_total_us: int  # memory.pressure `some` total.
     refault_pages: int
     current: int
     protected: int  # max(memory.min, memory.low): the kernel's own floor for the cgroup.
@@ -65,14 +65,13 @@ def refault_pages_from(stat: dict[str, int]) -> int:
 
 
 def read_reclaim_reading(fs: KernelFS, directory: Path) -> ReclaimReading:
-    text = fs.read_optional(directory / MEMORY_PRESSURE)
-    pressure = parse_pressure(text) if text is not None else None
+    pressure = parse_pressure(fs.read(directory / MEMORY_PRESSURE))
     stat = parse_flat_keyed(fs.read(directory / "memory.stat"))
     protected = max(
         int(fs.read_optional(directory / name) or 0) for name in ("memory.min", "memory.low")
     )
     return ReclaimReading(
-        pressure.some.total_us if pressure is not None else None,
+        pressure.some.total_us,
         refault_pages_from(stat),
         int(fs.read(directory / "memory.current")),
         protected,

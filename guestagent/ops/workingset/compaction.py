@@ -44,7 +44,7 @@ class CompactionRule:
 def compaction_decision(
     free_blocks: tuple[int, ...],
     page_size: int,
-    stall_us: int | None,
+    stall_us: int,
     stall_target_us: int,
     since_last_s: float | None,
     rule: CompactionRule = CompactionRule(),
@@ -53,8 +53,7 @@ def compaction_decision(
 ) -> tuple[bool, str]:
     """Whether compacting now pays: free memory mostly in blocks free page reporting cannot
     take, the guest calm, and the last run long enough ago (or the reclaimer has freed a lot
-    since and paused: what it freed is scattered). Returns (run, why). `stall_us` None: the
-    kernel has no PSI, and calm goes unchecked; the rate limit still holds."""
+    since and paused: what it freed is scattered). Returns (run, why)."""
     small = sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < HUGE_ORDER)
     total = sum(n * (page_size << o) for o, n in enumerate(free_blocks))
     share = small / total if total else 0.0
@@ -63,14 +62,13 @@ def compaction_decision(
     gap = rule.settled_min_gap_s if settled else rule.min_gap_s
     if since_last_s is not None and since_last_s < gap:
         return False, f"ran {since_last_s:.0f} s ago (at most every {gap:.0f} s)"
-    if stall_us is not None and stall_us > stall_target_us:
+    if stall_us > stall_target_us:
         return False, f"system stall {stall_us} us over {stall_target_us} us; {figures}"
     mostly_small = small >= rule.min_small_bytes and share >= rule.min_small_share
     if not (mostly_small or small >= rule.stranded_bytes):
         return False, f"not worth it: {figures}"
     after = f"; {reclaimed_since_bytes // MIB} MiB reclaimed since the last run" if settled else ""
-    unchecked = "; no PSI: stall not checked" if stall_us is None else ""
-    return True, f"{figures} ({share:.0%}){after}{unchecked}"
+    return True, f"{figures} ({share:.0%}){after}"
 
 
 @dataclass(frozen=True)
@@ -119,13 +117,13 @@ class CompactionTrigger:
             return
         pressure = read_system_pressure(self.fs)
         free_blocks = read_free_blocks_optional(self.fs)
-        if not policies or free_blocks is None:
+        if not policies or pressure is None or free_blocks is None:
             return
-        stall_total = pressure.some.total_us if pressure is not None else None
+        stall_total = pressure.some.total_us
         elapsed = now - self._checked if self._checked else None
         previous = self._system_stall_us
         self._checked, self._system_stall_us = now, stall_total
-        if elapsed is None:
+        if elapsed is None or previous is None:
             return  # The first check is the baseline for the stall delta.
         # The system's calm bar: the strictest target's stall rate over the elapsed time.
         allowed = int(min(p.stall_target_us / p.interval_ms for p in policies) * elapsed * 1000)
@@ -133,7 +131,7 @@ class CompactionTrigger:
         run, why = compaction_decision(
             free_blocks,
             self._page_size,
-            stall_total - previous if stall_total is not None and previous is not None else None,
+            stall_total - previous,
             allowed,
             since,
             self._rule,

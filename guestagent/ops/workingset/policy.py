@@ -99,7 +99,7 @@ def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
 class Sample:
     """One interval of one cgroup: deltas since the previous sample, levels now."""
 
-    stall_us: int | None  # memory.pressure some total, delta; None without PSI.
+    stall_us: int  # memory.pressure some total, delta.
     refault_bytes: int  # workingset_refault_anon + _file, delta, in bytes.
     current: int  # memory.current.
     protected: int  # max(memory.min, memory.low): the kernel's own floor for this cgroup.
@@ -137,8 +137,7 @@ def decide(
     sample: Sample, policy: ReclaimPolicy, state: ControllerState, page_size: int = 4096
 ) -> Decision:
     guard_bytes = policy.refault_guard_fraction * sample.current
-    # Without PSI the refault guard and the chunks' yield are the only brakes.
-    over_stall = sample.stall_us is not None and sample.stall_us > policy.stall_target_us
+    over_stall = sample.stall_us > policy.stall_target_us
     over_refault = policy.refault_guard_fraction > 0 and sample.refault_bytes > guard_bytes
     # The kernel found little to take: what is left is referenced, the working set. Asking
     # again only burns the guest's CPU scanning it, slowing the workload.
@@ -182,7 +181,7 @@ def decide(
         why = f"memory.current {sample.current} B is at the floor {floor} B"
         return Decision(0, ControllerState(Mode.AT_FLOOR, why, 0, backoffs, 0, clean_steps))
 
-    slack = 1.0 if sample.stall_us is None else 1.0 - sample.stall_us / policy.stall_target_us
+    slack = 1.0 - sample.stall_us / policy.stall_target_us
     if policy.refault_guard_fraction > 0 and guard_bytes > 0:
         slack = min(slack, 1.0 - sample.refault_bytes / guard_bytes)
     slack = min(1.0, max(0.0, slack))

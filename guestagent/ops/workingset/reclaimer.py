@@ -49,16 +49,10 @@ from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
 
 log = EventLog("guestagent.ops.workingset")
 
-# What a target's steps are judged on (TargetStatus.signals).
-STALL_SIGNAL = "psi_stall"
-REFAULT_SIGNAL = "refaults"
-YIELD_SIGNAL = "reclaim_yield"
-
-
-def signals_without(absent: tuple[Absent, ...]) -> tuple[str, ...]:
-    """The signals a target runs on, given the kernel features it lacks."""
-    psi = all(a.feature != "psi" for a in absent)
-    return ((STALL_SIGNAL,) if psi else ()) + (REFAULT_SIGNAL, YIELD_SIGNAL)
+# What every target's steps are judged on (TargetStatus.signals): memory.pressure, the
+# refault guard, and pgscan/pgsteal per chunk. Without PSI it does not run at all
+# (docs/design-reclaimer.md: Without PSI).
+SIGNALS = ("psi_stall", "refaults", "reclaim_yield")
 
 
 @dataclass(frozen=True)
@@ -78,7 +72,7 @@ class Figures:
     reclaimed_last: int = 0
     # Why the last step stopped at the working set, "" if it did not.
     low_yield: str = ""
-    last_stall_us: int | None = 0  # None: no PSI.
+    last_stall_us: int = 0
     last_refault_bytes: int = 0
     intervals: int = 0
     current: int = 0
@@ -94,13 +88,13 @@ class TargetStatus:
     why: str
     reclaimed_total: int
     reclaimed_last: int
-    last_stall_us: int | None
+    last_stall_us: int
     last_refault_bytes: int
     intervals: int
     current: int
     floor: int
-    signals: tuple[str, ...] = ()
-    # Kernel features the target runs without, each with why (PSI: no stall budget).
+    signals: tuple[str, ...] = SIGNALS
+    # Kernel features the target runs without, each with why (the multi-gen LRU).
     absent: tuple[Absent, ...] = ()
 
 
@@ -117,7 +111,7 @@ class _Baseline:
     """The last reading, against which the next interval's deltas are taken."""
 
     at: float
-    stall_total_us: int | None
+    stall_total_us: int
     refault_pages: int
 
 
@@ -151,7 +145,7 @@ class _Target:
             f.intervals,
             f.current,
             f.floor,
-            signals_without(self.absent),
+            SIGNALS,
             self.absent,
         )
 
@@ -205,7 +199,6 @@ class Reclaimer:
             cgroup=cgroup,
             enabled=enabled,
             multigen_lru=read_lru_gen(self.fs),
-            signals=signals_without(absent),
             absent={a.feature: a.reason for a in absent},
             **asdict(policy),
         )
@@ -221,17 +214,19 @@ class Reclaimer:
                 f"{directory / MEMORY_RECLAIM} is missing: memory.reclaim needs Linux 5.19 or later"
             )
         psi = read_cgroup_psi_absence(self.fs, directory)
-        if psi is not None and policy.refault_guard_fraction == 0:
+        if psi is not None:
+            # Measured: without its stall budget it slowed a hot set past the bound
+            # (docs/design-reclaimer.md: Without PSI).
             raise FailedPrecondition(
-                f"refault_guard_fraction 0 with no PSI ({psi.reason}): the refault guard is "
-                "the only brake between steps without PSI; leave it on"
+                f"the working-set reclaimer needs PSI for its stall budget: {psi.reason}"
             )
         if policy.anon and not active_swaps(self.fs):
             raise FailedPrecondition(
                 "anon reclaim asked with no active swap area (/proc/swaps lists none): "
                 "enable swap first, or leave anon off"
             )
-        return tuple(a for a in (psi, read_mglru_absence(self.fs)) if a is not None)
+        mglru = read_mglru_absence(self.fs)
+        return (mglru,) if mglru is not None else ()
 
     def status(self, cgroups: Iterable[str] = ()) -> tuple[TargetStatus, ...]:
         names = tuple(cgroups)
@@ -370,16 +365,12 @@ class Reclaimer:
             target.figures = figures
             if previous is None:
                 return  # The first reading is the baseline for the next interval's deltas.
-            stall = (
-                reading.stall_total_us - previous.stall_total_us
-                if reading.stall_total_us is not None and previous.stall_total_us is not None
-                else None
-            )
+            stall = reading.stall_total_us - previous.stall_total_us
             refaults = reading.refault_pages - previous.refault_pages
             # A slow interval (a long reclaim write) is judged at the nominal interval's rate.
             scale = min(1.0, interval / max(started - previous.at, 1e-6))
             sample = Sample(
-                int(max(0, stall) * scale) if stall is not None else None,
+                int(max(0, stall) * scale),
                 int(max(0, refaults) * self._page_size * scale),
                 reading.current,
                 reading.protected,

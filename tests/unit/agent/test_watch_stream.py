@@ -21,7 +21,7 @@ from guestagent.linux.fs import KernelFS
 from guestagent.linux.watch import PressureTriggerSpec, Signal
 from tests.fakes.root import FakeRoot, make_fake_root
 
-NO_PSI = Absent(PSI, "the kernel was booted with psi=0; boot without it")
+NO_PSI = Absent(PSI, "the kernel was booted with psi=0; boot with psi=1 instead")
 ASKED = PressureTriggerSpec(100_000, 1_000_000)
 
 

@@ -23,7 +23,7 @@ PAGE = 4096
 
 
 def sample(
-    stall: int | None = 0,
+    stall: int = 0,
     refault: int = 0,
     current: int = 100 * MIB,
     protected: int = 0,
@@ -40,10 +40,9 @@ def sample(
         (500, 5 * MIB),  # Half the target used: half the step.
         (750, int(2.5 * MIB)),
         (1000, 0),  # At the target: no slack, no step, but no back-off either.
-        (None, 10 * MIB),  # No PSI: no stall measured, the refault guard alone sets the slack.
     ],
 )
-def test_slack_sets_the_step(stall_us: int | None, step: int) -> None:
+def test_slack_sets_the_step(stall_us: int, step: int) -> None:
     decision = decide(sample(stall=stall_us), POLICY, ControllerState())
     assert decision.step_bytes == step - step % PAGE
     assert decision.state.mode == Mode.PROBING
@@ -67,26 +66,6 @@ def test_over_the_target_backs_off(stall: int, refault: int, reason: str) -> Non
     assert decision.state.mode == Mode.BACKING_OFF
     assert reason in decision.state.why
     assert (decision.state.hold, decision.state.backoffs) == (1, 1)
-
-
-@pytest.mark.parametrize(
-    ("refault", "reclaimed", "low_yield", "reason"),
-    [
-        (2 * MIB, MIB, "", "refaults 2097152 B over"),
-        (0, 0, "", "the last step got 0 B"),
-        (0, MIB, "the kernel stole 1 of 8 pages", "stopped early"),
-    ],
-)
-def test_without_psi_the_other_brakes_still_back_off(
-    refault: int, reclaimed: int, low_yield: str, reason: str
-) -> None:
-    state = ControllerState(last_step=MIB)
-    decision = decide(
-        sample(None, refault, reclaimed=reclaimed, low_yield=low_yield), POLICY, state
-    )
-    assert decision.step_bytes == 0
-    assert decision.state.mode == Mode.BACKING_OFF
-    assert reason in decision.state.why and "stall" not in decision.state.why
 
 
 def test_back_off_holds_grow_and_shrink_again() -> None:
@@ -218,7 +197,7 @@ policies = st.builds(
 )
 samples = st.builds(
     Sample,
-    stall_us=st.none() | st.integers(0, 10_000_000),  # None: a kernel without PSI.
+    stall_us=st.integers(0, 10_000_000),
     refault_bytes=st.integers(0, 1 << 40),
     current=st.integers(0, 1 << 40),
     protected=st.integers(0, 1 << 40),
@@ -244,7 +223,7 @@ def test_never_more_than_the_max_step_nor_below_the_floor(
     assert step % PAGE == 0
     if step:
         assert s.current - step >= max(policy.floor_bytes, s.protected)
-        assert s.stall_us is None or s.stall_us <= policy.stall_target_us
+        assert s.stall_us <= policy.stall_target_us
 
 
 @given(samples, policies, states)

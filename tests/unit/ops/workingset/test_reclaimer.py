@@ -335,6 +335,7 @@ def test_the_thread_waits_for_the_interval_and_wakes_on_a_change(fake_root: Fake
         ("../x", POLICY, None, InvalidArgument, "'..'"),
         ("pod", ReclaimPolicy(interval_ms=50), None, InvalidArgument, "interval_ms 50"),
         ("pod", POLICY, "memory.reclaim", FailedPrecondition, "memory.reclaim is missing"),
+        ("pod", POLICY, "memory.pressure", FailedPrecondition, "needs PSI for its stall budget"),
     ],
 )
 def test_refusals(
@@ -354,17 +355,28 @@ def test_refusals(
     assert reclaimer.status() == ()
 
 
-def test_without_psi_it_runs_on_refaults_and_yield_and_says_so(
-    fake_root: FakeRoot, reclaimer: Reclaimer
+@pytest.mark.parametrize(
+    ("cmdline", "words"),
+    [("psi=0\n", "booted with psi=0; boot with psi=1 instead"), ("\n", "boot with psi=1")],
+)
+def test_without_psi_it_refuses_saying_how_to_get_it(
+    fake_root: FakeRoot, reclaimer: Reclaimer, cmdline: str, words: str
 ) -> None:
     (make_target(fake_root) / "memory.pressure").unlink()
+    (fake_root.root / "proc/pressure/memory").unlink()
+    fake_root.write("proc/cmdline", cmdline)
+    with pytest.raises(FailedPrecondition, match=f"needs PSI for its stall budget: .*{words}"):
+        reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
+    assert reclaimer.status() == ()
+
+
+def test_status_says_what_it_runs_on_and_without(fake_root: FakeRoot, reclaimer: Reclaimer) -> None:
+    make_target(fake_root)
     status = reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
-    assert status.signals == ("refaults", "reclaim_yield")
-    assert [a.feature for a in status.absent] == ["psi", "mglru"]
-    with pytest.raises(FailedPrecondition, match="refault guard is the only brake"):
-        reclaimer.set_policy(
-            ReclaimPolicyRequest("pod", True, ReclaimPolicy(refault_guard_fraction=0))
-        )
+    assert status.signals == ("psi_stall", "refaults", "reclaim_yield")
+    assert [a.feature for a in status.absent] == ["mglru"]  # The fake tree has no lru_gen.
+    fake_root.write("sys/kernel/mm/lru_gen/enabled", "0x0007\n")
+    assert reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY)).absent == ()
 
 
 def test_status_of_an_unknown_target_is_not_found(reclaimer: Reclaimer) -> None:
