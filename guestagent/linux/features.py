@@ -12,10 +12,9 @@ from pathlib import Path
 
 from guestagent.linux.fs import KernelFS
 
+# The features a report or a status may list as absent.
 PSI = "psi"
 MGLRU = "mglru"
-# The feature names a report or a status may list as absent, in that order.
-FEATURES = (PSI, MGLRU)
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def read_mglru_absence(fs: KernelFS) -> Absent | None:
 
 
 def read_absent(fs: KernelFS) -> tuple[Absent, ...]:
-    """Every feature in FEATURES this kernel lacks, each with why."""
+    """Every feature this kernel lacks (PSI, then the multi-gen LRU), each with why."""
     found = (read_psi_absence(fs), read_mglru_absence(fs))
     return tuple(a for a in found if a is not None)
 
