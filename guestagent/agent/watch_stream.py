@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from guestagent import errors
 from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.features import Absent, read_psi_absence
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
@@ -37,6 +38,7 @@ class WatchSpec:
     cgroups: tuple[str, ...] = ()
     interval_s: float = DEFAULT_WATCH_INTERVAL_MS / 1000
     trigger: PressureTriggerSpec = field(default_factory=PressureTriggerSpec)
+    trigger_asked: bool = False  # The caller set pressure_trigger (else it is the default).
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,16 @@ def watch_interval_seconds(interval_ms: int) -> float:
             f"watch interval {interval_ms} ms is below the minimum {MIN_WATCH_INTERVAL_MS} ms"
         )
     return interval_ms / 1000
+
+
+def trigger_to_arm(spec: WatchSpec, psi: Absent | None) -> PressureTriggerSpec | None:
+    """The trigger to arm: none without PSI, and a trigger asked for without PSI is refused
+    (the caller would wait for signals that never come)."""
+    if psi is None:
+        return spec.trigger
+    if spec.trigger_asked:
+        raise errors.FailedPrecondition(f"pressure_trigger set, but there is no PSI: {psi.reason}")
+    return None
 
 
 def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, tuple[str, ...]]:
@@ -80,7 +92,8 @@ async def watch_memory(
     inotify watch and the PSI trigger)."""
     first = read_report(fs, spec.cgroups, hotplug)  # Checks every name before anything is armed.
     events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
-    with KernelSignals(fs, events, spec.trigger) as signals:
+    trigger = trigger_to_arm(spec, read_psi_absence(fs))
+    with KernelSignals(fs, events, trigger) as signals:
         yield WatchUpdate(first, WatchReason.INITIAL, reclaim=reclaim_status(spec.cgroups))
         while True:
             woke = await _next_signals(signals, spec.interval_s, stopping)

@@ -15,6 +15,7 @@ from guestagent.agent.watch_stream import (
 )
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
+from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
 from guestagent.linux.vmstat import VmStat
@@ -80,7 +81,12 @@ def watch_spec_from_pb(request: pb.WatchMemoryRequest) -> WatchSpec:
         if request.HasField("pressure_trigger")
         else PressureTriggerSpec()
     )
-    return WatchSpec(tuple(request.cgroups), watch_interval_seconds(request.interval_ms), trigger)
+    return WatchSpec(
+        tuple(request.cgroups),
+        watch_interval_seconds(request.interval_ms),
+        trigger,
+        request.HasField("pressure_trigger"),
+    )
 
 
 def compact_node_from_pb(request: pb.CompactRequest) -> int | None:
@@ -181,7 +187,12 @@ def memory_info_pb(
     if report.vmstat is not None:
         message.vmstat.CopyFrom(vmstat_pb(report.vmstat))
     message.reclaim.extend(reclaim_target_pb(status) for status in reclaim)
+    message.absent.extend(absent_pb(a) for a in report.absent)
     return message
+
+
+def absent_pb(absent: Absent) -> pb.Absent:
+    return pb.Absent(feature=absent.feature, reason=absent.reason)
 
 
 def report_pb(answer: Report) -> pb.MemoryInfo:
@@ -365,6 +376,8 @@ def reclaim_target_pb(status: TargetStatus) -> pb.ReclaimTargetStatus:
         intervals=status.intervals,
         current_bytes=status.current,
         effective_floor_bytes=status.floor,
+        signals=status.signals,
+        absent=[absent_pb(a) for a in status.absent],
     )
 
 

@@ -46,6 +46,7 @@ def memory_info_text(info: pb.MemoryInfo) -> str:
         f"swap     total {mib(system.swap_total_bytes)}  free {mib(system.swap_free_bytes)}",
         "pressure " + (pressure_text(info.pressure) if info.HasField("pressure") else "(no PSI)"),
     ]
+    lines += [f"absent   {a.feature}: {a.reason}" for a in info.absent]
     if info.HasField("hotplug"):
         lines += hotplug_lines(info.hotplug)
     for cgroup in info.cgroups:
@@ -92,6 +93,8 @@ def reclaim_target_text(target: pb.ReclaimTargetStatus) -> str:
         f"  policy interval {policy.interval_ms} ms  stall target {policy.stall_target_us} us  "
         f"max step {policy.max_step_fraction:g}  floor {mib(policy.floor_bytes)}  "
         f"anon {'on' if policy.anon else 'off'}  refault guard {policy.refault_guard_fraction:g}"
+        + (f"\n  runs on {', '.join(target.signals)}" if target.signals else "")
+        + "".join(f"\n  without {a.feature}: {a.reason}" for a in target.absent)
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.features import Absent, read_absent
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.memblocks import HotplugReport, HotplugReportCache, read_hotplug_report
@@ -84,6 +85,7 @@ class MemoryReport:
     cgroups: tuple[CgroupMemory, ...]
     hotplug: HotplugReport | None = None  # None: the kernel has no memory hotplug
     vmstat: VmStat | None = None  # None without /proc/vmstat (a test tree).
+    absent: tuple[Absent, ...] = ()  # Kernel features this guest lacks, each with why.
 
 
 _MEMINFO_FIELDS = {
@@ -227,4 +229,5 @@ def read_report(
         ),
         hotplug=hotplug.report(fs, system.mem_total) if hotplug else read_hotplug_report(fs),
         vmstat=read_vmstat(fs),
+        absent=read_absent(fs),
     )

@@ -1,17 +1,20 @@
 """The working-set reclaimer's figures from one guest run, and their plot: QEMU's RSS over
 time with the policy off (the control) and then on, the hot set's iteration time and the
-pod's stall per interval. `python -m tests.bench.reclaimer --out FILE.json` runs it alone."""
+pod's stall per interval. `python -m tests.bench.reclaimer --out FILE.json` runs it alone;
+`--cmdline "psi=0"` boots the same image with more kernel arguments (docs/measurements.md)."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from guestagent.host.client import AgentClient
-from guestagent.vm.qemu import GuestVM
+from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, GuestVM
 from tests.workloads.reclaim import (
     CONFIG,
     MIB,
@@ -22,12 +25,18 @@ from tests.workloads.reclaim import (
 )
 
 
-def measure_reclaimer(plot_path: Path | None) -> dict[str, Any]:
-    with GuestVM(CONFIG) as vm, AgentClient(vm.agent_target, timeout=600) as agent:
+def measure_reclaimer(plot_path: Path | None, cmdline: str = "") -> dict[str, Any]:
+    # GUESTAGENT_IMAGE_DIR, as for the VM tests: a kept copy measures one image across runs.
+    image = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
+    with (
+        GuestVM(replace(CONFIG, extra_cmdline=cmdline), image_dir=image) as vm,
+        AgentClient(vm.agent_target, timeout=600) as agent,
+    ):
         agent.wait_ready(60)
         scenario = off_then_on(vm, agent)
         thrash = no_thrash(vm, agent)
     figures: dict[str, Any] = {
+        "kernel_cmdline_added": cmdline,
         "off_then_on": without_timelines(scenario),
         "no_thrash": without_timelines(thrash),
         "targets": {
@@ -69,6 +78,7 @@ def plot(scenario: dict[str, Any], path: Path) -> str:
     deltas = [
         (b["t"], (b["stall_total_us"] - a["stall_total_us"]) / max(b["t"] - a["t"], 1e-6))
         for a, b in itertools.pairwise(rows)
+        if a["stall_total_us"] is not None and b["stall_total_us"] is not None
     ]
     stall.plot([x for x, _ in deltas], [y for _, y in deltas], label="pod stall (some)")
     stall.axhline(STALL_TARGET_US, color="red", linestyle="--", label="target")
@@ -88,8 +98,9 @@ def plot(scenario: dict[str, Any], path: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("tests/bench/results/reclaimer.json"))
+    parser.add_argument("--cmdline", default="", help="kernel arguments added, e.g. psi=0")
     args = parser.parse_args()
-    figures = measure_reclaimer(args.out.with_suffix(".png"))
+    figures = measure_reclaimer(args.out.with_suffix(".png"), args.cmdline)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))

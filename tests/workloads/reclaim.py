@@ -188,11 +188,15 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             info = self.agent.info([self.cgroup])
+            cgroup = info.cgroups[0]
             row: dict[str, Any] = {
                 "t": round(time.monotonic() - self.started, 2),
                 "qemu_rss": self.vm.qemu_rss_bytes(),
                 "current": info.cgroups[0].current_bytes,
-                "stall_total_us": info.cgroups[0].pressure.some.total_us,
+                # None without PSI: no stall was measured, which is not a stall of 0.
+                "stall_total_us": cgroup.pressure.some.total_us
+                if cgroup.HasField("pressure")
+                else None,
                 "pgmajfault": info.vmstat.pgmajfault,
                 "refaults": info.vmstat.workingset_refault_anon
                 + info.vmstat.workingset_refault_file,
@@ -211,11 +215,23 @@ class Sampler:
         return [r for r in self.rows if start <= r["t"] <= end]
 
 
-def stall_per_second(rows: list[dict[str, Any]]) -> float:
+def stall_per_second(rows: list[dict[str, Any]]) -> float | None:
+    """us of stall per s over the rows, None without PSI."""
     if len(rows) < 2:
         return 0.0
+    if rows[0]["stall_total_us"] is None or rows[-1]["stall_total_us"] is None:
+        return None
     span = float(rows[-1]["t"] - rows[0]["t"])
     return float(rows[-1]["stall_total_us"] - rows[0]["stall_total_us"]) / max(span, 1e-6)
+
+
+def rounded(value: float | None) -> int | None:
+    return round(value) if value is not None else None
+
+
+def absent_features(agent: AgentClient) -> list[str]:
+    """The kernel features the guest lacks ("psi", "mglru"): which run a figure is from."""
+    return [a.feature for a in agent.info().absent]
 
 
 def median_ms(times: list[float]) -> float:
@@ -275,12 +291,14 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
         "hot_median_ms_on": median_ms([i.seconds for i in hot_on]),
         "hot_slowdown_paced": slowdown(hot_off, hot_on),
         "hot_iterations": [len(hot_off), len(hot_on)],
-        "stall_us_per_s_off": round(stall_per_second(off_rows)),
-        "stall_us_per_s_on": round(stall_per_second(on_rows)),
+        "absent": absent_features(agent),
+        "stall_us_per_s_off": rounded(stall_per_second(off_rows)),
+        "stall_us_per_s_on": rounded(stall_per_second(on_rows)),
         "stall_target_us_per_s": STALL_TARGET_US,
         "stall_intervals_over_target": sum(
             (b["stall_total_us"] - a["stall_total_us"]) > STALL_TARGET_US * (b["t"] - a["t"])
             for a, b in itertools.pairwise(on_rows)
+            if a["stall_total_us"] is not None and b["stall_total_us"] is not None
         ),
         "intervals_on": len(on_rows) - 1,
         "reclaimed_total_mib": round(target.reclaimed_total_bytes / MIB, 1),
@@ -323,12 +341,15 @@ def no_thrash(vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300) 
         ),
         "majfaults_per_s_last_20_s": round((late[-1]["pgmajfault"] - late[0]["pgmajfault"]) / span),
         "refaults_per_s_last_20_s": round((late[-1]["refaults"] - late[0]["refaults"]) / span),
+        "absent": absent_features(agent),
         # Over the whole window, with the crossing into the hot set, and after the back-off.
-        "stall_us_per_s_on": round(stall_per_second(on_rows)),
-        "stall_us_per_s_last_20_s": round(stall_per_second(late)),
+        "stall_us_per_s_on": rounded(stall_per_second(on_rows)),
+        "stall_us_per_s_last_20_s": rounded(stall_per_second(late)),
         "stall_ms_whole_window": round(
             (on_rows[-1]["stall_total_us"] - on_rows[0]["stall_total_us"]) / 1000, 1
-        ),
+        )
+        if on_rows[0]["stall_total_us"] is not None
+        else None,
         "hot_median_ms_off": median_ms([i.seconds for i in hot_off]),
         "hot_median_ms_on": median_ms([i.seconds for i in hot_on]),
         "reference_median_ms_off": median_ms([i.reference_seconds for i in hot_off]),

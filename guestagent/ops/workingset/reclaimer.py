@@ -21,9 +21,9 @@ from guestagent.errors import AgentError, FailedPrecondition, NotFound
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memcg import (
-    MEMORY_PRESSURE,
     MEMORY_RECLAIM,
     read_reclaim_reading,
     write_memory_reclaim,
@@ -48,6 +48,11 @@ from guestagent.ops.workingset.policy import (
 from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
 
 log = EventLog("guestagent.ops.workingset")
+
+# What every target's steps are judged on (TargetStatus.signals): memory.pressure, the
+# refault guard, and pgscan/pgsteal per chunk. Without PSI it does not run at all
+# (docs/design-reclaimer.md: Without PSI).
+SIGNALS = ("psi_stall", "refaults", "reclaim_yield")
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,9 @@ class TargetStatus:
     intervals: int
     current: int
     floor: int
+    signals: tuple[str, ...] = SIGNALS
+    # Kernel features the target runs without, each with why (the multi-gen LRU).
+    absent: tuple[Absent, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,7 @@ class _Target:
     due: float = 0.0
     baseline: _Baseline | None = None
     figures: Figures = field(default_factory=Figures)
+    absent: tuple[Absent, ...] = ()
 
     def status(self) -> TargetStatus:
         mode = self.state.mode if self.enabled else Mode.DISABLED
@@ -136,6 +145,8 @@ class _Target:
             f.intervals,
             f.current,
             f.floor,
+            SIGNALS,
+            self.absent,
         )
 
 
@@ -167,14 +178,13 @@ class Reclaimer:
         cgroup, enabled, policy = request.cgroup, request.enabled, request.policy
         validate_policy(policy)
         directory = cgroup_dir(self.fs, cgroup)
-        if enabled:
-            self._check_kernel(directory, policy)
+        absent = self._check_kernel(directory, policy) if enabled else ()
         with self._lock:
             target = self._targets.get(cgroup)
             if target is None:
                 target = _Target(cgroup, directory, policy, enabled)
                 self._targets[cgroup] = target
-            target.policy, target.enabled = policy, enabled
+            target.policy, target.enabled, target.absent = policy, enabled, absent
             target.generation += 1
             target.baseline = None  # A fresh baseline: the old deltas belong to another policy.
             target.due = self._clock()
@@ -189,6 +199,7 @@ class Reclaimer:
             cgroup=cgroup,
             enabled=enabled,
             multigen_lru=read_lru_gen(self.fs),
+            absent={a.feature: a.reason for a in absent},
             **asdict(policy),
         )
         if enabled:
@@ -196,18 +207,26 @@ class Reclaimer:
         self._wake.set()
         return status
 
-    def _check_kernel(self, directory: Path, policy: ReclaimPolicy) -> None:
-        for name, why in (
-            (MEMORY_RECLAIM, "memory.reclaim needs Linux 5.19 or later"),
-            (MEMORY_PRESSURE, "the kernel has no PSI (CONFIG_PSI, psi=1)"),
-        ):
-            if not self.fs.exists(directory / name):
-                raise FailedPrecondition(f"{directory / name} is missing: {why}")
+    def _check_kernel(self, directory: Path, policy: ReclaimPolicy) -> tuple[Absent, ...]:
+        """Refuse what cannot run; return the features it runs without."""
+        if not self.fs.exists(directory / MEMORY_RECLAIM):
+            raise FailedPrecondition(
+                f"{directory / MEMORY_RECLAIM} is missing: memory.reclaim needs Linux 5.19 or later"
+            )
+        psi = read_cgroup_psi_absence(self.fs, directory)
+        if psi is not None:
+            # Measured: without its stall budget it slowed a hot set past the bound
+            # (docs/design-reclaimer.md: Without PSI).
+            raise FailedPrecondition(
+                f"the working-set reclaimer needs PSI for its stall budget: {psi.reason}"
+            )
         if policy.anon and not active_swaps(self.fs):
             raise FailedPrecondition(
                 "anon reclaim asked with no active swap area (/proc/swaps lists none): "
                 "enable swap first, or leave anon off"
             )
+        mglru = read_mglru_absence(self.fs)
+        return (mglru,) if mglru is not None else ()
 
     def status(self, cgroups: Iterable[str] = ()) -> tuple[TargetStatus, ...]:
         names = tuple(cgroups)

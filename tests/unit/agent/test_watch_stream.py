@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -10,12 +11,57 @@ from guestagent.agent.watch_stream import (
     WatchReason,
     WatchSpec,
     reason_for,
+    trigger_to_arm,
     watch_interval_seconds,
     watch_memory,
 )
-from guestagent.errors import InvalidArgument, NotFound
-from guestagent.linux.watch import Signal
-from tests.fakes.root import FakeRoot
+from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
+from guestagent.linux.features import PSI, Absent
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.watch import PressureTriggerSpec, Signal
+from tests.fakes.root import FakeRoot, make_fake_root
+
+NO_PSI = Absent(PSI, "the kernel was booted with psi=0; boot with psi=1 instead")
+ASKED = PressureTriggerSpec(100_000, 1_000_000)
+
+
+@pytest.mark.parametrize(
+    ("spec", "psi", "armed"),
+    [
+        (WatchSpec(), None, PressureTriggerSpec()),  # The default trigger, with PSI.
+        (WatchSpec(trigger=ASKED, trigger_asked=True), None, ASKED),
+        (WatchSpec(), NO_PSI, None),  # No PSI: no default trigger; interval and events stay.
+    ],
+)
+def test_trigger_to_arm(
+    spec: WatchSpec, psi: Absent | None, armed: PressureTriggerSpec | None
+) -> None:
+    assert trigger_to_arm(spec, psi) == armed
+
+
+def test_a_trigger_asked_for_without_psi_is_refused_saying_why() -> None:
+    with pytest.raises(
+        FailedPrecondition, match=r"pressure_trigger set, but there is no PSI: .*psi=0"
+    ):
+        trigger_to_arm(WatchSpec(trigger=ASKED, trigger_asked=True), NO_PSI)
+
+
+async def test_without_psi_the_watch_runs_on_its_interval(tmp_path: Path) -> None:
+    fake = make_fake_root(tmp_path / "root", psi=False)
+    fake.add_cgroup("pod", psi=False)
+    fs = KernelFS(fake.root)
+    stopping = asyncio.Event()
+    updates = watch_memory(fs, WatchSpec(("pod",), interval_s=0.05), stopping)
+    first = await anext(updates)
+    assert first.report.pressure is None and first.report.cgroups[0].pressure is None
+    assert [a.feature for a in first.report.absent][:1] == [PSI]
+    assert (await anext(updates)).reason == WatchReason.INTERVAL
+    stopping.set()
+    with pytest.raises(StopAsyncIteration):
+        await anext(updates)
+    asked = watch_memory(fs, WatchSpec(trigger=ASKED, trigger_asked=True), stopping)
+    with pytest.raises(FailedPrecondition, match="no PSI"):
+        await anext(asked)
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,14 @@
-"""The hotplug section of `guestctl info`."""
+"""`guestctl info`: the hotplug section, absent kernel features, swap areas."""
 
 import pytest
 
 from guestagent.agent.wire import hotplug_pb, memory_info_pb
 from guestagent.host.display import memory_info_text, swap_area_text
+from guestagent.linux.features import MGLRU, PSI, Absent
 from guestagent.linux.memblocks import HotplugReport, RegionBlocks, VirtioMemRegion
 from guestagent.linux.meminfo import MemoryReport, SystemMemory
+from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
+from guestagent.ops.workingset.reclaimer import TargetStatus
 from guestagent.v1 import agent_pb2 as pb
 
 MIB = 1 << 20
@@ -45,3 +48,18 @@ def test_swap_area_shows_rotational_when_known(rotational: bool | None, text: st
     if rotational is not None:
         message.rotational = rotational
     assert f"rotational {text} " in swap_area_text(message)
+
+
+def test_absent_features_are_shown_with_their_reasons() -> None:
+    system = SystemMemory(1 << 30, 0, 0, 0, 0, 0, 0, 0)
+    no_psi = Absent(PSI, "the kernel was booted with psi=0; boot with psi=1 instead")
+    off = Absent(MGLRU, "the multi-gen LRU is off (lru_gen/enabled 0x0000)")
+    status = TargetStatus(
+        "pod", True, ReclaimPolicy(), Mode.PROBING, "", 0, 0, 0, 0, 1, 0, 0, absent=(off,)
+    )
+    info = memory_info_pb(MemoryReport(0, system, None, (), absent=(no_psi,)), reclaim=(status,))
+    text = memory_info_text(info)
+    assert "absent   psi: the kernel was booted with psi=0" in text
+    assert "runs on psi_stall, refaults, reclaim_yield" in text
+    assert "without mglru: the multi-gen LRU is off" in text
+    assert list(info.reclaim[0].signals) == ["psi_stall", "refaults", "reclaim_yield"]

@@ -335,7 +335,7 @@ def test_the_thread_waits_for_the_interval_and_wakes_on_a_change(fake_root: Fake
         ("../x", POLICY, None, InvalidArgument, "'..'"),
         ("pod", ReclaimPolicy(interval_ms=50), None, InvalidArgument, "interval_ms 50"),
         ("pod", POLICY, "memory.reclaim", FailedPrecondition, "memory.reclaim is missing"),
-        ("pod", POLICY, "memory.pressure", FailedPrecondition, "memory.pressure is missing"),
+        ("pod", POLICY, "memory.pressure", FailedPrecondition, "needs PSI for its stall budget"),
     ],
 )
 def test_refusals(
@@ -353,6 +353,30 @@ def test_refusals(
     with pytest.raises(error, match=words):
         reclaimer.set_policy(ReclaimPolicyRequest(cgroup, True, policy))
     assert reclaimer.status() == ()
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "words"),
+    [("psi=0\n", "booted with psi=0; boot with psi=1 instead"), ("\n", "boot with psi=1")],
+)
+def test_without_psi_it_refuses_saying_how_to_get_it(
+    fake_root: FakeRoot, reclaimer: Reclaimer, cmdline: str, words: str
+) -> None:
+    (make_target(fake_root) / "memory.pressure").unlink()
+    (fake_root.root / "proc/pressure/memory").unlink()
+    fake_root.write("proc/cmdline", cmdline)
+    with pytest.raises(FailedPrecondition, match=f"needs PSI for its stall budget: .*{words}"):
+        reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
+    assert reclaimer.status() == ()
+
+
+def test_status_says_what_it_runs_on_and_without(fake_root: FakeRoot, reclaimer: Reclaimer) -> None:
+    make_target(fake_root)
+    status = reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
+    assert status.signals == ("psi_stall", "refaults", "reclaim_yield")
+    assert [a.feature for a in status.absent] == ["mglru"]  # The fake tree has no lru_gen.
+    fake_root.write("sys/kernel/mm/lru_gen/enabled", "0x0007\n")
+    assert reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY)).absent == ()
 
 
 def test_status_of_an_unknown_target_is_not_found(reclaimer: Reclaimer) -> None:

@@ -1,0 +1,84 @@
+"""Kernel features the agent reads but a guest kernel may lack: PSI and the multi-gen LRU.
+
+Absence is a value, `Absent` (the feature and why, with how to turn it on), never a zero
+figure: a stall of 0 from a kernel without PSI would read as "no stall". Each feature has a
+pure rule (what the kernel shows in, Absent or None out) and one read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from guestagent.linux.fs import KernelFS
+
+# The features a report or a status may list as absent.
+PSI = "psi"
+MGLRU = "mglru"
+
+
+@dataclass(frozen=True)
+class Absent:
+    """A kernel feature that is not there, and why (the reason says how to get it)."""
+
+    feature: str
+    reason: str
+
+
+def psi_absence(pressure_present: bool, cmdline: str | None) -> Absent | None:
+    """PSI from whether /proc/pressure/memory exists and the kernel's command line."""
+    if pressure_present:
+        return None
+    args = (cmdline or "").split()
+    if "psi=0" in args:
+        why = "the kernel was booted with psi=0; boot with psi=1 instead"
+    else:
+        why = (
+            "the kernel has no /proc/pressure: built without CONFIG_PSI, or with "
+            "CONFIG_PSI_DEFAULT_DISABLED (Kata's guest kernel) and booted without psi=1; "
+            'boot with psi=1 (Kata: kernel_params = "psi=1")'
+        )
+    return Absent(PSI, why)
+
+
+def mglru_absence(enabled: str | None) -> Absent | None:
+    """The multi-gen LRU from /sys/kernel/mm/lru_gen/enabled (None: no such file)."""
+    if enabled is None:
+        return Absent(MGLRU, "the kernel has no multi-gen LRU (CONFIG_LRU_GEN, Linux 6.1+)")
+    text = enabled.strip()
+    try:
+        on = int(text, 16) & 1
+    except ValueError:
+        on = text == "y"
+    if on:
+        return None
+    return Absent(
+        MGLRU,
+        f"the multi-gen LRU is off (lru_gen/enabled {text}): "
+        "echo y > /sys/kernel/mm/lru_gen/enabled (the bundle's tmpfiles line does)",
+    )
+
+
+def read_psi_absence(fs: KernelFS) -> Absent | None:
+    present = fs.exists(fs.proc("pressure", "memory"))
+    return psi_absence(present, None if present else fs.read_optional(fs.proc("cmdline")))
+
+
+def read_mglru_absence(fs: KernelFS) -> Absent | None:
+    return mglru_absence(fs.read_optional(fs.sys("kernel", "mm", "lru_gen", "enabled")))
+
+
+def read_absent(fs: KernelFS) -> tuple[Absent, ...]:
+    """Every feature this kernel lacks (PSI, then the multi-gen LRU), each with why."""
+    found = (read_psi_absence(fs), read_mglru_absence(fs))
+    return tuple(a for a in found if a is not None)
+
+
+def read_cgroup_psi_absence(fs: KernelFS, directory: Path) -> Absent | None:
+    """PSI for one cgroup: its memory.pressure, or why it has none."""
+    if fs.exists(directory / "memory.pressure"):
+        return None
+    system = read_psi_absence(fs)
+    if system is not None:
+        return system
+    return Absent(PSI, f"{directory}/memory.pressure is missing: its cgroup.pressure is 0")
