@@ -25,5 +25,5 @@ $(BUILD)/guestagent-extension.img: $(EXTENSION_INPUTS)
 $(BUILD)/guestagent-extension-test.img: $(EXTENSION_INPUTS)
 	$(EXTENSION_BUILD) --agent-arg=--allow-cid=1 --out $@
 
-$(BUILD)/rootfs-kata.img: $(wildcard kata/*)
+$(BUILD)/rootfs-kata.img: $(wildcard kata/*) scripts/ext4-image.sh
 	kata/rootfs.sh $(CACHE) kata $@

@@ -62,9 +62,4 @@ systemctl --root="$staging" --quiet mask serial-getty@ttyS0.service getty@tty1.s
 mkdir -p "$staging/run/kata-extensions"
 echo kata-guest > "$staging/etc/hostname"
 
-used_mib=$(du -sm "$staging" | cut -f1)
-rm -f "$output.partial"
-truncate -s "$((used_mib * 5 / 4 + 64))M" "$output.partial"
-mkfs.ext4 -q -L kataroot -d "$staging" "$output.partial"
-mv "$output.partial" "$output"
-rm -rf "$staging"
+"$(dirname "$0")/../scripts/ext4-image.sh" "$staging" kataroot "$output"

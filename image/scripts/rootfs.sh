@@ -67,10 +67,4 @@ mkdir -p "$staging/etc/systemd/network"
 ln -sf /dev/null "$staging/etc/systemd/network/99-default.link"
 echo guest > "$staging/etc/hostname"
 
-# Leave a quarter of free space (plus 64 MiB) for logs, swap files and test data.
-used_mib=$(du -sm "$staging" | cut -f1)
-rm -f "$output.partial"
-truncate -s "$((used_mib * 5 / 4 + 64))M" "$output.partial"
-mkfs.ext4 -q -L guestroot -d "$staging" "$output.partial"
-mv "$output.partial" "$output"
-rm -rf "$staging"
+"$image/scripts/ext4-image.sh" "$staging" guestroot "$output"
