@@ -25,11 +25,12 @@ from guestagent.errors import (
     errno_text,
     kernel_error,
 )
-from guestagent.jsonlog import EventLog
+from guestagent.jsonlog import EventLog, Repeats
 from guestagent.linux import syscalls
 from guestagent.linux.fs import KernelFS
 
 log = EventLog("guestagent.linux.watch")
+repeats = Repeats(log)
 
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
 
@@ -226,7 +227,9 @@ class SignalHub:
         except OSError as e:
             epoll.close()
             os.close(fd)
-            log.warning("pressure_trigger_unavailable", path=str(path), errno=e.errno, error=str(e))
+            repeats.warning(
+                "pressure_trigger_unavailable", path=str(path), errno=e.errno, error=str(e)
+            )
             return None
         return _Trigger(fd, epoll)
 

@@ -120,15 +120,15 @@ def test_streams_share_one_inotify_instance(fake_root: FakeRoot, tmp_path: Path)
     agent = limited_agent(fake_root.root, tmp_path)
     agent.start()
     try:
-        with AgentClient(agent.unix_target, timeout=10) as client:
-            streams = [client.watch([f"w/c{i}"], interval_ms=1000) for i in range(200)]
-            try:
-                for stream in streams:
-                    assert next(stream).reason == pb.WATCH_REASON_INITIAL
-                assert inotify_instances(agent.pid) == 1
-            finally:
-                for stream in streams:
-                    stream.cancel()
+        # Four connections: one holds at most 64 calls at once (HTTP/2 max streams).
+        clients = [AgentClient(agent.unix_target, timeout=10) for _ in range(4)]
+        streams = [clients[i % 4].watch([f"w/c{i}"], interval_ms=1000) for i in range(200)]
+        try:
+            for stream in streams:
+                assert next(stream).reason == pb.WATCH_REASON_INITIAL
+            assert inotify_instances(agent.pid) == 1
+        finally:
+            close_all(clients, streams)
     finally:
         agent.kill()
     assert not tracebacks(agent)
