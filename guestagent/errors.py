@@ -38,6 +38,11 @@ class Aborted(AgentError):
     """A write failed midway, or the kernel asked to try again; the error says what was restored."""
 
 
+class ResourceExhausted(AgentError):
+    """A limit was reached (a cap of this agent's, or the process's file descriptors): the
+    message names it; the same call may succeed once others end."""
+
+
 class Internal(AgentError):
     """The kernel failed in a way this agent does not expect (EIO, EFAULT): worth a bug report."""
 
@@ -59,7 +64,21 @@ ERROR_BY_ERRNO: dict[int, type[AgentError]] = {
     errno.EAGAIN: Aborted,
     errno.EINTR: Aborted,
     errno.ENOMEM: Aborted,
+    # Out of file descriptors (this process's, or the system's): a limit hit, not a bug.
+    errno.EMFILE: ResourceExhausted,
+    errno.ENFILE: ResourceExhausted,
 }
+
+# A value quoted back to the caller is cut to this many characters, so a hostile name of
+# kilobytes does not come back whole in every message and log line.
+QUOTE_MAX = 128
+
+
+def quoted(value: str, limit: int = QUOTE_MAX) -> str:
+    """repr() of value (control characters and NUL escaped), cut to `limit` characters."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 def errno_text(e: OSError) -> str:
@@ -76,7 +95,7 @@ def kernel_error(
 
     'write '0' to /sys/block/vdb/queue/rotational: EINVAL (Invalid argument)'
     """
-    target = f"{value!r} to {os.fspath(path)}" if value is not None else os.fspath(path)
+    target = f"{quoted(value)} to {os.fspath(path)}" if value is not None else os.fspath(path)
     message = f"{op} {target}: {errno_text(error)}"
     if error.errno in (errno.EXDEV, errno.ELOOP):
         message += "; refused: the path leads outside its mount, or through a forbidden link"

@@ -52,3 +52,25 @@ def configure(level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.Formatter.converter = time.gmtime
+
+
+class Repeats:
+    """A warning that can repeat thousands of times a second (a failing accept): the first is
+    logged, then at most one line per interval per event, counting those not logged."""
+
+    def __init__(self, log: EventLog, interval_s: float = 10.0) -> None:
+        self._log = log
+        self._interval_s = interval_s
+        self._seen: dict[str, tuple[float, int]] = {}  # event: (last logged, not logged since)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        now = time.monotonic()
+        last, unlogged = self._seen.get(event, (-self._interval_s, 0))
+        if now - last < self._interval_s:
+            self._seen[event] = (last, unlogged + 1)
+            return
+        if unlogged:
+            fields["repeated"] = unlogged
+            fields["interval_s"] = self._interval_s
+        self._log.warning(event, **fields)
+        self._seen[event] = (now, 0)

@@ -8,6 +8,7 @@ as decoded), so a request refused before decoding is on record too.
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 from google.protobuf.message import Message
@@ -63,3 +64,16 @@ def audit(
     if details:
         fields["error"] = details
     log.info("audit", **fields)
+
+
+def audit_undecodable(method: str, peer: str, size: int, details: str, started: float) -> None:
+    """The audit line for a request that did not decode: its size stands for its fields."""
+    log.info(
+        "audit",
+        method=method,
+        peer=peer,
+        request={"undecodable_bytes": size},
+        code=grpc.StatusCode.INVALID_ARGUMENT.name,
+        duration_ms=round((time.monotonic() - started) * 1000, 3),
+        error=details,
+    )

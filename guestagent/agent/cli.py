@@ -80,6 +80,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="CGROUP",
         help="run the working-set reclaimer on this cgroup with the default policy; repeatable",
     )
+    serve_cmd.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="relayed (vsock, unix) connections held at once; the surplus is closed at once "
+        "(default 256, fewer if RLIMIT_NOFILE does not cover them)",
+    )
+    serve_cmd.add_argument(
+        "--max-watches",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="cgroups watched by all WatchMemory streams together (default 4096); "
+        "a stream over it is RESOURCE_EXHAUSTED",
+    )
     serve_cmd.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
 
@@ -103,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.online_memory == "off"
             else OnlinePolicy(args.online_memory, args.movable_ratio),
             reclaim=tuple(args.reclaim),
+            max_connections=args.max_connections,
+            max_watches=args.max_watches,
         )
         asyncio.run(serve(config))
     except (AgentError, OSError) as e:

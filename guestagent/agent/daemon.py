@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import resource
 import signal
 import socket
 from collections.abc import Callable
@@ -27,8 +28,11 @@ from guestagent.agent.listen import (
 )
 from guestagent.agent.peers import NamedRelay, PeerTable, vsock_admitter
 from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
+from guestagent.agent.undecodable import UndecodableRequests
 from guestagent.jsonlog import EventLog
+from guestagent.linux import statefile
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.watch import DEFAULT_MAX_WATCHES
 from guestagent.ops import limits
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.swap import SwapManager
@@ -41,6 +45,7 @@ from guestagent.transport.address import (
     VsockAddress,
     grpc_target,
 )
+from guestagent.transport.relay import FDS_PER_CONNECTION, ConnectionBudget
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
 log = EventLog("guestagent.daemon")
@@ -51,6 +56,15 @@ BLOCKING_THREADS = 2
 # A slow or overcommitted guest can queue that long under load; the caller's own deadline,
 # not a server-side timer it cannot see, should decide when to give up.
 MAX_UNREQUESTED_SECONDS = 600
+# Calls (unary or streams) the server runs at once; the surplus is RESOURCE_EXHAUSTED at once
+# rather than queued without bound.
+MAX_CONCURRENT_RPCS = 512
+# Relayed connections held at once, unless the descriptor limit allows fewer
+# (connection_cap); each costs FDS_PER_CONNECTION descriptors and some grpc memory.
+DEFAULT_MAX_CONNECTIONS = 256
+# Descriptors kept back for everything else: grpc's own, the gRPC server's end of each
+# connection, state files, the inotify instance and PSI triggers, swap and sysfs files.
+RESERVED_FDS = 128
 
 
 @dataclass
@@ -64,6 +78,8 @@ class ServerConfig:
     # Cgroups the working-set reclaimer starts on with the default policy, unless the host
     # already set theirs (kept under /run across restarts).
     reclaim: tuple[str, ...] = ()
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_watches: int = DEFAULT_MAX_WATCHES
 
 
 class Agent:
@@ -72,7 +88,11 @@ class Agent:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.stopping = asyncio.Event()
+        self.peers = PeerTable()
+        self.budget = ConnectionBudget(connection_cap(config.max_connections, nofile_limit()))
         self.server = grpc.aio.server(
+            interceptors=[UndecodableRequests(self.peers)],
+            maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -80,24 +100,25 @@ class Agent:
                 # grpc sets SO_REUSEPORT by default: a second agent would then share the
                 # port and get half the calls. A taken port must fail the second start.
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         self.health = health.aio.HealthServicer()
         self.relays: list[NamedRelay] = []
-        self.peers = PeerTable()
         self.bound: list[str] = []
         self._unix_paths: list[tuple[str, int]] = []
         self._private_dir: Path | None = None
         self.hotplug = HotplugWatcher(config.fs, config.online_memory)
+        self.swaps = SwapManager(config.fs)
         self.reclaimer = Reclaimer(config.fs)
         pb_grpc.add_MemoryAgentServicer_to_server(
             MemoryAgentServicer(
                 config.fs,
                 self.stopping,
-                SwapManager(config.fs),
+                self.swaps,
                 self.hotplug,
                 reclaimer=self.reclaimer,
                 peers=self.peers,
+                max_watches=config.max_watches,
             ),
             self.server,
         )
@@ -114,17 +135,26 @@ class Agent:
         except BaseException:
             self._release()
             raise
+        # grpc's health servicer starts out SERVING for "": not until state is loaded.
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.start()
         for relay in self.relays:
             relay.start()
         if self.config.online_memory is not None and self.config.fs.is_real:
             # On its own thread: onlining many blocks must not hold up any call.
             await asyncio.to_thread(self.hotplug.start)
+        await asyncio.to_thread(self.swaps.check_state)
         # Off unless the host (now or before a restart) or --reclaim turned it on.
         await asyncio.to_thread(self.reclaimer.start, self.config.reclaim)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving", listen=self.bound, allowed_cids=sorted(self.config.allowed_cids))
+        log.info(
+            "serving",
+            listen=self.bound,
+            allowed_cids=sorted(self.config.allowed_cids),
+            max_connections=self.budget.limit,
+            nofile=nofile_limit(),
+        )
 
     def _bind(self, address: Address) -> None:
         if isinstance(address, UnixAddress):
@@ -156,7 +186,9 @@ class Agent:
         admit: Callable[[Any], bool] = lambda peer: True,
     ) -> None:
         upstream = self._private_socket()
-        self.relays.append(NamedRelay(listener, upstream, self.peers, admit=admit, name=name))
+        self.relays.append(
+            NamedRelay(listener, upstream, self.peers, admit=admit, name=name, budget=self.budget)
+        )
 
     def _add_port(self, target: str) -> int:
         try:
@@ -226,8 +258,31 @@ def tcp_port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def nofile_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def raise_nofile_limit() -> None:
+    """The soft RLIMIT_NOFILE up to the hard one: systemd's soft default of 1024 ran out at 150
+    idle connections, while the hard limit (the unit's LimitNOFILE=) is what the host allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("nofile_raised", soft=soft, to=hard)
+
+
+def connection_cap(configured: int, nofile: int) -> int:
+    """Connections the relays may hold: as configured, or fewer when the descriptors left after
+    RESERVED_FDS would not cover them (with the gRPC server's end of each)."""
+    return max(1, min(configured, (nofile - RESERVED_FDS) // (FDS_PER_CONNECTION + 1)))
+
+
 async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then stop accepting and let in-flight calls finish."""
+    raise_nofile_limit()
+    # Before anything reads its state: a directory that is not the agent's own is refused,
+    # and the agent serves without persisting (GetMemoryInfo's state_unavailable says so).
+    statefile.check_directory(config.fs)
     # Before any listener: a limits change a dead agent left half done is rolled back
     # before a caller can see or change that cgroup.
     limits.recover(config.fs)
@@ -237,11 +292,12 @@ async def serve(config: ServerConfig) -> None:
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=BLOCKING_THREADS, thread_name_prefix="blocking")
     )
-    agent = Agent(config)
-    await agent.start()
+    # Before the health service says SERVING: a SIGTERM right after must stop, not kill.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    agent = Agent(config)
+    await agent.start()
     await stop.wait()
     await agent.stop()

@@ -11,7 +11,7 @@ from typing import Any
 
 from guestagent.jsonlog import EventLog
 from guestagent.transport.dial import dial_unix
-from guestagent.transport.relay import SocketRelay, Upstream
+from guestagent.transport.relay import ConnectionBudget, SocketRelay, Upstream
 
 log = EventLog("guestagent.agent.peers")
 
@@ -66,8 +66,11 @@ class NamedRelay(SocketRelay):
         peers: PeerTable,
         admit: Callable[[Any], bool] = lambda peer: True,
         name: str = "relay",
+        budget: ConnectionBudget | None = None,
     ) -> None:
-        super().__init__(listener, dial=lambda: dial_unix(upstream), admit=admit, name=name)
+        super().__init__(
+            listener, dial=lambda: dial_unix(upstream), admit=admit, name=name, budget=budget
+        )
         self._upstream = upstream
         self._peers = peers
 

@@ -11,7 +11,8 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, TypeAlias, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, ParamSpec, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -25,6 +26,8 @@ from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
+from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.linux.watch import DEFAULT_MAX_WATCHES, SignalHub
 from guestagent.ops.compaction import Compactor, CompactResult
 from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
 from guestagent.ops.info import Report, memory_info
@@ -54,7 +57,12 @@ STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.KernelFormat: grpc.StatusCode.INTERNAL,
     errors.Internal: grpc.StatusCode.INTERNAL,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+# Threads that read kernel files for reports (GetMemoryInfo, watch streams, status), apart
+# from the blocking writes' pool: a report of 1024 cgroups takes a while, and on the event
+# loop's thread it held up every call, a health check included.
+READ_THREADS = 2
 
 
 def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
@@ -74,6 +82,8 @@ Decodable = TypeVar("Decodable", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
 Spec = TypeVar("Spec")
 Result = TypeVar("Result")
+Params = ParamSpec("Params")
+Value = TypeVar("Value")
 if TYPE_CHECKING:  # grpc.aio.ServicerContext is generic only in its type stubs.
     Context: TypeAlias = grpc.aio.ServicerContext[Req, Resp]
 
@@ -163,6 +173,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         hotplug: HotplugWatcher,
         reclaimer: Reclaimer | None = None,
         peers: PeerTable | None = None,
+        max_watches: int = DEFAULT_MAX_WATCHES,
     ) -> None:
         self.fs = fs
         self.reclaimer = reclaimer or Reclaimer(fs)
@@ -172,17 +183,35 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         self.hotplug = hotplug
         self.hotplug_reports = HotplugReportCache()  # Shared by GetMemoryInfo and every watch.
         self.peers = peers or PeerTable()
+        self.signals = SignalHub(fs, max_watches)  # Every stream's inotify watches and triggers.
+        self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="read")
+
+    async def _read(
+        self, read: Callable[Params, Value], *args: Params.args, **kwargs: Params.kwargs
+    ) -> Value:
+        """Kernel reads on a reader thread, so the event loop answers other calls meanwhile."""
+        call = functools.partial(read, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._readers, call)
+
+    async def _watch_report(self, cgroups: tuple[str, ...]) -> MemoryReport:
+        return await self._read(read_report, self.fs, cgroups, self.hotplug_reports)
 
     @unary(wire.cgroups_from_pb, wire.report_pb)
     async def GetMemoryInfo(
         self, cgroups: tuple[str, ...], context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
     ) -> Report:
-        return memory_info(self.fs, cgroups, self.reclaimer, self.hotplug_reports)
+        return await self._read(memory_info, self.fs, cgroups, self.reclaimer, self.hotplug_reports)
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:
         return watch_memory(
-            self.fs, spec, self._stopping, self.reclaimer.known, self.hotplug_reports
+            self.fs,
+            spec,
+            self._stopping,
+            self.reclaimer.known,
+            self.hotplug_reports,
+            hub=self.signals,
+            read=self._watch_report,
         )
 
     @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)
@@ -199,7 +228,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         cgroups: tuple[str, ...],
         context: Context[pb.GetReclaimStatusRequest, pb.ReclaimStatus],
     ) -> ReclaimOverview:
-        return self.reclaimer.overview(cgroups)
+        return await self._read(self.reclaimer.overview, cgroups)
 
     @unary(wire.enable_swap_spec_from_pb, wire.swap_area_pb, audited=True)
     async def EnableSwap(
@@ -254,4 +283,4 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         workloads: tuple[str, ...],
         context: Context[pb.GetGuestOverheadRequest, pb.GuestOverhead],
     ) -> GuestOverhead:
-        return guest_overhead(self.fs, workloads)
+        return await self._read(guest_overhead, self.fs, workloads)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from guestagent import errors
@@ -17,13 +17,16 @@ from guestagent.linux.features import Absent, read_psi_absence
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
-from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal
+from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, SignalHub
 from guestagent.ops.workingset.reclaimer import TargetStatus
 
 DEFAULT_WATCH_INTERVAL_MS = 1000
 MIN_WATCH_INTERVAL_MS = 100
 # Signals that arrive within this long of each other are sent as one message.
 COALESCE_SECONDS = 0.01
+# A stream's cost: the cgroups it reads each second at its interval (the system report counts
+# as one). 10,000 cgroups every 100 ms stalled every other call for seconds.
+MAX_CGROUP_READS_PER_SECOND = 1024
 
 
 class WatchReason(enum.Enum):
@@ -70,6 +73,24 @@ def trigger_to_arm(spec: WatchSpec, psi: Absent | None) -> PressureTriggerSpec |
     return None
 
 
+def watch_spec(
+    cgroups: tuple[str, ...],
+    interval_ms: int,
+    trigger: PressureTriggerSpec,
+    trigger_asked: bool = False,
+) -> WatchSpec:
+    """A stream's spec, refused when it would read more cgroups a second than the bound."""
+    interval_s = watch_interval_seconds(interval_ms)
+    reads = (len(cgroups) or 1) / interval_s
+    if reads > MAX_CGROUP_READS_PER_SECOND:
+        raise errors.InvalidArgument(
+            f"{len(cgroups)} cgroups every {interval_s * 1000:.0f} ms is {reads:.0f} cgroup "
+            f"reads per second, over the bound of {MAX_CGROUP_READS_PER_SECOND}: watch fewer, "
+            "or less often"
+        )
+    return WatchSpec(cgroups, interval_s, trigger, trigger_asked)
+
+
 def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, tuple[str, ...]]:
     """Why a message goes out: changed cgroups win over pressure, and nothing is the interval."""
     signals = list(woke)
@@ -81,27 +102,39 @@ def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, 
     return WatchReason.INTERVAL, ()
 
 
+ReadReport = Callable[[tuple[str, ...]], Awaitable[MemoryReport]]
+
+
 async def watch_memory(
     fs: KernelFS,
     spec: WatchSpec,
     stopping: asyncio.Event,
     reclaim_status: Callable[[tuple[str, ...]], tuple[TargetStatus, ...]] = lambda names: (),
     hotplug: HotplugReportCache | None = None,
+    hub: SignalHub | None = None,
+    read: ReadReport | None = None,
 ) -> AsyncIterator[WatchUpdate]:
-    """Updates until `stopping` is set or the caller stops iterating (which frees the
-    inotify watch and the PSI trigger)."""
-    first = read_report(fs, spec.cgroups, hotplug)  # Checks every name before anything is armed.
+    """Updates until `stopping` is set or the caller stops iterating (which frees its share
+    of the hub's inotify watches and PSI trigger). `read` reads a report off the event loop's
+    thread (the servicer's reader threads); None reads it in place."""
+    hub = hub or SignalHub(fs)
+
+    async def report() -> MemoryReport:
+        if read is None:
+            return read_report(fs, spec.cgroups, hotplug)
+        return await read(spec.cgroups)
+
+    first = await report()  # Checks every name before anything is armed.
     events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
     trigger = trigger_to_arm(spec, read_psi_absence(fs))
-    with KernelSignals(fs, events, trigger) as signals:
+    with hub.subscribe(events, trigger) as signals:
         yield WatchUpdate(first, WatchReason.INITIAL, reclaim=reclaim_status(spec.cgroups))
         while True:
             woke = await _next_signals(signals, spec.interval_s, stopping)
             if woke is None:
                 return
             reason, changed = reason_for(woke)
-            report = read_report(fs, spec.cgroups, hotplug)
-            yield WatchUpdate(report, reason, changed, reclaim_status(spec.cgroups))
+            yield WatchUpdate(await report(), reason, changed, reclaim_status(spec.cgroups))
 
 
 async def _next_signals(

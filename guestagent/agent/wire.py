@@ -7,14 +7,17 @@ and the request and answer types belong to the operations (ops/).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from guestagent.agent.watch_stream import (
     WatchReason,
     WatchSpec,
     WatchUpdate,
-    watch_interval_seconds,
+    watch_spec,
 )
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
+from guestagent.linux.cgroups import canonical_cgroup_name
 from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
@@ -61,14 +64,28 @@ def online_memory_from_pb(request: pb.OnlineMemoryRequest) -> None:
     return None
 
 
+# Names one request may carry: a pod has a few containers, a guest a few pods. Each name
+# costs a handful of kernel reads, so this bounds a call's work (and its answer's size).
+MAX_NAMES_PER_REQUEST = 1024
+
+
+def cgroup_names(names: Sequence[str], field: str = "cgroups") -> tuple[str, ...]:
+    """Names in their canonical form, each once, in the order given; bounded in number."""
+    if len(names) > MAX_NAMES_PER_REQUEST:
+        raise InvalidArgument(
+            f"{field} has {len(names)} names, over the bound of {MAX_NAMES_PER_REQUEST} per request"
+        )
+    return tuple(dict.fromkeys(canonical_cgroup_name(name) for name in names))
+
+
 def cgroups_from_pb(
     request: pb.GetMemoryInfoRequest | pb.GetReclaimStatusRequest,
 ) -> tuple[str, ...]:
-    return tuple(request.cgroups)
+    return cgroup_names(request.cgroups)
 
 
 def workloads_from_pb(request: pb.GetGuestOverheadRequest) -> tuple[str, ...]:
-    return tuple(request.workload_cgroups)
+    return cgroup_names(request.workload_cgroups, "workload_cgroups")
 
 
 def watch_spec_from_pb(request: pb.WatchMemoryRequest) -> WatchSpec:
@@ -81,9 +98,9 @@ def watch_spec_from_pb(request: pb.WatchMemoryRequest) -> WatchSpec:
         if request.HasField("pressure_trigger")
         else PressureTriggerSpec()
     )
-    return WatchSpec(
-        tuple(request.cgroups),
-        watch_interval_seconds(request.interval_ms),
+    return watch_spec(
+        cgroup_names(request.cgroups),
+        request.interval_ms,
         trigger,
         request.HasField("pressure_trigger"),
     )
@@ -94,7 +111,7 @@ def compact_node_from_pb(request: pb.CompactRequest) -> int | None:
 
 
 def reclaim_spec_from_pb(request: pb.ReclaimRequest) -> ReclaimSpec:
-    return ReclaimSpec(request.cgroup, request.bytes, request.drop_caches)
+    return ReclaimSpec(canonical_cgroup_name(request.cgroup), request.bytes, request.drop_caches)
 
 
 def limit_pb(value: int | None) -> pb.Limit:
@@ -196,7 +213,9 @@ def absent_pb(absent: Absent) -> pb.Absent:
 
 
 def report_pb(answer: Report) -> pb.MemoryInfo:
-    return memory_info_pb(answer.report, reclaim=answer.reclaim)
+    message = memory_info_pb(answer.report, reclaim=answer.reclaim)
+    message.state_unavailable = answer.state_unavailable
+    return message
 
 
 def watch_update_pb(update: WatchUpdate) -> pb.MemoryInfo:
@@ -282,7 +301,9 @@ def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
 
 
 def set_limits_spec_from_pb(request: pb.SetMemoryLimitsRequest) -> SetLimitsSpec:
-    return SetLimitsSpec(request.cgroup, memory_spec_from_pb(request.memory), request.create)
+    return SetLimitsSpec(
+        canonical_cgroup_name(request.cgroup), memory_spec_from_pb(request.memory), request.create
+    )
 
 
 def applied_limits_pb(applied: AppliedLimits) -> pb.AppliedLimits:
@@ -354,7 +375,9 @@ def reclaim_policy_from_pb(message: pb.ReclaimPolicy) -> ReclaimPolicy:
 
 def reclaim_policy_request_from_pb(request: pb.SetReclaimPolicyRequest) -> ReclaimPolicyRequest:
     return ReclaimPolicyRequest(
-        request.cgroup, request.enabled, reclaim_policy_from_pb(request.policy)
+        canonical_cgroup_name(request.cgroup),
+        request.enabled,
+        reclaim_policy_from_pb(request.policy),
     )
 
 

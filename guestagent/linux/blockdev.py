@@ -22,6 +22,7 @@ from guestagent.errors import (
     InvalidArgument,
     KernelFormat,
     NotFound,
+    quoted,
 )
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.udev import open_udev
@@ -48,16 +49,18 @@ class DeviceSelector:
             raise InvalidArgument("name the device by exactly one of path or serial")
         if self.path is not None:
             if not self.path.startswith("/dev/") or "/../" in self.path + "/":
-                raise InvalidArgument(f"device path {self.path!r} is not under /dev")
+                raise InvalidArgument(f"device path {quoted(self.path)} is not under /dev")
             if len(self.path.encode()) > 255 or "\x00" in self.path:
                 raise InvalidArgument(f"device path {self.path[:64]!r} is too long or has NUL")
         elif not self.serial or "/" in self.serial or "\x00" in self.serial:
-            raise InvalidArgument(f"device serial {self.serial!r} is empty or has '/' or NUL")
+            raise InvalidArgument(
+                f"device serial {quoted(self.serial or '')} is empty or has '/' or NUL"
+            )
         elif len(self.serial) > 64:
             raise InvalidArgument(f"device serial {self.serial[:64]!r}... is over 64 characters")
 
     def __str__(self) -> str:
-        return self.path if self.path is not None else f"serial {self.serial!r}"
+        return self.path if self.path is not None else f"serial {quoted(self.serial or '')}"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from guestagent.errors import Aborted, AgentError, FailedPrecondition, InvalidArgument, NotFound
+from guestagent.errors import (
+    Aborted,
+    AgentError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    quoted,
+)
 from guestagent.linux.fs import KernelFS
 
 SUBTREE_CONTROL = "cgroup.subtree_control"
@@ -22,32 +29,47 @@ PATH_MAX = 4096
 
 
 def validate_cgroup_name(name: str) -> tuple[str, ...]:
-    """Split a relative cgroup path into components, refusing anything that could escape."""
+    """Split a relative cgroup path into components, refusing anything that could escape.
+
+    Doubled and trailing slashes name the same cgroup as the path without them, so they are
+    dropped here (canonical_cgroup_name joins what is left): 'pod/ctr/' is 'pod/ctr'.
+    """
     if not name:
         raise InvalidArgument("cgroup path is empty; name a cgroup below the cgroup2 mount")
-    if name.startswith("/"):
-        raise InvalidArgument(f"cgroup path {name!r} is absolute; give it relative to the mount")
     if "\x00" in name:
-        raise InvalidArgument(f"cgroup path {name!r} contains a NUL byte")
-    if len(name.encode()) > PATH_MAX:
-        raise InvalidArgument(f"cgroup path of {len(name.encode())} bytes is over {PATH_MAX}")
-    parts = tuple(name.rstrip("/").split("/"))
+        raise InvalidArgument(f"cgroup path {quoted(name)} contains a NUL byte")
+    if len(name.encode(errors="surrogatepass")) > PATH_MAX:
+        raise InvalidArgument(
+            f"cgroup path of {len(name.encode(errors='surrogatepass'))} bytes is over {PATH_MAX}"
+        )
+    if name.startswith("/"):
+        raise InvalidArgument(
+            f"cgroup path {quoted(name)} is absolute; give it relative to the mount"
+        )
+    parts = tuple(part for part in name.split("/") if part)
+    if not parts:
+        raise InvalidArgument(f"cgroup path {quoted(name)} names no cgroup")
     for part in parts:
-        if part in ("", ".", ".."):
-            raise InvalidArgument(f"cgroup path {name!r} has a {part or 'empty'!r} component")
-        if len(part.encode()) > NAME_MAX:
+        if part in (".", ".."):
+            raise InvalidArgument(f"cgroup path {quoted(name)} has a {part!r} component")
+        if len(part.encode(errors="surrogatepass")) > NAME_MAX:
             raise InvalidArgument(
-                f"cgroup path component {part[:32]!r}... is {len(part.encode())} bytes, "
-                f"over {NAME_MAX}"
+                f"cgroup path component {quoted(part, 32)} is "
+                f"{len(part.encode(errors='surrogatepass'))} bytes, over {NAME_MAX}"
             )
     return parts
+
+
+def canonical_cgroup_name(name: str) -> str:
+    """The one form of a cgroup name used for keys, persistence and answers: 'pod/ctr'."""
+    return "/".join(validate_cgroup_name(name))
 
 
 def cgroup_dir(fs: KernelFS, name: str) -> Path:
     """The directory of an existing cgroup; the lookup itself refuses an escape from the mount."""
     path = fs.cgroup_root.joinpath(*validate_cgroup_name(name))
     if not fs.is_dir(path):
-        raise NotFound(f"cgroup {name!r} does not exist under {fs.cgroup_root}")
+        raise NotFound(f"cgroup {quoted(name)} does not exist under {fs.cgroup_root}")
     return path
 
 
@@ -82,11 +104,11 @@ def create_cgroup(fs: KernelFS, name: str, controller: str = "memory") -> Create
     levels = [fs.cgroup_root.joinpath(*parts[:depth]) for depth in range(len(parts) + 1)]
     for level in levels[1:]:
         if fs.exists(level) and not fs.is_dir(level):
-            raise FailedPrecondition(f"cgroup path {name!r}: {level} is a file, not a cgroup")
+            raise FailedPrecondition(f"cgroup path {quoted(name)}: {level} is a file, not a cgroup")
     for level in levels[:-1]:
         if fs.is_dir(level) and not fs.exists(level / SUBTREE_CONTROL):
             raise FailedPrecondition(
-                f"cgroup path {name!r}: {level} has no {SUBTREE_CONTROL}; it is not cgroup v2"
+                f"cgroup path {quoted(name)}: {level} has no {SUBTREE_CONTROL}; it is not cgroup v2"
             )
 
     made: list[Path] = []
@@ -102,7 +124,7 @@ def create_cgroup(fs: KernelFS, name: str, controller: str = "memory") -> Create
                 made.append(child)
     except AgentError as e:
         undone = undo_create(fs, CreatedCgroup(path, tuple(made), tuple(enabled), controller))
-        raise Aborted(f"creating cgroup {name!r} failed: {e}; {undone}") from e
+        raise Aborted(f"creating cgroup {quoted(name)} failed: {e}; {undone}") from e
     return CreatedCgroup(path, tuple(made), tuple(enabled), controller)
 
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from guestagent.errors import FailedPrecondition, KernelFormat
+from guestagent.errors import FailedPrecondition, KernelFormat, quoted
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.features import Absent, read_absent
 from guestagent.linux.fs import KernelFS
@@ -187,7 +187,7 @@ def read_current(fs: KernelFS, directory: Path, name: str) -> int:
     current = fs.read_optional(directory / "memory.current")
     if current is None:
         raise FailedPrecondition(
-            f"cgroup {name!r} has no memory.current: the memory controller is not enabled "
+            f"cgroup {quoted(name)} has no memory.current: the memory controller is not enabled "
             "in its parent's cgroup.subtree_control"
         )
     return int(current)

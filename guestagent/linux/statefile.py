@@ -5,6 +5,13 @@ does. A save writes a temporary file in the same directory, fsyncs it, renames i
 old one and fsyncs the directory. The directory is made 0700 and each file 0600, and both
 are opened without following symlinks: a directory someone else could write to, or a link
 planted in it, is refused rather than trusted, since what is read here is acted on as root.
+
+Every store is read through `load_valid`, with a decoder that checks the value's shape: a
+file that cannot be read as one of ours, or that its decoder refuses, is moved aside
+(`NAME.corrupt-TIME`), logged once, and the agent starts without it; an agent that fails at
+every start is worse for a guest than one that forgot a policy. A directory that is not the
+agent's own (a symlink, another owner, writable by others, not a directory) is refused once at
+start (`check_directory`): the agent then serves without persisting, and says so.
 """
 
 from __future__ import annotations
@@ -14,13 +21,19 @@ import errno
 import json
 import os
 import stat
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from guestagent.errors import FailedPrecondition, errno_text
+from guestagent.errors import AgentError, FailedPrecondition, errno_text
+from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
+
+log = EventLog("guestagent.linux.statefile")
+T = TypeVar("T")
 
 STATE_DIRECTORY = "guestagent"
 # The stores, one file each.
@@ -31,6 +44,14 @@ LIMITS_JOURNAL = "limits-journal.json"
 MAX_BYTES = 1 << 20
 _NOT_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 _FILE_FLAGS = os.O_CLOEXEC | os.O_NOFOLLOW
+# Our stores nest three deep; a value nested deeper is not one of ours (and a deep enough one
+# exhausts the parser's recursion).
+MAX_DEPTH = 16
+_MISSING = object()
+_TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR)
+# Directories refused at start, with why: nothing is read from or written to them.
+_refused: dict[Path, str] = {}
+_refused_lock = threading.Lock()
 
 
 class StateFileError(FailedPrecondition):
@@ -41,12 +62,46 @@ class StateFileError(FailedPrecondition):
 class StateFile:
     path: Path
 
+    def load_valid(self, decode: Callable[[Any], T]) -> T | None:
+        """The decoded value saved last; None when nothing is saved, when the directory was
+        refused, or when the file is not one of ours (then it is moved aside and logged)."""
+        if refused(self.path.parent):
+            return None
+        try:
+            value = self._read()
+            return None if value is _MISSING else decode(value)
+        except (StateFileError, AgentError, ValueError, TypeError, KeyError, RecursionError) as e:
+            if getattr(e, "errno", None) in _TRANSIENT:
+                # Out of descriptors or memory says nothing about the file: keep it.
+                log.warning("state_file_unreadable", path=str(self.path), error=str(e))
+                return None
+            self._move_aside(str(e))
+            return None
+
+    def _move_aside(self, why: str) -> None:
+        aside = f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        try:
+            directory = _open_directory(self.path.parent, create=False)
+            try:
+                os.rename(self.path.name, aside, src_dir_fd=directory, dst_dir_fd=directory)
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except (OSError, StateFileError) as e:
+            log.error("state_file_corrupt", path=str(self.path), error=why, not_moved=str(e))
+            return
+        log.error("state_file_corrupt", path=str(self.path), error=why, moved_to=aside)
+
     def load(self) -> Any:
         """The JSON value saved last; None when nothing is saved."""
+        value = self._read()
+        return None if value is _MISSING else value
+
+    def _read(self) -> Any:
         try:
             directory = _open_directory(self.path.parent, create=False)
         except FileNotFoundError:
-            return None
+            return _MISSING
         except OSError as e:
             raise self._error("open the directory of", e) from e
         try:
@@ -54,7 +109,7 @@ class StateFile:
                 self.path.name, os.O_RDONLY | os.O_NONBLOCK | _FILE_FLAGS, dir_fd=directory
             )
         except FileNotFoundError:
-            return None
+            return _MISSING
         except OSError as e:
             raise self._error("open", e) from e
         finally:
@@ -68,12 +123,17 @@ class StateFile:
             os.close(fd)
         if len(data) > MAX_BYTES:
             raise StateFileError(f"{self.path} is over {MAX_BYTES} bytes: not a state file")
+        if nesting(data) > MAX_DEPTH:
+            raise StateFileError(f"{self.path} nests over {MAX_DEPTH} deep: not a state file")
         try:
             return json.loads(data)
         except (ValueError, RecursionError) as e:  # UnicodeError is a ValueError.
             raise StateFileError(f"{self.path} is not valid JSON: {e}") from None
 
     def save(self, value: Any) -> None:
+        """Write value whole; nothing when the directory was refused at start."""
+        if refused(self.path.parent):
+            return
         data = json.dumps(value, indent=1).encode() + b"\n"
         temporary = f".{self.path.name}.tmp"
         try:
@@ -98,6 +158,8 @@ class StateFile:
             os.close(directory)
 
     def remove(self) -> None:
+        if refused(self.path.parent):
+            return
         try:
             directory = _open_directory(self.path.parent, create=False)
         except FileNotFoundError:
@@ -122,6 +184,49 @@ class StateFile:
 
 def state_file(fs: KernelFS, name: str) -> StateFile:
     return StateFile(fs.run(STATE_DIRECTORY, name))
+
+
+def nesting(data: bytes) -> int:
+    """How deep the JSON text's arrays and objects nest (brackets inside strings count too:
+    an over-estimate is only a refusal of an odd file)."""
+    depth = deepest = 0
+    for byte in data:
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
+def check_directory(fs: KernelFS) -> str:
+    """At start: make the state directory (0700) if missing, and trust it only if it is this
+    user's own directory that no one else may write; "" if it is, else why not (logged)."""
+    path = fs.run(STATE_DIRECTORY)
+    try:
+        os.close(_open_directory(path, create=True))
+    except (OSError, StateFileError) as e:
+        text = errno_text(e) if isinstance(e, OSError) and e.errno is not None else str(e)
+        if isinstance(e, OSError) and e.errno == errno.ELOOP:
+            text += " (a symlink)"
+        why = f"{path} refused: {text}; the agent does not persist its state"
+        with _refused_lock:
+            _refused[path] = why
+        log.error("state_directory_refused", path=str(path), error=text)
+        return why
+    with _refused_lock:
+        _refused.pop(path, None)
+    return ""
+
+
+def refused(directory: Path) -> str:
+    """Why the agent does not persist to this directory, "" if it does."""
+    with _refused_lock:
+        return _refused.get(directory, "")
+
+
+def state_unavailable(fs: KernelFS) -> str:
+    return refused(fs.run(STATE_DIRECTORY))
 
 
 def _open_directory(path: Path, create: bool) -> int:

@@ -51,6 +51,10 @@ def inotify_add_watch(fd: int, path: os.PathLike[str] | str, mask: int) -> int:
     )
 
 
+def inotify_rm_watch(fd: int, wd: int) -> None:
+    _check(_libc().inotify_rm_watch(fd, ctypes.c_int(wd)), "inotify_rm_watch")
+
+
 def swapon(path: str, flags: int) -> None:
     _check(_libc().swapon(os.fsencode(path), ctypes.c_int(flags)), f"swapon({path})")
 

@@ -1,13 +1,15 @@
 """Kernel change signals for WatchMemory: inotify on memory.events, and a PSI trigger.
 
 The kernel tells us when something changed, so a watcher reacts within milliseconds
-instead of polling fast. Both sources feed one asyncio queue; closing frees the inotify
-instance and the PSI trigger (each trigger is kernel state tied to its open file).
+instead of polling fast. One SignalHub holds both for the whole agent; each stream gets a
+queue of its own, and its watches and trigger are freed with its last stream (a trigger is
+kernel state tied to its open file).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import errno
 import os
@@ -16,12 +18,19 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from guestagent.errors import AgentError, InvalidArgument
-from guestagent.jsonlog import EventLog
+from guestagent.errors import (
+    AgentError,
+    InvalidArgument,
+    ResourceExhausted,
+    errno_text,
+    kernel_error,
+)
+from guestagent.jsonlog import EventLog, Repeats
 from guestagent.linux import syscalls
 from guestagent.linux.fs import KernelFS
 
 log = EventLog("guestagent.linux.watch")
+repeats = Repeats(log)
 
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
 
@@ -76,12 +85,33 @@ def parse_inotify_events(data: bytes) -> list[int]:
     return descriptors
 
 
+# Caps on what streams may watch: inotify watches and queue entries are kernel memory the
+# agent pays for, and each watched cgroup is read on every message.
+MAX_WATCHES_PER_STREAM = 256
+DEFAULT_MAX_WATCHES = 4096
+
+
 class _Inotify:
     def __init__(self) -> None:
-        self.fd = syscalls.inotify_init()
+        try:
+            self.fd = syscalls.inotify_init()
+        except OSError as e:
+            raise kernel_error("open", "inotify instance", None, e) from None
 
     def add_watch(self, path: Path) -> int:
-        return syscalls.inotify_add_watch(self.fd, path, syscalls.IN_MODIFY)
+        try:
+            return syscalls.inotify_add_watch(self.fd, path, syscalls.IN_MODIFY)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:  # fs.inotify.max_user_watches reached.
+                raise ResourceExhausted(
+                    f"inotify watch on {path}: {errno_text(e)} (fs.inotify.max_user_watches)"
+                ) from None
+            raise kernel_error("watch", path, None, e) from None
+
+    def remove_watch(self, wd: int) -> None:
+        # EINVAL: the kernel dropped the watch already (its cgroup was removed).
+        with contextlib.suppress(OSError):
+            syscalls.inotify_rm_watch(self.fd, wd)
 
     def read_descriptors(self) -> list[int]:
         try:
@@ -93,46 +123,102 @@ class _Inotify:
         os.close(self.fd)
 
 
-class KernelSignals:
-    """One watcher's kernel signal sources, delivered as (Signal, cgroup names) on a queue."""
+class _Trigger:
+    """One armed PSI trigger, shared by every stream that asked for the same one."""
+
+    def __init__(self, fd: int, epoll: select.epoll) -> None:
+        self.fd, self.epoll = fd, epoll
+        self.subscribers: set[KernelSignals] = set()
+
+    def close(self) -> None:
+        self.epoll.close()
+        os.close(self.fd)
+
+
+class SignalHub:
+    """The agent's kernel signal sources, shared by every stream: one inotify instance, with a
+    watch per distinct memory.events file, and one PSI trigger per distinct trigger.
+
+    An inotify instance per stream ran into fs.inotify.max_user_instances (128 for every root
+    process in the guest, systemd and udev included); the kernel gives the same watch
+    descriptor for the same file in one instance, so watches are counted per descriptor and
+    removed with their last stream. The instance itself is closed when nothing is watched.
+    """
 
     def __init__(
         self,
         fs: KernelFS,
-        memory_events: dict[str, Path],
-        trigger: PressureTriggerSpec | None,
+        max_watches: int = DEFAULT_MAX_WATCHES,
+        max_per_stream: int = MAX_WATCHES_PER_STREAM,
     ) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[tuple[Signal, str | None]] = asyncio.Queue()
+        self.fs = fs
+        self.max_watches = max_watches
+        self.max_per_stream = max_per_stream
+        self.watched = 0  # Cgroups watched, summed over streams.
         self._inotify: _Inotify | None = None
-        self._names_by_wd: dict[int, str] = {}
-        self._psi_fd: int | None = None
-        self._psi_epoll: select.epoll | None = None
+        self._by_wd: dict[int, set[KernelSignals]] = {}
+        self._triggers: dict[PressureTriggerSpec, _Trigger] = {}
+
+    def subscribe(
+        self, memory_events: dict[str, Path], trigger: PressureTriggerSpec | None
+    ) -> KernelSignals:
+        """A stream's signals; ResourceExhausted names the cap a stream would go over."""
+        wanted = len(memory_events)
+        if wanted > self.max_per_stream:
+            raise ResourceExhausted(
+                f"a stream watches at most {self.max_per_stream} cgroups per stream; "
+                f"this one asks {wanted}"
+            )
+        if self.watched + wanted > self.max_watches:
+            raise ResourceExhausted(
+                f"{self.watched} of the agent's {self.max_watches} watched cgroups are in use "
+                f"(--max-watches); this stream asks {wanted} more"
+            )
+        signals = KernelSignals(self)
         try:
-            if memory_events:
-                self._watch_memory_events(memory_events)
+            for name, path in memory_events.items():
+                self._watch(signals, name, path)
             if trigger is not None:
-                self._arm_pressure_trigger(fs, fs.proc("pressure", "memory"), trigger)
+                self._subscribe_trigger(signals, trigger)
         except BaseException:
-            self.close()
+            signals.close()
             raise
+        return signals
 
-    def _watch_memory_events(self, memory_events: dict[str, Path]) -> None:
-        self._inotify = _Inotify()
-        for name, path in memory_events.items():
-            self._names_by_wd[self._inotify.add_watch(path)] = name
-        self._loop.add_reader(self._inotify.fd, self._on_inotify)
+    def _watch(self, signals: KernelSignals, name: str, path: Path) -> None:
+        if self._inotify is None:
+            self._inotify = _Inotify()
+            asyncio.get_running_loop().add_reader(self._inotify.fd, self._on_inotify)
+        wd = self._inotify.add_watch(path)
+        self._by_wd.setdefault(wd, set()).add(signals)
+        signals.names_by_wd[wd] = name
+        self.watched += 1
 
-    def _arm_pressure_trigger(self, fs: KernelFS, path: Path, trigger: PressureTriggerSpec) -> None:
+    def _subscribe_trigger(self, signals: KernelSignals, spec: PressureTriggerSpec) -> None:
+        armed = self._triggers.get(spec)
+        if armed is None:
+            armed = self._arm(self.fs.proc("pressure", "memory"), spec)
+            if armed is None:
+                return
+            self._triggers[spec] = armed
+            asyncio.get_running_loop().add_reader(armed.epoll.fileno(), self._on_pressure, spec)
+        armed.subscribers.add(signals)
+        signals.trigger = spec
+
+    def _arm(self, path: Path, trigger: PressureTriggerSpec) -> _Trigger | None:
         try:
-            fd = fs.open(path, os.O_RDWR | os.O_NONBLOCK)
+            fd = self.fs.open(path, os.O_RDWR | os.O_NONBLOCK)
         except AgentError as e:
             if e.errno == errno.ENOENT:
-                return  # No PSI in this kernel: the watch runs on its interval alone.
+                return None  # No PSI in this kernel: the watch runs on its interval alone.
             raise
         # A PSI file always polls readable; the trigger is signalled as POLLPRI only,
         # so an epoll set listening for EPOLLPRI is what the event loop watches.
-        epoll = select.epoll()
+        try:
+            epoll = select.epoll()
+        except OSError as e:
+            os.close(fd)
+            raise kernel_error("open", "epoll", None, e) from None
         try:
             # Registering first refuses a file that cannot be polled (EPERM on a plain
             # file in a fake tree) before the trigger text is written into it.
@@ -141,37 +227,69 @@ class KernelSignals:
         except OSError as e:
             epoll.close()
             os.close(fd)
-            log.warning("pressure_trigger_unavailable", path=str(path), errno=e.errno, error=str(e))
-            return
-        self._psi_fd, self._psi_epoll = fd, epoll
-        self._loop.add_reader(epoll.fileno(), self._on_pressure)
+            repeats.warning(
+                "pressure_trigger_unavailable", path=str(path), errno=e.errno, error=str(e)
+            )
+            return None
+        return _Trigger(fd, epoll)
 
     def _on_inotify(self) -> None:
         if self._inotify is None:  # Closed while the callback was queued.
             return
         for wd in self._inotify.read_descriptors():
-            name = self._names_by_wd.get(wd)
-            if name is not None:
-                self.queue.put_nowait((Signal.MEMORY_EVENTS, name))
+            for signals in self._by_wd.get(wd, ()):
+                name = signals.names_by_wd.get(wd)
+                if name is not None:
+                    signals.queue.put_nowait((Signal.MEMORY_EVENTS, name))
 
-    def _on_pressure(self) -> None:
-        if self._psi_epoll is None:  # Closed while the callback was queued.
+    def _on_pressure(self, spec: PressureTriggerSpec) -> None:
+        armed = self._triggers.get(spec)
+        if armed is None:  # Closed while the callback was queued.
             return
-        if self._psi_epoll.poll(0):
-            self.queue.put_nowait((Signal.PRESSURE, None))
+        if armed.epoll.poll(0):
+            for signals in armed.subscribers:
+                signals.queue.put_nowait((Signal.PRESSURE, None))
 
-    def close(self) -> None:
-        if self._inotify is not None:
-            self._loop.remove_reader(self._inotify.fd)
+    def unsubscribe(self, signals: KernelSignals) -> None:
+        for wd in signals.names_by_wd:
+            self.watched -= 1
+            subscribers = self._by_wd.get(wd)
+            if subscribers is None:
+                continue
+            subscribers.discard(signals)
+            if not subscribers:
+                del self._by_wd[wd]
+                if self._inotify is not None:
+                    self._inotify.remove_watch(wd)
+        signals.names_by_wd.clear()
+        if not self._by_wd and self._inotify is not None:
+            asyncio.get_running_loop().remove_reader(self._inotify.fd)
             self._inotify.close()
             self._inotify = None
-        if self._psi_epoll is not None:
-            self._loop.remove_reader(self._psi_epoll.fileno())
-            self._psi_epoll.close()
-            self._psi_epoll = None
-        if self._psi_fd is not None:
-            os.close(self._psi_fd)
-            self._psi_fd = None
+        spec, signals.trigger = signals.trigger, None
+        armed = self._triggers.get(spec) if spec is not None else None
+        if armed is not None:
+            armed.subscribers.discard(signals)
+            if not armed.subscribers:
+                del self._triggers[spec]  # type: ignore[arg-type]
+                asyncio.get_running_loop().remove_reader(armed.epoll.fileno())
+                armed.close()
+
+
+class KernelSignals:
+    """One stream's share of the hub: (Signal, cgroup name) on its own queue."""
+
+    def __init__(self, hub: SignalHub) -> None:
+        self.hub = hub
+        self.queue: asyncio.Queue[tuple[Signal, str | None]] = asyncio.Queue()
+        self.names_by_wd: dict[int, str] = {}
+        self.trigger: PressureTriggerSpec | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.hub.unsubscribe(self)
 
     def __enter__(self) -> KernelSignals:
         return self

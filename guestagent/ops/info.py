@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.linux.statefile import state_unavailable
 from guestagent.ops.workingset.reclaimer import Reclaimer, TargetStatus
 
 
@@ -15,9 +16,13 @@ from guestagent.ops.workingset.reclaimer import Reclaimer, TargetStatus
 class Report:
     report: MemoryReport
     reclaim: tuple[TargetStatus, ...] = ()
+    # Why the agent does not persist its state, "" when it does.
+    state_unavailable: str = ""
 
 
 def memory_info(
     fs: KernelFS, cgroups: tuple[str, ...], reclaimer: Reclaimer, hotplug: HotplugReportCache
 ) -> Report:
-    return Report(read_report(fs, cgroups, hotplug), reclaimer.known(cgroups))
+    return Report(
+        read_report(fs, cgroups, hotplug), reclaimer.known(cgroups), state_unavailable(fs)
+    )

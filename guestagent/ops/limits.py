@@ -19,6 +19,7 @@ from guestagent.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    quoted,
 )
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import LONG_MAX, PAGE_SIZE
@@ -190,7 +191,8 @@ class _Journaling:
             limits_journal.save(self.fs, journal)
         except StateFileError as e:
             raise FailedPrecondition(
-                f"cannot write the limits journal before changing cgroup {journal.cgroup!r}: {e}"
+                "cannot write the limits journal before changing cgroup "
+                f"{quoted(journal.cgroup)}: {e}"
             ) from e
         self.journal = journal
 
@@ -304,18 +306,14 @@ def recover(fs: KernelFS) -> Journal | None:
     logged with its errno, and the agent serves anyway, since refusing to start would leave
     the guest with no agent at all.
     """
-    try:
-        journal = limits_journal.load(fs)
-    except StateFileError as e:
-        log.error(
-            "limits_journal_unreadable", path=str(limits_journal.store(fs).path), error=str(e)
-        )
-        limits_journal.discard(fs)
-        return None
+    journal = limits_journal.load(fs)
     if journal is None:
         return None
     roll_back_and_log(fs, journal)
-    limits_journal.discard(fs)
+    try:
+        limits_journal.discard(fs)
+    except StateFileError as e:
+        log.error("limits_journal_kept", error=str(e))
     return journal
 
 
@@ -332,7 +330,7 @@ def _plan(
     """The writes to make, each with the value to put back; refused before anything changes."""
     if not fs.exists(directory / MEMORY_MAX):
         raise FailedPrecondition(
-            f"cgroup {cgroup!r} has no {MEMORY_MAX}: the memory controller is not enabled in "
+            f"cgroup {quoted(cgroup)} has no {MEMORY_MAX}: the memory controller is not enabled in "
             f"{directory.parent / SUBTREE_CONTROL}"
         )
     writes: list[FileChange] = []
@@ -358,10 +356,11 @@ def _plan(
             untouched.append(file)
         elif file == SWAP_MAX:
             raise FailedPrecondition(
-                f"kernel has no swap accounting; cannot set {file} to {value} for cgroup {cgroup!r}"
+                f"kernel has no swap accounting; cannot set {file} to {value} "
+                f"for cgroup {quoted(cgroup)}"
             )
         else:
-            raise FailedPrecondition(f"cgroup {cgroup!r} has {MEMORY_MAX} but no {file}")
+            raise FailedPrecondition(f"cgroup {quoted(cgroup)} has {MEMORY_MAX} but no {file}")
     return tuple(writes), untouched
 
 
@@ -370,7 +369,7 @@ def _write_all(fs: KernelFS, directory: Path, cgroup: str, writes: tuple[FileCha
         try:
             fs.write(directory / write.file, write.new)
         except AgentError as e:
-            raise Aborted(f"setting limits of cgroup {cgroup!r} failed: {e}") from e
+            raise Aborted(f"setting limits of cgroup {quoted(cgroup)} failed: {e}") from e
 
 
 def _check_read_back(cgroup: str, writes: tuple[FileChange, ...], applied: AppliedLimits) -> None:
@@ -385,7 +384,8 @@ def _check_read_back(cgroup: str, writes: tuple[FileChange, ...], applied: Appli
         now = held[write.file]
         if now is None or not same_limit(now, write.new, PAGE_SIZE):
             raise Aborted(
-                f"{write.file} of cgroup {cgroup!r} reads back {now} after writing {write.new}"
+                f"{write.file} of cgroup {quoted(cgroup)} reads back {now} "
+                f"after writing {write.new}"
             )
 
 

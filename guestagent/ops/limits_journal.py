@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from guestagent.errors import InvalidArgument
+from guestagent.errors import InvalidArgument, quoted
 from guestagent.linux.cgroups import validate_cgroup_name
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memcg import LIMIT_FILES
@@ -110,7 +110,19 @@ def _check_names(journal: Journal) -> None:
         raise JournalFormatError(str(e)) from e
     for change in journal.changes:
         if change.file not in LIMIT_FILES:
-            raise JournalFormatError(f"{change.file!r} is not a memory limit file")
+            raise JournalFormatError(f"{quoted(change.file)} is not a memory limit file")
+        for value in (change.old, change.new):
+            if not limit_text_valid(value):
+                raise JournalFormatError(
+                    f"{change.file} value {quoted(value)} is not one the kernel takes "
+                    "('max' or a decimal number of bytes)"
+                )
+
+
+def limit_text_valid(text: str) -> bool:
+    """Whether a limit file would take this text as written back: 'max' or ASCII digits
+    (a rollback writes it as root, so nothing else is written)."""
+    return text == "max" or (0 < len(text) <= 20 and text.isascii() and text.isdigit())
 
 
 def store(fs: KernelFS) -> StateFile:
@@ -122,9 +134,8 @@ def save(fs: KernelFS, journal: Journal) -> None:
 
 
 def load(fs: KernelFS) -> Journal | None:
-    """The journal a call left, None if none; StateFileError if it cannot be read."""
-    body = store(fs).load()
-    return None if body is None else decode(body)
+    """The journal a call left; None if none, or if it was not one (then moved aside)."""
+    return store(fs).load_valid(decode)
 
 
 def discard(fs: KernelFS) -> None:

@@ -48,7 +48,7 @@ from guestagent.linux.blockdev import (
     write_queue_value,
 )
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.statefile import SWAPS, StateFileError, state_file
+from guestagent.linux.statefile import SWAPS, state_file
 from guestagent.linux.swaps import (
     ActiveSwap,
     SwapHeader,
@@ -101,6 +101,16 @@ class SwapArea:
     formatted: bool = False
 
 
+def decode_swap_state(value: object) -> dict[str, dict[str, str]]:
+    """The saved swap state: text by text by device; TypeError for anything else."""
+    if not isinstance(value, dict) or not all(
+        isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())
+        for entry in value.values()
+    ):
+        raise TypeError("not an object of objects of strings")
+    return value
+
+
 def swapon_flags(priority: int | None, discard: DiscardPolicy) -> int:
     flags = 0
     if priority is not None:
@@ -135,14 +145,14 @@ class SwapManager:
             self._finder = UdevDevices(self.fs)
         return self._finder
 
+    def check_state(self) -> None:
+        """At start: a saved state that is not one of ours is moved aside now, not at the
+        first swap call."""
+        self._read_state()
+
     def _read_state(self) -> dict[str, dict[str, str]]:
         """What /proc/swaps cannot say (the discard policy), kept across agent restarts."""
-        try:
-            state = self._store.load()
-        except StateFileError as e:
-            log.warning("swap_state_unreadable", error=str(e))
-            return {}
-        return state if isinstance(state, dict) else {}
+        return self._store.load_valid(decode_swap_state) or {}
 
     def _write_state(self, state: dict[str, dict[str, str]]) -> None:
         self._store.save(state)

@@ -18,12 +18,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from guestagent.jsonlog import EventLog
+from guestagent.jsonlog import EventLog, Repeats
 
 log = EventLog("guestagent.relay")
+# Failures that repeat with the load (an accept failing for want of descriptors) log one line
+# with a count per interval: 1.2 million lines in 20 s filled a disk before.
+repeats = Repeats(log)
 
 CHUNK = 256 * 1024
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK)
@@ -33,6 +36,41 @@ _GONE = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ESHUTDOWN, errno.E
 # signals when it has room again, so the connect is retried after these growing delays.
 RETRY_FIRST_SECONDS = 0.001
 RETRY_MAX_SECONDS = 0.05
+# An accept that failed for want of descriptors or memory pauses the listener for these
+# growing delays (the backlog holds callers meanwhile) instead of spinning on it.
+PAUSE_FIRST_SECONDS = 0.01
+PAUSE_MAX_SECONDS = 1.0
+_OUT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+# Descriptors one relayed connection holds in this process: the caller's socket, the
+# upstream socket, a pipe (two ends) per direction; the gRPC server's end adds one more
+# when it runs in the same process (docs/design-transport.md has the measurement).
+FDS_PER_CONNECTION = 6
+
+
+class ConnectionBudget:
+    """How many connections the relays of one process may hold at once, shared by them; the
+    surplus is accepted and closed at once, so its caller hears so instead of hanging."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._used >= self.limit:
+                return False
+            self._used += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self._used -= 1
+
+    @property
+    def used(self) -> int:
+        with self._lock:
+            return self._used
 
 
 class _Direction:
@@ -129,7 +167,13 @@ class _Connection:
     ) -> None:
         self.sockets = (a, b)
         self.release = release
-        self.forward, self.back = _Direction(a, b), _Direction(b, a)
+        forward = _Direction(a, b)
+        try:
+            back = _Direction(b, a)
+        except OSError:
+            forward.close()  # Out of descriptors for the second pipe: free the first.
+            raise
+        self.forward, self.back = forward, back
         # The epoll mask each socket is registered with; None once it is unregistered.
         self.masks: dict[int, int | None] = {a.fileno(): 0, b.fileno(): 0}
 
@@ -217,8 +261,12 @@ class SocketRelay:
         dial: Callable[[], socket.socket],
         admit: Callable[[Any], bool] = lambda peer: True,
         name: str = "relay",
+        budget: ConnectionBudget | None = None,
     ) -> None:
         self.listener = listener
+        self._budget = budget
+        self._paused_until: float | None = None  # Accepting paused (EMFILE) until then.
+        self._pause = PAUSE_FIRST_SECONDS
         self._dial = dial
         self._admit = admit
         self._name = name
@@ -258,17 +306,13 @@ class SocketRelay:
         try:
             while self._accepting or self._by_fd or self._dials:
                 for fd, events in self._epoll.poll(self._until_retry()):
-                    if fd == self._wake_read:
-                        self._stop_accepting()
-                    elif fd == self.listener.fileno() and self._accepting:
-                        self._accept()
-                    elif fd in self._by_fd:
-                        self._service(fd, events)
-                    elif fd in self._dials:
-                        self._caller_left(self._dials[fd])
-                    elif fd in self._connecting:
-                        self._connected(self._connecting[fd])
+                    try:
+                        self._dispatch(fd, events)
+                    except Exception as e:  # One connection's bug must not end every other.
+                        repeats.warning("relay_event_failed", relay=self._name, error=repr(e))
+                        self._discard(fd)
                 self._retry_due()
+                self._resume_due()
         finally:
             for connection in {connection for connection, _ in self._by_fd.values()}:
                 connection.close()
@@ -281,6 +325,39 @@ class SocketRelay:
             os.close(self._wake_read)
             os.close(self._wake_write)
 
+    def _dispatch(self, fd: int, events: int) -> None:
+        if fd == self._wake_read:
+            self._stop_accepting()
+        elif fd == self.listener.fileno() and self._accepting:
+            self._accept()
+        elif fd in self._by_fd:
+            self._service(fd, events)
+        elif fd in self._dials:
+            self._caller_left(self._dials[fd])
+        elif fd in self._connecting:
+            self._connected(self._connecting[fd])
+
+    def _discard(self, fd: int) -> None:
+        """After an unexpected failure: drop whatever fd belongs to."""
+        with contextlib.suppress(Exception):
+            if fd in self._by_fd:
+                self._drop(self._by_fd[fd][0])
+            elif fd in self._dials:
+                self._caller_left(self._dials[fd])
+            elif fd in self._connecting:
+                self._dial_failed(self._connecting[fd], errno.EIO)
+
+    def _pause_accepting(self) -> None:
+        self._paused_until = time.monotonic() + self._pause
+        self._pause = min(self._pause * 2, PAUSE_MAX_SECONDS)
+        self._epoll.modify(self.listener.fileno(), 0)
+
+    def _resume_due(self) -> None:
+        if self._paused_until is not None and self._paused_until <= time.monotonic():
+            self._paused_until = None
+            if self._accepting:
+                self._epoll.modify(self.listener.fileno(), select.EPOLLIN)
+
     def _stop_accepting(self) -> None:
         self._epoll.unregister(self._wake_read)
         self._epoll.unregister(self.listener.fileno())
@@ -292,16 +369,29 @@ class SocketRelay:
         try:
             conn, peer = self.listener.accept()
         except OSError as e:
-            log.warning("relay_accept_failed", relay=self._name, errno=e.errno, error=str(e))
+            repeats.warning("relay_accept_failed", relay=self._name, errno=e.errno, error=str(e))
+            if e.errno in _OUT_OF:
+                self._pause_accepting()
             return
+        self._pause = PAUSE_FIRST_SECONDS
         if not self._admit(peer):
             conn.close()
             return
+        if self._budget is not None and not self._budget.take():
+            conn.close()  # The caller sees the connection closed, at once.
+            repeats.warning(
+                "relay_connection_refused",
+                relay=self._name,
+                reason=f"{self._budget.limit} connections held (--max-connections)",
+            )
+            return
         try:
-            upstream = self.open_upstream(conn, peer)
+            upstream = self._with_budget(self.open_upstream(conn, peer))
         except OSError as e:
-            log.warning("relay_dial_failed", relay=self._name, peer=str(peer), error=str(e))
+            repeats.warning("relay_dial_failed", relay=self._name, peer=str(peer), error=str(e))
             conn.close()
+            if self._budget is not None:
+                self._budget.give_back()
             return
         if upstream.address is None:
             self._join(conn, upstream)
@@ -312,6 +402,19 @@ class SocketRelay:
         self._epoll.register(conn.fileno(), 0)
         self._dials[conn.fileno()] = dial
         self._connect(dial)
+
+    def _with_budget(self, upstream: Upstream) -> Upstream:
+        """The upstream whose release also gives its connection back to the budget."""
+        budget, release = self._budget, upstream.release
+        if budget is None:
+            return upstream
+
+        def released() -> None:
+            if release is not None:
+                release()
+            budget.give_back()
+
+        return replace(upstream, release=released)
 
     def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
         """The far side for an admitted caller: `dial`'s socket, connected already."""
@@ -349,8 +452,10 @@ class SocketRelay:
             self._joined(dial)
 
     def _until_retry(self) -> float | None:
-        """Seconds until the next connect is due again; None: no retry is waiting."""
+        """Seconds until the next connect or the listener's resume is due; None: neither."""
         due = [d.retry_at for d in self._dials.values() if d.retry_at is not None]
+        if self._paused_until is not None:
+            due.append(self._paused_until)
         return max(0.0, min(due) - time.monotonic()) if due else None
 
     def _retry_due(self) -> None:
@@ -368,7 +473,7 @@ class SocketRelay:
 
     def _dial_failed(self, dial: _Dial, code: int) -> None:
         self._end_dial(dial)
-        log.warning(
+        repeats.warning(
             "relay_dial_failed",
             relay=self._name,
             peer=str(dial.peer),
@@ -382,7 +487,15 @@ class SocketRelay:
         self._join(dial.conn, dial.upstream)
 
     def _join(self, conn: socket.socket, upstream: Upstream) -> None:
-        connection = _Connection(conn, upstream.sock, upstream.release)
+        try:
+            connection = _Connection(conn, upstream.sock, upstream.release)
+        except OSError as e:  # No descriptors for its pipes: shed this one connection.
+            repeats.warning("relay_connection_shed", relay=self._name, errno=e.errno, error=str(e))
+            conn.close()
+            upstream.sock.close()
+            if upstream.release is not None:
+                upstream.release()
+            return
         for sock in connection.sockets:
             sock.setblocking(False)
             self._by_fd[sock.fileno()] = (connection, sock)

@@ -372,6 +372,12 @@ def runtime_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"runtime": measure_runtime()}
 
 
+def hostile_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.hostile import measure_hostile
+
+    return {"hostile": measure_hostile(args.hostile_seconds)}
+
+
 # In the order they run. "host" writes daemon, load_local and targets; each other its own key.
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "host": host_sections,
@@ -379,6 +385,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "vm": vm_section,
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,
+    "hostile": hostile_section,
 }
 
 
@@ -402,6 +409,12 @@ def main() -> int:
         help=f"comma list of {','.join(SECTIONS)} (default: all); the QEMU ones need `make image`",
     )
     parser.add_argument("--load-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--hostile-seconds",
+        type=float,
+        default=600.0,
+        help="the hostile soak's length (default 10 minutes)",
+    )
     args = parser.parse_args()
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -20,6 +20,8 @@ class AgentProcess:
     root: Path
     workdir: Path
     extra_args: tuple[str, ...] = ()
+    # A command the agent runs under (prlimit, to give it a service's limits).
+    wrapper: tuple[str, ...] = ()
     tcp_port: int = field(default_factory=free_tcp_port)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -44,6 +46,7 @@ class AgentProcess:
         started = time.monotonic()
         self.proc = subprocess.Popen(
             [
+                *self.wrapper,
                 sys.executable,
                 "-m",
                 "guestagent",
@@ -69,6 +72,11 @@ class AgentProcess:
         with AgentClient(self.unix_target) as client:
             client.wait_ready(timeout=30)
         return time.monotonic() - started
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def log_events(self) -> list[dict[str, object]]:
         return [json.loads(line) for line in self.stderr_path.read_text().splitlines() if line]

@@ -10,6 +10,7 @@ host set.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import threading
 import time
@@ -17,10 +18,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from guestagent.errors import AgentError, FailedPrecondition, NotFound
+from guestagent.errors import AgentError, FailedPrecondition, NotFound, quoted
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
-from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.cgroups import canonical_cgroup_name, cgroup_dir
 from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memcg import (
@@ -150,6 +151,44 @@ class _Target:
         )
 
 
+def _saved(enabled: bool, policy: ReclaimPolicy) -> dict[str, object]:
+    return {"enabled": enabled, "policy": asdict(policy)}
+
+
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "int": int,
+    "float": (int, float),
+    "bool": bool,
+}
+
+
+def decode_policies(value: object) -> dict[str, tuple[bool, ReclaimPolicy]]:
+    """The saved policies by canonical cgroup name; TypeError or an AgentError for a value
+    that is not what _save_locked writes (the loader then moves the file aside)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"policies are {type(value).__name__}, not an object")
+    fields = {f.name: f.type for f in dataclasses.fields(ReclaimPolicy)}
+    decoded: dict[str, tuple[bool, ReclaimPolicy]] = {}
+    for cgroup, entry in value.items():
+        if not isinstance(entry, dict) or set(entry) != {"enabled", "policy"}:
+            raise TypeError(f"entry for {quoted(str(cgroup))} is not enabled and policy")
+        enabled, given = entry["enabled"], entry["policy"]
+        if (
+            not isinstance(enabled, bool)
+            or not isinstance(given, dict)
+            or set(given) != set(fields)
+        ):
+            raise TypeError(f"entry for {quoted(str(cgroup))} has the wrong fields or types")
+        for name, text in fields.items():
+            wanted = _JSON_TYPES[str(text)]
+            if not isinstance(given[name], wanted) or (
+                text != "bool" and isinstance(given[name], bool)
+            ):
+                raise TypeError(f"{name} of {quoted(str(cgroup))} is not a {text}")
+        decoded[canonical_cgroup_name(cgroup)] = (enabled, validate_policy(ReclaimPolicy(**given)))
+    return decoded
+
+
 class Reclaimer:
     def __init__(
         self,
@@ -180,6 +219,10 @@ class Reclaimer:
         directory = cgroup_dir(self.fs, cgroup)
         absent = self._check_kernel(directory, policy) if enabled else ()
         with self._lock:
+            if persist:
+                # Saved first, then applied: a policy that could not be saved is not turned
+                # on either, so the caller's error means nothing changed.
+                self._save_locked({**self._saved_locked(), cgroup: _saved(enabled, policy)})
             target = self._targets.get(cgroup)
             if target is None:
                 target = _Target(cgroup, directory, policy, enabled)
@@ -191,8 +234,6 @@ class Reclaimer:
             why = "waiting for the first interval's figures" if enabled else "turned off"
             target.state = ControllerState(why=why)
             status = target.status()
-            if persist:
-                self._save_locked()
         # The reclaimer works best with the multi-gen LRU (docs/design-reclaimer.md).
         log.info(
             "reclaim_policy",
@@ -282,31 +323,25 @@ class Reclaimer:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def _save_locked(self) -> None:
-        state = {
-            name: {"enabled": t.enabled, "policy": asdict(t.policy)}
-            for name, t in sorted(self._targets.items())
-        }
-        self._store.save(state)
+    def _saved_locked(self) -> dict[str, dict[str, object]]:
+        return {name: _saved(t.enabled, t.policy) for name, t in self._targets.items()}
+
+    def _save_locked(self, state: dict[str, dict[str, object]] | None = None) -> None:
+        state = self._saved_locked() if state is None else state
+        self._store.save(dict(sorted(state.items())))
 
     def _load(self) -> None:
-        try:
-            state = self._store.load()
-        except StateFileError as e:
-            log.warning("reclaim_state_unreadable", error=str(e))
-            return
-        if not isinstance(state, dict):
-            return
-        for cgroup, entry in state.items():
+        saved = self._store.load_valid(decode_policies) or {}
+        for cgroup, (enabled, policy) in saved.items():
             try:
-                request = ReclaimPolicyRequest(
-                    cgroup, bool(entry["enabled"]), ReclaimPolicy(**entry["policy"])
-                )
-                self.set_policy(request, persist=False)
-            except (AgentError, TypeError, KeyError) as e:
+                self.set_policy(ReclaimPolicyRequest(cgroup, enabled, policy), persist=False)
+            except AgentError as e:
                 log.warning("reclaim_policy_dropped", cgroup=cgroup, error=str(e))
         with self._lock:
-            self._save_locked()
+            try:
+                self._save_locked()
+            except StateFileError as e:
+                log.warning("reclaim_state_unsaved", error=str(e))
 
     # The loop.
 

@@ -54,7 +54,7 @@ def test_the_store_lives_under_run_guestagent(fake_root: FakeRoot) -> None:
     [
         pytest.param(b"{", "not valid JSON", id="truncated"),
         pytest.param(b"\xff\xfe{}", "not valid JSON", id="not UTF-8"),
-        pytest.param(b"[" * 100_000 + b"]" * 100_000, "not valid JSON", id="too deep"),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, "nests over 16 deep", id="too deep"),
         pytest.param(b" " * (MAX_BYTES + 1), f"over {MAX_BYTES} bytes", id="too large"),
     ],
 )

@@ -7,9 +7,9 @@ import pytest
 
 from guestagent.errors import InvalidArgument
 from guestagent.linux.watch import (
-    KernelSignals,
     PressureTriggerSpec,
     Signal,
+    SignalHub,
     parse_inotify_events,
     pressure_trigger_spec,
 )
@@ -43,7 +43,7 @@ def test_parse_inotify_events_walks_names() -> None:
 
 async def test_memory_events_change_is_signalled(fake_root: FakeRoot) -> None:
     events = fake_root.add_cgroup("pod") / "memory.events"
-    with KernelSignals(fake_root.fs, {"pod": events}, None) as signals:
+    with SignalHub(fake_root.fs).subscribe({"pod": events}, None) as signals:
         events.write_text("oom 1\n")
         signal = await asyncio.wait_for(signals.queue.get(), timeout=5)
     assert signal == (Signal.MEMORY_EVENTS, "pod")
@@ -52,13 +52,13 @@ async def test_memory_events_change_is_signalled(fake_root: FakeRoot) -> None:
 async def test_pressure_trigger_on_a_plain_file_falls_back_quietly(fake_root: FakeRoot) -> None:
     # A regular file cannot be polled for POLLPRI: the watch must run on its interval.
     fake_root.write("proc/pressure/memory", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
-    with KernelSignals(fake_root.fs, {}, PressureTriggerSpec()) as signals:
+    with SignalHub(fake_root.fs).subscribe({}, PressureTriggerSpec()) as signals:
         assert signals.queue.empty()
 
 
 async def test_no_psi_in_the_kernel_means_no_trigger(tmp_path: Path) -> None:
     fake = make_fake_root(tmp_path / "root", psi=False)
-    with KernelSignals(fake.fs, {}, PressureTriggerSpec()) as signals:
+    with SignalHub(fake.fs).subscribe({}, PressureTriggerSpec()) as signals:
         assert signals.queue.empty()
 
 
@@ -67,4 +67,4 @@ async def test_a_pressure_file_outside_proc_is_refused(tmp_path: Path) -> None:
     elsewhere = fake.write("elsewhere/memory", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     os.symlink(elsewhere.parent, fake.root / "proc" / "pressure")
     with pytest.raises(InvalidArgument, match="outside its mount"):
-        KernelSignals(fake.fs, {}, PressureTriggerSpec())
+        SignalHub(fake.fs).subscribe({}, PressureTriggerSpec())

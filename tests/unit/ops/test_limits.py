@@ -205,7 +205,7 @@ def test_missing_cgroup_is_not_found_without_create(fake_root: FakeRoot) -> None
     assert not (fake_root.root / "sys/fs/cgroup/pod").exists()
 
 
-@pytest.mark.parametrize("name", ["..", "pod/../..", "/sys/fs/cgroup/pod/ctr", "pod//ctr"])
+@pytest.mark.parametrize("name", ["..", "pod/../..", "/sys/fs/cgroup/pod/ctr", "pod/./ctr"])
 @pytest.mark.parametrize("create", [False, True])
 def test_bad_names_write_nothing(fake_root: FakeRoot, ctr: Path, name: str, create: bool) -> None:
     before = files(ctr)

@@ -313,14 +313,15 @@ def test_a_journal_for_a_gone_cgroup_is_dropped(
     assert events(caplog, "limits_rolled_back") == []
 
 
-def test_an_unreadable_journal_is_logged_and_removed(
+def test_an_unreadable_journal_is_logged_and_moved_aside(
     fake_root: FakeRoot, ctr: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake_root.write("run/guestagent/limits-journal.json", '{"version": 9}')
     with caplog.at_level(logging.INFO):
         assert recover(fake_root.fs) is None
     assert not journal_path(fake_root).exists()
-    (line,) = events(caplog, "limits_journal_unreadable")
+    assert list(journal_path(fake_root).parent.glob("limits-journal.json.corrupt-*"))
+    (line,) = events(caplog, "state_file_corrupt")
     assert "version 9" in str(line["error"])
     assert limit_files(ctr) == OLD
 
