@@ -20,6 +20,7 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.linux.abi import huge_order
+from guestagent.transport.address import DEFAULT_VSOCK_PORT
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import (
     MACHINES,
@@ -35,6 +36,7 @@ from tests.vm.conftest import image_or_skip
 from tests.vm.guest import (
     boot,
     filler_ready,
+    guestctl,
     read_guest,
     start_filler,
     stop_filler,
@@ -42,6 +44,7 @@ from tests.vm.guest import (
     wait_until,
     wait_until_steady,
 )
+from tests.vm.pace import Deadline
 from tests.vm.test_swap import enable, expect_error, node_of, rotational
 
 pytestmark = pytest.mark.vm
@@ -62,7 +65,14 @@ def has_virtio_mem(arch: str) -> bool:
 def config(arch: str) -> VMConfig:
     # x86_64's virtio-mem is tests/vm/test_virtio_mem.py's; aarch64's is tried here.
     virtio_mem = VirtioMem(max_mib=512) if arch == "aarch64" and has_virtio_mem(arch) else None
-    return VMConfig(arch=arch, memory_mib=768, disks=DISKS, virtio_mem=virtio_mem)
+    # CID 1 allowed: the vsock test calls from inside the guest, over vsock loopback.
+    return VMConfig(
+        arch=arch,
+        memory_mib=768,
+        disks=DISKS,
+        virtio_mem=virtio_mem,
+        agent_args=("--allow-cid", "1"),
+    )
 
 
 @pytest.fixture(scope="module", params=ARCHES)
@@ -95,6 +105,13 @@ def test_the_guest_is_the_architecture_asked_for(vm: GuestVM, agent: AgentClient
     machine = vm.exec("od -An -tu2 -j18 -N2 /opt/guestagent/bin/python3.11").stdout.split()
     assert {"x86_64": ["62"], "aarch64": ["183"]}[vm.config.arch] == machine
     assert agent.health() == "SERVING"
+
+
+def test_the_agent_answers_over_vsock_loopback(vm: GuestVM) -> None:
+    result = guestctl(
+        vm, f"vsock://1:{DEFAULT_VSOCK_PORT}", "health", deadline=Deadline(pace.of(vm).scale(60))
+    )
+    assert result.rc == 0 and "SERVING" in result.stdout, result
 
 
 def test_get_memory_info(vm: GuestVM, agent: AgentClient) -> None:
