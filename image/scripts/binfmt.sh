@@ -13,5 +13,6 @@ case $arch in
 esac
 binfmt=/proc/sys/fs/binfmt_misc
 mountpoint -q "$binfmt" || mount -t binfmt_misc binfmt_misc "$binfmt"
-[ -e "$binfmt/$name" ] || /usr/lib/systemd/systemd-binfmt "/usr/lib/binfmt.d/$name.conf"
+# qemu-user-static's binfmt.d line is in the register file's own syntax.
+[ -e "$binfmt/$name" ] || cat "/usr/lib/binfmt.d/$name.conf" > "$binfmt/register"
 grep -qx enabled "$binfmt/$name" || { echo "binfmt.sh: $name is not enabled in $binfmt" >&2; exit 1; }
