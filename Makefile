@@ -7,10 +7,15 @@ WHEEL_STAMP := dist/.built
 SOURCES := $(shell find guestagent protos -name '*.py' -o -name '*.proto' | grep -v _pb2) pyproject.toml setup.py
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-BUNDLE := dist/guestagent-bundle-$(VERSION)-x86_64.tar.xz
-EXTENSION := dist/guestagent-extension-$(VERSION)-x86_64
+# ARCH=arm64 builds the bundle and the extension for aarch64 guests (docs/arm64.md).
+ARCH ?= x86_64
+MACHINE := $(if $(filter arm64 aarch64,$(ARCH)),aarch64,x86_64)
+IMAGE_BUILD := image/build$(if $(filter aarch64,$(MACHINE)),/arm64)
+BUNDLE := dist/guestagent-bundle-$(VERSION)-$(MACHINE).tar.xz
+EXTENSION := dist/guestagent-extension-$(VERSION)-$(MACHINE)
 
-.PHONY: setup protos test unit vm vm-stress run bench lint image bundle extension wheel clean
+.PHONY: setup protos test unit vm vm-stress run bench lint image image-arm64 bundle extension \
+	wheel clean
 
 setup: $(STAMP)
 
@@ -33,36 +38,41 @@ $(WHEEL_STAMP): $(STAMP) $(SOURCES)
 	touch $@
 
 image: $(WHEEL_STAMP)
-	$(MAKE) -C image image WHEEL=$(abspath $(wildcard dist/guestagent-*.whl))
+	$(MAKE) -C image image WHEEL=$(abspath $(wildcard dist/guestagent-*.whl)) ARCH=$(ARCH)
+
+# The aarch64 guest the arm64 smoke suite boots (tests/vm/test_arm64.py).
+image-arm64: $(WHEEL_STAMP)
+	$(MAKE) -C image image WHEEL=$(abspath $(wildcard dist/guestagent-*.whl)) ARCH=arm64
 
 # The extension bundle for any systemd guest image (docs/guest-image.md says how to add it).
 bundle: $(WHEEL_STAMP)
-	$(MAKE) -C image bundle WHEEL=$(abspath $(wildcard dist/guestagent-*.whl))
-	cp image/build/guestagent-bundle.tar.xz $(BUNDLE)
+	$(MAKE) -C image bundle WHEEL=$(abspath $(wildcard dist/guestagent-*.whl)) ARCH=$(ARCH)
+	cp $(IMAGE_BUILD)/guestagent-bundle.tar.xz $(BUNDLE)
 
 # The Kata guest extension image, its verity params and the runtime's configuration entry
 # (docs/kata-extension.md).
 extension: $(WHEEL_STAMP)
-	$(MAKE) -C image extension WHEEL=$(abspath $(wildcard dist/guestagent-*.whl)) PYTHON=$(abspath $(PY))
-	cp image/build/guestagent-extension.img $(EXTENSION).img
-	cp image/build/guestagent-extension.verity-params $(EXTENSION).verity-params
+	$(MAKE) -C image extension WHEEL=$(abspath $(wildcard dist/guestagent-*.whl)) \
+		PYTHON=$(abspath $(PY)) ARCH=$(ARCH)
+	cp $(IMAGE_BUILD)/guestagent-extension.img $(EXTENSION).img
+	cp $(IMAGE_BUILD)/guestagent-extension.verity-params $(EXTENSION).verity-params
 	$(PY) -m guestagent.build.extension snippet $(abspath $(EXTENSION).img)
 
 # The README's test command: unit, integration and VM tests, the VM ones required.
-test: image
+test: image image-arm64
 	GUESTAGENT_VM_TESTS=required $(PY) -m pytest -q
 
 # The quick loop: the slow fuzz tests run in `make test`.
 unit: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow' tests/unit tests/integration
 
-vm: image
+vm: image image-arm64
 	GUESTAGENT_VM_TESTS=required $(PY) -m pytest -q tests/vm
 
 # The VM suite with one host core kept busy by a hog that ends with the suite (or after
 # VM_STRESS_SECONDS, or if make is interrupted), as on a loaded CI host.
 VM_STRESS_SECONDS ?= 5400
-vm-stress: image
+vm-stress: image image-arm64
 	$(PY) -m tests.stress.cpuhog --seconds $(VM_STRESS_SECONDS) --parent $$$$ & hog=$$!; \
 	GUESTAGENT_VM_TESTS=required $(PY) -m pytest -q tests/vm; status=$$?; \
 	kill $$hog; exit $$status

@@ -4,14 +4,20 @@
 set -eu
 packages="make qemu-system-x86 qemu-utils mmdebstrap debian-archive-keyring e2fsprogs cpio gzip
     kmod busybox-static python3 python3-pip python3-venv apt coreutils patchelf xz-utils binutils
-    erofs-utils cryptsetup-bin fdisk"
+    erofs-utils cryptsetup-bin fdisk qemu-system-arm qemu-user-static arch-test"
+# The arm64 build takes its runtime, kernel and guest root from Debian's arm64 packages.
+if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    dpkg --add-architecture arm64
+    apt-get update
+fi
 missing=""
 for package in $packages; do
     dpkg-query -W -f='${Status}\n' "$package" 2>/dev/null | grep -q '^install ok installed$' ||
         missing="$missing $package"
 done
 # The image build resolves the guest kernel from the apt lists, so they must not be empty.
-if [ -n "$missing" ] || ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then
+if [ -n "$missing" ] || ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1 ||
+    ! apt-cache show linux-image-cloud-arm64 >/dev/null 2>&1; then
     apt-get update
 fi
 if [ -n "$missing" ]; then

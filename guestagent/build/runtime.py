@@ -13,6 +13,7 @@ Usage: python -m guestagent.build.runtime --debs TREE --site DIR --wheel WHL --p
 from __future__ import annotations
 
 import argparse
+import platform
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,11 @@ class Target:
     machine: str
     triplet: str
     loader: str
+
+    @property
+    def emulator(self) -> str:
+        """qemu-user for this machine (Debian's qemu-user-static), for a foreign build."""
+        return f"qemu-{self.machine}-static"
 
     @property
     def extension_suffixes(self) -> tuple[str, ...]:
@@ -236,20 +242,39 @@ def ship_modules(
     return tuple(dropped)
 
 
+def staged_command(
+    dest: Path, target: Target, python: Path, args: Sequence[str], host_machine: str
+) -> list[str]:
+    """The command that runs an interpreter through the tree's own loader and libraries.
+
+    On another machine's build host the target's own interpreter still runs, under
+    qemu-user named explicitly (no binfmt_misc needed): the built-in modules, the imports
+    C code makes and the bytecode come from the very interpreter that ships, so they are
+    the same whichever host builds the tree."""
+    loader = [str(dest / LAYOUT.lib / target.loader), "--library-path", str(dest / LAYOUT.lib)]
+    emulator = [] if target.machine == host_machine else [target.emulator]
+    return [*emulator, *loader, str(python), *args]
+
+
 def run_staged(dest: Path, target: Target, python: Path, *args: str) -> str:
     """Run an interpreter through the tree's own loader and libraries, before the tree is
     installed at its prefix (the patched loader path does not exist on the build host)."""
-    command = [
-        str(dest / LAYOUT.lib / target.loader),
-        "--library-path",
-        str(dest / LAYOUT.lib),
-        str(python),
-        *args,
-    ]
+    command = staged_command(dest, target, python, args, platform.machine())
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise BuildError(f"{' '.join(args)} in the staged tree failed: {result.stderr.strip()}")
     return result.stdout
+
+
+def elf_files_in(root: Path) -> list[Path]:
+    return [p for p in sorted(root.rglob("*")) if p.is_file() and elf.is_elf(p.read_bytes()[:4])]
+
+
+def stage_libraries(paths: Iterable[Path], debs: Path, dest: Path, target: Target) -> None:
+    """Put what paths need, as far as the packages have it, in the tree's lib/ before the
+    staged interpreter loads them; what is missing is the final closure's to report."""
+    for name, path in needed_closure(paths, debs, target)[0].items():
+        copy_file(path, dest / LAYOUT.lib / name)
 
 
 def copy_licenses(debs: Path, dest: Path, packages: Sequence[str]) -> None:
@@ -277,6 +302,11 @@ def assemble(
             stdlib_builtins(debs, dest, target, [dest / LAYOUT.bin / "python3.11"])
         )
         search = [guest_source, site, stdlib_source, stdlib_source / "lib-dynload"]
+        # The trace loads extension modules, and under qemu-user the loader has no host
+        # directories to fall back on: what they need must be in the tree (aarch64's cygrpc
+        # needs librt, _ctypes libffi).
+        extensions = elf_files_in(site) + elf_files_in(stdlib_source / "lib-dynload")
+        stage_libraries(extensions, debs, dest, target)
         loaded = traced_imports(debs, dest, target, [guest_source, site])
         modules, missing = closure(
             [*GUEST_ROOTS, *STARTUP_MODULES, *CODECS, *loaded],
@@ -301,10 +331,7 @@ def assemble(
         summary.dropped_extensions = ship_modules(modules, sources, dest, debs, target)
 
     shutil.rmtree(dest / LAYOUT.site / "bin", ignore_errors=True)
-    elf_files = [
-        p for p in sorted(dest.rglob("*")) if p.is_file() and elf.is_elf(p.read_bytes()[:4])
-    ]
-    libraries, unresolved = needed_closure(elf_files, debs, target)
+    libraries, unresolved = needed_closure(elf_files_in(dest), debs, target)
     for name in DLOPENED_LIBRARIES:
         libraries[name] = find_library(name, debs, target) or Path("/nonexistent")
     unresolved |= {n for n, p in libraries.items() if not p.exists()}

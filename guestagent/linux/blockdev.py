@@ -24,6 +24,7 @@ from guestagent.errors import (
     NotFound,
     quoted,
 )
+from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.udev import open_udev
 
@@ -34,7 +35,8 @@ SWAP_SIGNATURE = "swap"
 # backups sit) and evenly spaced blocks between: 6 MiB of reads for any disk size.
 BLANK_EDGE_BYTES = 1 << 20
 BLANK_SAMPLES = 1024
-BLANK_SAMPLE_BYTES = 4096
+# A sample is one page: a smaller read brings the whole page into the cache anyway.
+BLANK_SAMPLE_BYTES = PAGE_SIZE
 
 
 @dataclass(frozen=True)
@@ -150,14 +152,14 @@ def first_nonzero(offset: int, data: bytes) -> int | None:
     return offset + zeros if zeros < len(data) else None
 
 
-def first_data_offset(fd: int) -> int | None:
+def first_data_offset(fd: int, page_size: int = PAGE_SIZE) -> int | None:
     """Where a disk holds data, sampled by blank_check_plan; None when every read is zeros.
 
     Once a sample holds data, the gap since the previous read is read whole, so data that
     starts between two samples and runs into the second is reported where it starts.
     """
     size = os.lseek(fd, 0, os.SEEK_END)
-    plan = blank_check_plan(size)
+    plan = blank_check_plan(size, sample=page_size)
     # The samples are scattered: readahead around each would read far more than is used.
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     # Ask for every sample up front, so the device gets them queued together rather than

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from guestagent.errors import DeadlineExceeded
 from guestagent.jsonlog import EventLog
-from guestagent.linux.abi import HUGE_ORDER, PAGE_SIZE
+from guestagent.linux.abi import PAGE_SIZE, huge_order
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.mm import (
     compaction_trigger,
@@ -34,7 +34,7 @@ class CompactResult:
     free_blocks_before: tuple[int, ...]  # Free blocks per order, summed over zones.
     free_blocks_after: tuple[int, ...]
     counters: dict[str, int]  # /proc/vmstat compact_* deltas.
-    huge_block_bytes: int  # The size of an order-HUGE_ORDER block.
+    huge_block_bytes: int  # The size of a THP-sized block (huge_order).
     free_huge_bytes_before: int  # Free bytes in blocks of huge_block_bytes or more.
     free_huge_bytes_after: int
     shared: bool = False  # This caller joined a run already under way.
@@ -63,15 +63,16 @@ class Compactor:
         trigger_compaction(self.fs, path)
         duration = time.monotonic() - started
         buddy_after = read_free_blocks(self.fs, node)
+        order = huge_order(self.page_size)
         result = CompactResult(
             node=node,
             duration_s=duration,
             free_blocks_before=buddy_before,
             free_blocks_after=buddy_after,
             counters=counter_deltas(counters_before, read_compaction_counters(self.fs)),
-            huge_block_bytes=self.page_size << HUGE_ORDER,
-            free_huge_bytes_before=free_bytes_at_or_above(buddy_before, HUGE_ORDER, self.page_size),
-            free_huge_bytes_after=free_bytes_at_or_above(buddy_after, HUGE_ORDER, self.page_size),
+            huge_block_bytes=self.page_size << order,
+            free_huge_bytes_before=free_bytes_at_or_above(buddy_before, order, self.page_size),
+            free_huge_bytes_after=free_bytes_at_or_above(buddy_after, order, self.page_size),
         )
         log.info("compacted", node=node, duration_s=round(duration, 3), **result.counters)
         return result

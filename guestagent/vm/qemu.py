@@ -13,6 +13,8 @@ import functools
 import itertools
 import json
 import os
+import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -27,7 +29,6 @@ from typing import Any
 
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
 
-QEMU = "qemu-system-x86_64"
 GUEST_AGENT_PORT = DEFAULT_VSOCK_PORT
 TESTEXEC_PORT_NAME = "guestagent.testexec"
 DEFAULT_IMAGE_DIR = Path(__file__).resolve().parents[2] / "image" / "build"
@@ -44,6 +45,63 @@ class GuestVMError(RuntimeError):
 
 class GuestCommandError(GuestVMError):
     """A command run in the guest with check=True failed or timed out."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What QEMU emulates for one guest architecture (its `uname -m`), and how."""
+
+    qemu: str
+    board: tuple[str, ...]
+    console: str
+    # The CPU model under TCG; under KVM the host's own.
+    tcg_cpu: str
+    # Where its image is built, below the image directory (`make -C image ARCH=...`).
+    image_subdir: str
+    # pc-dimm hot-plug needs ACPI, which a -kernel boot of arm's virt board has not.
+    dimm_slots: bool
+    # The first QEMU release whose board takes virtio-mem-pci.
+    virtio_mem_since: tuple[int, int]
+
+
+MACHINES = {
+    "x86_64": Machine(
+        "qemu-system-x86_64", (), "ttyS0", "max", "", dimm_slots=True, virtio_mem_since=(5, 1)
+    ),
+    # max with pointer authentication's QEMU-defined algorithm: the architected QARMA5 that
+    # plain max emulates made the kernel's boot 5x slower under TCG (docs/arm64.md); the rest of
+    # max (LSE atomics, hardware access flags, as Graviton and Apple silicon have) stays.
+    "aarch64": Machine(
+        "qemu-system-aarch64",
+        ("-M", "virt"),
+        "ttyAMA0",
+        "max,pauth-impdef=on",
+        "arm64",
+        dimm_slots=False,
+        virtio_mem_since=(8, 2),
+    ),
+}
+
+
+def qemu_version(text: str) -> tuple[int, int]:
+    """(major, minor) from `qemu-system-* --version`'s first line."""
+    found = re.search(r"version (\d+)\.(\d+)", text)
+    if found is None:
+        raise GuestVMError(f"no QEMU version in {text[:80]!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+@functools.cache
+def installed_qemu_version(arch: str) -> tuple[int, int]:
+    command = [MACHINES[arch].qemu, "--version"]
+    return qemu_version(subprocess.run(command, capture_output=True, text=True).stdout)
+
+
+def image_dir_for(arch: str) -> Path:
+    """The image directory of arch's guest: GUESTAGENT_IMAGE_DIR (x86_64's), or image/build,
+    and the architecture's own subdirectory below it."""
+    base = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
+    return base / MACHINES[arch].image_subdir
 
 
 @dataclass(frozen=True)
@@ -119,6 +177,7 @@ class VMConfig:
     extra_cmdline: str = ""
     virtio_mem: VirtioMem | None = None
     readonly_disks: tuple[ReadOnlyDisk, ...] = ()
+    arch: str = "x86_64"
 
 
 @dataclass(frozen=True)
@@ -127,6 +186,17 @@ class ExecResult:
     stdout: str
     stderr: str
     timed_out: bool = False
+
+
+def machine_of(config: VMConfig) -> Machine:
+    """The config's machine, refusing devices its QEMU board cannot give."""
+    try:
+        machine = MACHINES[config.arch]
+    except KeyError:
+        raise ValueError(f"unknown arch {config.arch!r}; known: {', '.join(MACHINES)}") from None
+    if config.slots and not machine.dimm_slots:
+        raise ValueError(f"{config.arch}: no pc-dimm slots on {machine.qemu} -M virt without ACPI")
+    return machine
 
 
 def flavour_of(config: VMConfig) -> Flavour:
@@ -149,26 +219,32 @@ def flavour_of(config: VMConfig) -> Flavour:
 
 
 @functools.cache
-def accelerator(kernel: Path) -> tuple[str, str]:
+def accelerator(kernel: Path, arch: str = "x86_64") -> tuple[str, str]:
     """(accel, cpu) for QEMU: KVM only if a probe boot proves it works, else TCG.
 
     GUESTAGENT_ACCEL=kvm|tcg skips the probe. On nested hosts KVM can be present yet unusable
     (QEMU aborts, or the guest crawls), so the probe boots the kernel to its no-root panic and
-    requires that to finish well within the time TCG needs.
+    requires that to finish well within the time TCG needs. Another architecture's guest
+    always runs under TCG.
     """
+    machine = MACHINES[arch]
+    tcg = ("tcg", machine.tcg_cpu)
+    if arch != platform.machine():
+        return tcg
     forced = os.environ.get("GUESTAGENT_ACCEL")
     if forced:
-        return (forced, "host" if forced == "kvm" else "max")
+        return (forced, "host") if forced == "kvm" else tcg
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        return ("tcg", "max")
-    probe = [QEMU, "-accel", "kvm", "-cpu", "host", "-m", "128", "-nodefaults"]
+        return tcg
+    probe = [machine.qemu, *machine.board, "-accel", "kvm", "-cpu", "host", "-m", "128"]
+    probe += ["-nodefaults"]
     probe += ["-display", "none", "-no-reboot", "-serial", "null"]
     probe += ["-kernel", str(kernel), "-append", "panic=-1"]
     try:
         works = subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
     except subprocess.TimeoutExpired:
         works = False
-    return ("kvm", "host") if works else ("tcg", "max")
+    return ("kvm", "host") if works else tcg
 
 
 def free_tcp_port() -> int:
@@ -255,10 +331,9 @@ class GuestVM:
         boot_timeout: float = 240.0,
     ) -> None:
         self.config = config
+        self.machine = machine_of(config)
         self.flavour = flavour_of(config)
-        self.image_dir = image_dir or Path(
-            os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR)
-        )
+        self.image_dir = image_dir or image_dir_for(config.arch)
         self.boot_timeout = boot_timeout
         # A caller-given workdir is kept (console log for post-mortems); a temporary one is not.
         self._own_workdir = workdir is None
@@ -325,9 +400,10 @@ class GuestVM:
 
     def _command_line(self) -> list[str]:
         config = self.config
-        accel, cpu = accelerator(self.image_dir / "vmlinuz")
+        accel, cpu = accelerator(self.image_dir / "vmlinuz", config.arch)
         kernel_args = [
-            f"console=ttyS0 psi=1 init={self.flavour.init} root=/dev/vda rw quiet panic=-1",
+            f"console={self.machine.console} psi=1 init={self.flavour.init} root=/dev/vda rw",
+            "quiet panic=-1",
             "guestagent.testexec=1",
         ]
         if self.flavour.agent_args_from_cmdline:
@@ -388,8 +464,11 @@ class GuestVM:
             balloon = f"virtio-balloon-pci,id=balloon0,free-page-reporting={reporting}"
             options.append(("-device", balloon))
         if config.virtio_mem:
+            if installed_qemu_version(config.arch) < self.machine.virtio_mem_since:
+                raise ValueError(f"{self.machine.qemu} is older than virtio-mem on this board")
             options += virtio_mem_options(config.virtio_mem)
-        flags = [QEMU, "-nodefaults", "-no-user-config", "-no-reboot"]
+        flags = [self.machine.qemu, *self.machine.board, "-nodefaults", "-no-user-config"]
+        flags.append("-no-reboot")
         return flags + [word for option in options for word in option]
 
     @property

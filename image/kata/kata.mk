@@ -8,16 +8,18 @@ EXTENSION_INPUTS := $(BUILD)/extension/runtime-debs.path $(BUILD)/deps.path $(BU
 	$(wildcard ../guestagent/build/*.py)
 EXTENSION_BUILD = cd .. && $(PYTHON) -m guestagent.build.extension build \
 	--debs "$$(cat $(BUILD)/extension/runtime-debs.path)/root" --site "$$(cat $(BUILD)/deps.path)" \
-	--wheel "$(WHEEL)" --version $(VERSION)
+	--wheel "$(WHEEL)" --version $(VERSION) --machine $(MACHINE)
 
 .PHONY: extension kata
 extension: $(BUILD)/guestagent-extension.img
 kata: $(BUILD)/rootfs-kata.img $(BUILD)/guestagent-extension-test.img
+ifeq ($(DEB_ARCH),amd64)
 image: kata
+endif
 
 $(BUILD)/extension/runtime-debs.path: runtime-packages.txt scripts/runtime-debs.sh
 	mkdir -p $(@D)
-	scripts/runtime-debs.sh runtime-packages.txt $(CACHE) $@
+	scripts/runtime-debs.sh runtime-packages.txt $(CACHE) $@ $(DEB_ARCH)
 
 $(BUILD)/guestagent-extension.img: $(EXTENSION_INPUTS)
 	$(EXTENSION_BUILD) --out $@

@@ -1,21 +1,24 @@
 #!/bin/sh
 # Build the Debian base rootfs tarball, or reuse the cached one built from the same inputs.
 # Prints the tarball's path to OUTPUT (a stamp file, so make sees build-tree mtimes).
-# Usage: base.sh PACKAGES_FILE CACHE_DIR OUTPUT
+# ARCH is Debian's (amd64, arm64); a foreign one runs its maintainer scripts under
+# qemu-user-static through binfmt_misc (scripts/binfmt.sh registers it).
+# Usage: base.sh PACKAGES_FILE CACHE_DIR OUTPUT [ARCH]
 set -eu
-packages_file=$1 cache=$2 output=$3
+packages_file=$1 cache=$2 output=$3 arch=${4:-amd64}
 
 suite=bookworm
 mirror=http://deb.debian.org/debian
 security=http://deb.debian.org/debian-security
-key=$( (cat "$packages_file" "$0"; echo "$suite $mirror $security") | sha256sum | cut -c1-16)
+key=$( (cat "$packages_file" "$0"; echo "$suite $mirror $security $arch") | sha256sum | cut -c1-16)
 tarball=$cache/base-$key.tar
 
 if [ ! -s "$tarball" ]; then
     mkdir -p "$cache"
+    "$(dirname "$0")/binfmt.sh" "$arch"
     # Docs, man pages and locales are a third of minbase and nothing in the guest reads them.
     # The merged-usr hook merges /usr itself; the usrmerge package would pull in 50 MB of perl.
-    mmdebstrap --variant=minbase --mode=root \
+    mmdebstrap --variant=minbase --mode=root --architectures="$arch" \
         --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
         --include="$(paste -sd, "$packages_file")" \
         --dpkgopt='path-exclude=/usr/share/doc/*' \

@@ -1,18 +1,19 @@
 #!/bin/sh
 # Build the initramfs: static busybox, the boot modules listed by kernel.sh, and initramfs-init.
-# Usage: initrd.sh KERNEL_DIR INIT_SCRIPT OUTPUT
+# BUSYBOX is a static busybox for the kernel's architecture (the host's by default).
+# Usage: initrd.sh KERNEL_DIR INIT_SCRIPT OUTPUT [BUSYBOX]
 set -eu
-kernel=$1 init=$2 output=$3
+kernel=$1 init=$2 output=$3 busybox=${4:-/bin/busybox}
 
 staging=$output.d
 rm -rf "$staging"
 mkdir -p "$staging/bin" "$staging/dev" "$staging/proc" "$staging/sys" "$staging/lib/modules"
 # A dynamically linked busybox (Debian's "busybox" package) would find no libc in the initramfs.
-if ldd /bin/busybox >/dev/null 2>&1; then
-    echo "initrd.sh: /bin/busybox is dynamically linked; install busybox-static" >&2
+if readelf -l "$busybox" | grep -q 'Requesting program interpreter'; then
+    echo "initrd.sh: $busybox is dynamically linked; install busybox-static" >&2
     exit 1
 fi
-cp /bin/busybox "$staging/bin/busybox"
+cp "$busybox" "$staging/bin/busybox"
 install -m 755 "$init" "$staging/init"
 while read -r module; do
     cp "$kernel/root$module" "$staging/lib/modules/"

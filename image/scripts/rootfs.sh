@@ -19,7 +19,7 @@ kver=$(cat "$kernel/version")
 modules=lib/modules/$kver
 (cd "$kernel/root" && {
     sed 's|^/||' "$kernel/boot.list"
-    find "$modules/kernel/arch/x86/crypto" "$modules/kernel/crypto" "$modules/kernel/lib" \
+    find "$modules"/kernel/arch/*/crypto "$modules/kernel/crypto" "$modules/kernel/lib" \
         "$modules/kernel/mm" "$modules/kernel/drivers/virtio" "$modules/kernel/drivers/block" \
         -name '*.ko'
     ls "$modules"/modules.builtin* "$modules/modules.order"

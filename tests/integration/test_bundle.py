@@ -26,33 +26,42 @@ from tests.fakes.root import make_fake_root
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "image" / "build" / "guestagent-bundle.tar.xz"
+# `make bundle ARCH=arm64` (or `make image-arm64`, which `make test` runs) builds it.
+AARCH64_BUNDLE = REPO / "image" / "build" / "arm64" / "guestagent-bundle.tar.xz"
 PREFIX = PurePosixPath("/opt/guestagent")
 RESULTS = REPO / "tests" / "vm" / "results"
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 
 
+def built(path: Path, how: str) -> Path:
+    if not path.exists():
+        if os.environ.get("GUESTAGENT_VM_TESTS") == "required":
+            pytest.fail(f"{path} is missing: `{how}` builds it")
+        pytest.skip(f"{path} is missing: `{how}` builds it")
+    return path
+
+
 @pytest.fixture(scope="module")
 def bundle() -> Path:
-    if not BUNDLE.exists():
-        if os.environ.get("GUESTAGENT_VM_TESTS") == "required":
-            pytest.fail(f"{BUNDLE} is missing: `make bundle` builds it")
-        pytest.skip(f"{BUNDLE} is missing: `make bundle` builds it")
-    return BUNDLE
+    return built(BUNDLE, "make bundle")
 
 
-@pytest.fixture(scope="module")
-def unpacked(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bare")
+def unpack(bundle: Path, root: Path) -> Path:
     with tarfile.open(bundle) as archive:
         archive.extractall(root, filter="tar")
     return root
 
 
-def test_every_elf_file_loads_from_the_tree(unpacked: Path) -> None:
-    lines, problems = check(unpacked / PREFIX.relative_to("/"), PREFIX, "x86_64")
+@pytest.fixture(scope="module")
+def unpacked(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return unpack(bundle, tmp_path_factory.mktemp("bare"))
+
+
+def elf_check(unpacked: Path, machine: str, loader: str, saved_as: str) -> None:
+    lines, problems = check(unpacked / PREFIX.relative_to("/"), PREFIX, machine)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "elf-check.txt").write_text("\n".join(lines) + "\n")
-    print(f"ELF check, {len(lines)} files:", *lines, sep="\n  ")
+    (RESULTS / saved_as).write_text("\n".join(lines) + "\n")
+    print(f"ELF check ({machine}), {len(lines)} files:", *lines, sep="\n  ")
     assert problems == []
     executables = [line for line in lines if line.startswith("exec")]
     # The interpreter and the tools the agent runs, each on the tree's own loader.
@@ -61,7 +70,18 @@ def test_every_elf_file_loads_from_the_tree(unpacked: Path) -> None:
         "/opt/guestagent/sbin/mkswap",
         "/opt/guestagent/sbin/blkid",
     }
-    assert all("loader=/opt/guestagent/lib/ld-linux-x86-64.so.2" in line for line in executables)
+    assert all(f"loader=/opt/guestagent/lib/{loader}" in line for line in executables)
+
+
+def test_every_elf_file_loads_from_the_tree(unpacked: Path) -> None:
+    elf_check(unpacked, "x86_64", "ld-linux-x86-64.so.2", "elf-check.txt")
+
+
+def test_every_elf_file_of_the_aarch64_bundle_is_aarch64_and_loads_from_it(
+    tmp_path: Path,
+) -> None:
+    root = unpack(built(AARCH64_BUNDLE, "make bundle ARCH=arm64"), tmp_path)
+    elf_check(root, "aarch64", "ld-linux-aarch64.so.1", "elf-check-aarch64.txt")
 
 
 def test_only_the_guest_side_ships(unpacked: Path) -> None:

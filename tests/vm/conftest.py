@@ -30,7 +30,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture(scope="session")
 def image() -> Path:
     """The image directory; VM tests skip without an image unless GUESTAGENT_VM_TESTS=required."""
-    image_dir = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
+    return image_or_skip(Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR)))
+
+
+def image_or_skip(image_dir: Path) -> Path:
+    """image_dir if it holds a bootable image; else skip, or fail when VM tests are required."""
     missing = [name for name in IMAGE_FILES if not (image_dir / name).is_file()]
     if missing:
         reason = f"guest image incomplete: no {', '.join(missing)} in {image_dir} (make -C image)"

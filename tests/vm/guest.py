@@ -16,6 +16,7 @@ from tests.vm import pace
 from tests.vm.pace import Deadline
 
 T = TypeVar("T")
+MIB = 1 << 20
 
 GUESTCTL = "/usr/local/bin/guestctl"
 # guestctl's own start-up in an idle TCG guest (Python, grpc, protobuf): 3.5-6 s measured.
@@ -161,6 +162,41 @@ def stop_filler(vm: GuestVM, name: str = "filler") -> None:
         pace.of(vm).scale(60),
         f"{name} (pid {pid}) to exit",
     )
+
+
+def swap_and_release(vm: GuestVM, cgroup: str, mib: int, disk: str) -> dict[str, float]:
+    """Push mib MiB through the cgroup (whose memory.max is below it) into swap on the host
+    file behind disk, end it, and see how much of that file the host gets back (discard)."""
+    speed = pace.of(vm)
+    swap_current = f"/sys/fs/cgroup/{cgroup}/memory.swap.current"
+    before = vm.disk_allocated_bytes(disk)
+    marker = start_filler(vm, cgroup, mib)
+    wait_until(lambda: filler_ready(vm, marker), speed.scale(600), "the filler to allocate")
+    swapped = int(read_guest(vm, swap_current))
+    peak = vm.disk_allocated_bytes(disk)
+    stop_filler(vm)
+    # Discards are issued as clusters free, by a kernel worker: once the guest has freed
+    # the swap, wait for the host's file to stop shrinking.
+    wait_until(
+        lambda: int(read_guest(vm, swap_current)) <= swapped / 10,
+        speed.scale(60),
+        f"the guest to free most of the filler's {swapped // MIB} MiB of swap",
+    )
+    after = wait_until_steady(
+        lambda: vm.disk_allocated_bytes(disk),
+        speed.scale(120),
+        f"the host's {disk} file to stop shrinking",
+        tolerance=MIB,
+        window=speed.scale(2.5),
+    )
+    released = (peak - after) / peak if peak else 0.0
+    return {
+        "swapped_mib": round(swapped / MIB, 1),
+        "allocated_before_mib": round(before / MIB, 1),
+        "allocated_peak_mib": round(peak / MIB, 1),
+        "allocated_after_mib": round(after / MIB, 1),
+        "released_fraction": round(released, 3),
+    }
 
 
 def plug_dimm_and_wait_online(vm: GuestVM, agent: AgentClient, mib: int) -> tuple[int, int]:

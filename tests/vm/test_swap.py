@@ -17,14 +17,11 @@ from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm import pace
 from tests.vm.guest import (
     boot,
-    filler_ready,
     kill_agent,
     make_cgroup,
     read_guest,
-    start_filler,
-    stop_filler,
+    swap_and_release,
     wait_until,
-    wait_until_steady,
 )
 
 pytestmark = pytest.mark.vm
@@ -110,36 +107,8 @@ def test_restarted_agent_rediscovers_the_area(vm: GuestVM, agent: AgentClient) -
 
 def fill_and_release(vm: GuestVM, disk: str) -> dict[str, float]:
     """Push FILL_MIB through a 64 MiB cgroup into swap, end it, and watch the host's file."""
-    speed = pace.of(vm)
     make_cgroup(vm, "fill", memory_max="64M")
-    before = vm.disk_allocated_bytes(disk)
-    marker = start_filler(vm, "fill", FILL_MIB)
-    wait_until(lambda: filler_ready(vm, marker), speed.scale(600), "the filler to allocate")
-    swapped = int(read_guest(vm, "/sys/fs/cgroup/fill/memory.swap.current"))
-    peak = vm.disk_allocated_bytes(disk)
-    stop_filler(vm)
-    # Discards are issued as clusters free, by a kernel worker: once the guest has freed
-    # the swap, wait for the host's file to stop shrinking.
-    wait_until(
-        lambda: int(read_guest(vm, "/sys/fs/cgroup/fill/memory.swap.current")) <= swapped / 10,
-        speed.scale(60),
-        f"the guest to free most of the filler's {swapped // MIB} MiB of swap",
-    )
-    after = wait_until_steady(
-        lambda: vm.disk_allocated_bytes(disk),
-        speed.scale(120),
-        f"the host's {disk} file to stop shrinking",
-        tolerance=MIB,
-        window=speed.scale(2.5),
-    )
-    released = (peak - after) / peak if peak else 0.0
-    return {
-        "swapped_mib": round(swapped / MIB, 1),
-        "allocated_before_mib": round(before / MIB, 1),
-        "allocated_peak_mib": round(peak / MIB, 1),
-        "allocated_after_mib": round(after / MIB, 1),
-        "released_fraction": round(released, 3),
-    }
+    return swap_and_release(vm, "fill", FILL_MIB, disk)
 
 
 def test_swap_blocks_go_back_to_the_host(vm: GuestVM, agent: AgentClient) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from guestagent.errors import AgentError
-from guestagent.linux.abi import HUGE_ORDER
+from guestagent.linux.abi import reporting_order
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_pressure
 from guestagent.linux.mm import read_free_blocks_optional
@@ -54,10 +54,12 @@ def compaction_decision(
     """Whether compacting now pays: free memory mostly in blocks free page reporting cannot
     take, the guest calm, and the last run long enough ago (or the reclaimer has freed a lot
     since and paused: what it freed is scattered). Returns (run, why)."""
-    small = sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < HUGE_ORDER)
+    order = reporting_order(page_size)
+    small = sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < order)
     total = sum(n * (page_size << o) for o, n in enumerate(free_blocks))
     share = small / total if total else 0.0
-    figures = f"{small // MIB} MiB of {total // MIB} MiB free is in blocks under 2 MiB"
+    block = (page_size << order) // MIB
+    figures = f"{small // MIB} MiB of {total // MIB} MiB free is in blocks under {block} MiB"
     settled = not reclaiming and reclaimed_since_bytes >= rule.settled_after_bytes
     gap = rule.settled_min_gap_s if settled else rule.min_gap_s
     if since_last_s is not None and since_last_s < gap:

@@ -134,7 +134,7 @@ def floor_of(policy: ReclaimPolicy, protected: int) -> int:
 
 
 def decide(
-    sample: Sample, policy: ReclaimPolicy, state: ControllerState, page_size: int = 4096
+    sample: Sample, policy: ReclaimPolicy, state: ControllerState, page_size: int
 ) -> Decision:
     guard_bytes = policy.refault_guard_fraction * sample.current
     over_stall = sample.stall_us > policy.stall_target_us
@@ -215,7 +215,7 @@ def stop_step_after_chunk(
     done_bytes: int,
     spent_s: float,
     interval_s: float,
-    page_size: int = 4096,
+    page_size: int,
 ) -> tuple[str, bool]:
     """After a chunk of a step: (why to stop, "" to go on; whether the why is the working set
     reached). `chunks` are the step's (pgscan, pgsteal) deltas so far, from memory.stat, None

@@ -43,7 +43,7 @@ def sample(
     ],
 )
 def test_slack_sets_the_step(stall_us: int, step: int) -> None:
-    decision = decide(sample(stall=stall_us), POLICY, ControllerState())
+    decision = decide(sample(stall=stall_us), POLICY, ControllerState(), PAGE)
     assert decision.step_bytes == step - step % PAGE
     assert decision.state.mode == Mode.PROBING
 
@@ -53,7 +53,7 @@ def test_slack_sets_the_step(stall_us: int, step: int) -> None:
     [(0, 10 * MIB), (int(0.5 * MIB), 5 * MIB), (MIB, 0)],  # Guard: 1 % of 100 MiB.
 )
 def test_refaults_shrink_the_step(refault: int, step: int) -> None:
-    assert decide(sample(refault=refault), POLICY, ControllerState()).step_bytes == step
+    assert decide(sample(refault=refault), POLICY, ControllerState(), PAGE).step_bytes == step
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_refaults_shrink_the_step(refault: int, step: int) -> None:
     [(1001, 0, "stall 1001 us over target 1000 us"), (0, 2 * MIB, "refaults 2097152 B over")],
 )
 def test_over_the_target_backs_off(stall: int, refault: int, reason: str) -> None:
-    decision = decide(sample(stall=stall, refault=refault), POLICY, ControllerState())
+    decision = decide(sample(stall=stall, refault=refault), POLICY, ControllerState(), PAGE)
     assert decision.step_bytes == 0
     assert decision.state.mode == Mode.BACKING_OFF
     assert reason in decision.state.why
@@ -72,19 +72,19 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
     state = ControllerState()
     holds = []
     for _ in range(8):
-        state = decide(sample(stall=5000), POLICY, state).state
+        state = decide(sample(stall=5000), POLICY, state, PAGE).state
         holds.append(state.hold)
     assert holds == [1, 4, 16, 32, 32, 32, 32, 32]
     assert max(holds) == MAX_HOLD_INTERVALS
     # Calm intervals count the hold down, then a step; CLEAN_STEPS_PER_BACKOFF clean samples
     # after steps shorten the next hold.
     for left in range(31, -1, -1):
-        decision = decide(sample(), POLICY, state)
+        decision = decide(sample(), POLICY, state, PAGE)
         state = decision.state
         assert decision.step_bytes == 0 and state.hold == left
     backoffs = state.backoffs
     for judged in range(CLEAN_STEPS_PER_BACKOFF + 1):  # The first step has none to judge.
-        decision = decide(sample(reclaimed=state.last_step), POLICY, state)
+        decision = decide(sample(reclaimed=state.last_step), POLICY, state, PAGE)
         # Eight back-offs not worked off: 1/4**8 of the full step is under a page, so a page.
         assert decision.step_bytes == PAGE and decision.state.stepped
         state = decision.state
@@ -94,7 +94,7 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
     probes: list[int] = []
     state = ControllerState(backoffs=3)
     for _ in range(3 * CLEAN_STEPS_PER_BACKOFF + 1):
-        decision = decide(sample(reclaimed=probes[-1] if probes else 0), POLICY, state)
+        decision = decide(sample(reclaimed=probes[-1] if probes else 0), POLICY, state, PAGE)
         probes.append(decision.step_bytes)
         state = decision.state
     full = 10 * MIB
@@ -105,17 +105,17 @@ def test_back_off_holds_grow_and_shrink_again() -> None:
 def test_a_back_off_restarts_the_count_of_clean_steps() -> None:
     state = ControllerState(backoffs=2)
     for _ in range(CLEAN_STEPS_PER_BACKOFF):  # The first steps; each later one judges a step.
-        decision = decide(sample(reclaimed=state.last_step), POLICY, state)
+        decision = decide(sample(reclaimed=state.last_step), POLICY, state, PAGE)
         state = decision.state
     assert state.clean_steps == CLEAN_STEPS_PER_BACKOFF - 1
-    state = decide(sample(stall=5000), POLICY, state).state
+    state = decide(sample(stall=5000), POLICY, state, PAGE).state
     assert (state.backoffs, state.clean_steps, state.hold) == (3, 0, 16)
 
 
 @pytest.mark.parametrize(("reclaimed", "backs_off"), [(0, True), (MIB - 1, True), (MIB, False)])
 def test_a_step_that_got_little_backs_off(reclaimed: int, backs_off: bool) -> None:
     state = ControllerState(last_step=4 * MIB)
-    decision = decide(sample(reclaimed=reclaimed), POLICY, state)
+    decision = decide(sample(reclaimed=reclaimed), POLICY, state, PAGE)
     assert (decision.state.mode == Mode.BACKING_OFF) is backs_off
     if backs_off:
         assert f"the last step got {reclaimed} B of {4 * MIB} B" in decision.state.why
@@ -124,7 +124,7 @@ def test_a_step_that_got_little_backs_off(reclaimed: int, backs_off: bool) -> No
 def test_a_step_stopped_at_the_working_set_backs_off() -> None:
     state = ControllerState(last_step=4 * MIB)
     why = "the kernel stole 10 of the 100 pages it scanned: the rest is referenced"
-    decision = decide(sample(reclaimed=4 * MIB, low_yield=why), POLICY, state)
+    decision = decide(sample(reclaimed=4 * MIB, low_yield=why), POLICY, state, PAGE)
     assert decision.step_bytes == 0 and decision.state.mode == Mode.BACKING_OFF
     assert f"the last step stopped early: {why}" in decision.state.why
 
@@ -149,7 +149,7 @@ LOW = (1025, 256)  # Under a quarter of what the kernel scanned.
 def test_a_chunk_verdict(
     chunks: tuple[tuple[int | None, int | None], ...], spent: float, why: str, low_yield: bool
 ) -> None:
-    said, is_low_yield = stop_step_after_chunk(chunks, 0, len(chunks) * MIB, spent, 1.0)
+    said, is_low_yield = stop_step_after_chunk(chunks, 0, len(chunks) * MIB, spent, 1.0, PAGE)
     assert why in said and bool(said) is bool(why)
     assert is_low_yield is low_yield
 
@@ -159,7 +159,7 @@ def test_a_chunk_verdict(
     [(0, MIB, False), (64, MIB, False), (65, MIB, True), (65, 2 * MIB, False)],
 )
 def test_refaults_while_a_step_runs_stop_it(refaulted: int, done: int, stops: bool) -> None:
-    said, is_low_yield = stop_step_after_chunk(((256, 256),), refaulted, done, 0.01, 1.0)
+    said, is_low_yield = stop_step_after_chunk(((256, 256),), refaulted, done, 0.01, 1.0, PAGE)
     assert bool(said) is stops and is_low_yield is stops
     if stops:
         assert f"{refaulted} pages refaulted while it reclaimed {done} B" in said
@@ -167,7 +167,7 @@ def test_refaults_while_a_step_runs_stop_it(refaulted: int, done: int, stops: bo
 
 def test_refault_guard_off_ignores_refaults() -> None:
     policy = replace(POLICY, refault_guard_fraction=0.0)
-    assert decide(sample(refault=90 * MIB), policy, ControllerState()).step_bytes == 10 * MIB
+    assert decide(sample(refault=90 * MIB), policy, ControllerState(), PAGE).step_bytes == 10 * MIB
 
 
 @pytest.mark.parametrize(
@@ -182,7 +182,7 @@ def test_refault_guard_off_ignores_refaults() -> None:
 )
 def test_floor(current: int, floor: int, protected: int, step: int, mode: Mode) -> None:
     policy = replace(POLICY, floor_bytes=floor)
-    decision = decide(sample(current=current, protected=protected), policy, ControllerState())
+    decision = decide(sample(current=current, protected=protected), policy, ControllerState(), PAGE)
     assert (decision.step_bytes, decision.state.mode) == (step, mode)
 
 
@@ -218,7 +218,7 @@ states = st.builds(
 def test_never_more_than_the_max_step_nor_below_the_floor(
     s: Sample, policy: ReclaimPolicy, state: ControllerState
 ) -> None:
-    step = decide(s, policy, state).step_bytes
+    step = decide(s, policy, state, PAGE).step_bytes
     assert 0 <= step <= policy.max_step_fraction * s.current
     assert step % PAGE == 0
     if step:
@@ -230,7 +230,7 @@ def test_never_more_than_the_max_step_nor_below_the_floor(
 def test_back_offs_wear_off_one_at_a_time(
     s: Sample, policy: ReclaimPolicy, state: ControllerState
 ) -> None:
-    after = decide(s, policy, state).state
+    after = decide(s, policy, state, PAGE).state
     assert after.backoffs >= state.backoffs - 1
     if after.backoffs < state.backoffs:
         assert state.stepped and state.clean_steps == CLEAN_STEPS_PER_BACKOFF - 1
@@ -239,7 +239,7 @@ def test_back_offs_wear_off_one_at_a_time(
 
 @given(samples, policies, states)
 def test_over_target_never_steps(s: Sample, policy: ReclaimPolicy, state: ControllerState) -> None:
-    decision = decide(replace(s, stall_us=policy.stall_target_us + 1), policy, state)
+    decision = decide(replace(s, stall_us=policy.stall_target_us + 1), policy, state, PAGE)
     assert decision.step_bytes == 0 and decision.state.mode == Mode.BACKING_OFF
     assert 1 <= decision.state.hold <= MAX_HOLD_INTERVALS
 
