@@ -58,9 +58,11 @@ extension: $(WHEEL_STAMP)
 	cp $(IMAGE_BUILD)/guestagent-extension.verity-params $(EXTENSION).verity-params
 	$(PY) -m guestagent.build.extension snippet $(abspath $(EXTENSION).img)
 
-# The README's test command: unit, integration and VM tests, the VM ones required.
+# The README's test command: unit, integration and VM tests, the VM ones required, the VM
+# files in TEST_LANES parallel lanes (tests/run.py says why that is safe).
+TEST_LANES ?= 2
 test: image image-arm64
-	GUESTAGENT_VM_TESTS=required $(PY) -m pytest -q
+	GUESTAGENT_VM_TESTS=required $(PY) -m tests.run --lanes $(TEST_LANES)
 
 # The quick loop: the slow fuzz tests run in `make test`.
 unit: $(STAMP)
