@@ -303,9 +303,10 @@ class SwapManager:
         )
 
     def enable(self, spec: EnableSwapSpec) -> SwapArea:
+        # First: in a confidential guest, swap in the clear is refused whatever the disk.
+        chosen = choose_encryption(spec.encryption, self.confidential)
         device = resolve_device(self.finder, spec.selector, spec.wait_ms)
         with self._lock:
-            chosen = choose_encryption(spec.encryption, self.confidential)
             mapping = self._mapping_of(device)
             swap_device = mapped_device(mapping) if mapping is not None else device
             entry = self._active_entry(swap_device)
