@@ -47,14 +47,12 @@ MARKER = secrets.token_bytes(64)
 RESULTS: dict[str, object] = {}
 
 # Fills MiB of anonymous memory with the marker, says so in a file, then sleeps until killed.
+# Repeating a bytearray writes each page once: bytearray(size) would zero every page first,
+# swap it out, and swap it back in to write the marker.
 MARKER_FILLER = """
 import sys, time
 marker = bytes.fromhex(sys.argv[1])
-size = int(sys.argv[2]) << 20
-chunk = marker * ((1 << 20) // len(marker))
-block = bytearray(size)
-for offset in range(0, size, len(chunk)):
-    block[offset : offset + len(chunk)] = chunk
+block = bytearray(marker) * ((int(sys.argv[2]) << 20) // len(marker))
 open(sys.argv[3], "w").write("ready")
 time.sleep(3600)
 """
