@@ -14,6 +14,7 @@ from pathlib import Path
 
 from guestagent import jsonlog
 from guestagent.errors import AgentError
+from guestagent.linux.confidential import SETTINGS
 from guestagent.linux.fs import KernelFS
 from guestagent.ops.hotplug import AUTO_MOVABLE, DEFAULT_MOVABLE_RATIO, POLICIES, OnlinePolicy
 from guestagent.ops.self_cgroup import protect_self
@@ -96,6 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cgroups watched by all WatchMemory streams together (default 4096); "
         "a stream over it is RESOURCE_EXHAUSTED",
     )
+    serve_cmd.add_argument(
+        "--confidential",
+        choices=SETTINGS,
+        default="auto",
+        help="whether this is a confidential guest (SEV-SNP, TDX), where swap is encrypted and "
+        "never in the clear: auto asks the kernel; yes and no overrule it",
+    )
     serve_cmd.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
 
@@ -121,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reclaim=tuple(args.reclaim),
             max_connections=args.max_connections,
             max_watches=args.max_watches,
+            confidential=args.confidential,
         )
         asyncio.run(serve(config))
     except (AgentError, OSError) as e:

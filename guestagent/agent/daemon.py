@@ -31,6 +31,7 @@ from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.agent.undecodable import UndecodableRequests
 from guestagent.jsonlog import EventLog
 from guestagent.linux import statefile
+from guestagent.linux.confidential import decide, read_facts
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES
 from guestagent.ops import limits
@@ -80,6 +81,8 @@ class ServerConfig:
     reclaim: tuple[str, ...] = ()
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_watches: int = DEFAULT_MAX_WATCHES
+    # --confidential: auto (what the kernel says), yes or no.
+    confidential: str = "auto"
 
 
 class Agent:
@@ -108,7 +111,8 @@ class Agent:
         self._unix_paths: list[tuple[str, int]] = []
         self._private_dir: Path | None = None
         self.hotplug = HotplugWatcher(config.fs, config.online_memory)
-        self.swaps = SwapManager(config.fs)
+        self.confidential = decide(config.confidential, read_facts(config.fs))
+        self.swaps = SwapManager(config.fs, confidential=self.confidential)
         self.reclaimer = Reclaimer(config.fs)
         pb_grpc.add_MemoryAgentServicer_to_server(
             MemoryAgentServicer(
@@ -154,6 +158,8 @@ class Agent:
             allowed_cids=sorted(self.config.allowed_cids),
             max_connections=self.budget.limit,
             nofile=nofile_limit(),
+            confidential=self.confidential.platform,
+            confidential_evidence=self.confidential.evidence,
         )
 
     def _bind(self, address: Address) -> None:

@@ -200,7 +200,14 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     async def GetMemoryInfo(
         self, cgroups: tuple[str, ...], context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
     ) -> Report:
-        return await self._read(memory_info, self.fs, cgroups, self.reclaimer, self.hotplug_reports)
+        return await self._read(
+            memory_info,
+            self.fs,
+            cgroups,
+            self.reclaimer,
+            self.hotplug_reports,
+            self.swaps.confidential,
+        )
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:

@@ -29,7 +29,13 @@ from guestagent.ops.info import Report
 from guestagent.ops.limits import AppliedLimits, MemorySpec, SetLimitsSpec
 from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
-from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec, SwapArea
+from guestagent.ops.swap import (
+    DEFAULT_LABEL,
+    DiscardPolicy,
+    EnableSwapSpec,
+    SwapArea,
+    SwapEncryption,
+)
 from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import (
     ReclaimOverview,
@@ -45,6 +51,11 @@ DISCARD_TO_PB = {
     DiscardPolicy.NONE: pb.DISCARD_NONE,
 }
 DISCARD_FROM_PB = {v: k for k, v in DISCARD_TO_PB.items()}
+ENCRYPTION_FROM_PB = {
+    pb.SWAP_ENCRYPTION_DEFAULT: SwapEncryption.DEFAULT,
+    pb.SWAP_ENCRYPTION_NONE: SwapEncryption.NONE,
+    pb.SWAP_ENCRYPTION_EPHEMERAL: SwapEncryption.EPHEMERAL,
+}
 WATCH_REASON_TO_PB = {
     WatchReason.INITIAL: pb.WATCH_REASON_INITIAL,
     WatchReason.INTERVAL: pb.WATCH_REASON_INTERVAL,
@@ -215,6 +226,8 @@ def absent_pb(absent: Absent) -> pb.Absent:
 def report_pb(answer: Report) -> pb.MemoryInfo:
     message = memory_info_pb(answer.report, reclaim=answer.reclaim)
     message.state_unavailable = answer.state_unavailable
+    message.confidential.platform = answer.confidential.platform
+    message.confidential.evidence = answer.confidential.evidence
     return message
 
 
@@ -242,6 +255,10 @@ def enable_swap_spec_from_pb(request: pb.EnableSwapRequest) -> EnableSwapSpec:
         raise InvalidArgument(
             f"discard policy {request.discard} is not one of {sorted(DISCARD_FROM_PB)}"
         )
+    if request.encryption not in ENCRYPTION_FROM_PB:
+        raise InvalidArgument(
+            f"swap encryption {request.encryption} is not one of {sorted(ENCRYPTION_FROM_PB)}"
+        )
     return EnableSwapSpec(
         selector=selector_from_pb(request.device),
         priority=request.priority if request.HasField("priority") else None,
@@ -249,6 +266,7 @@ def enable_swap_spec_from_pb(request: pb.EnableSwapRequest) -> EnableSwapSpec:
         wait_ms=request.wait_ms,
         force=request.force,
         label=request.label or DEFAULT_LABEL,
+        encryption=ENCRYPTION_FROM_PB[request.encryption],
     )
 
 
@@ -267,6 +285,9 @@ def swap_area_pb(area: SwapArea) -> pb.SwapArea:
         label=area.label,
         already_active=area.already_active,
         formatted=area.formatted,
+        encrypted=area.encrypted,
+        mapping=area.mapping,
+        backing_device=area.backing_device,
     )
     if area.discard is not None:
         message.discard = DISCARD_TO_PB[area.discard]

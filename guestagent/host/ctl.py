@@ -159,6 +159,13 @@ def _swap_enable_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait-ms", type=int, default=0, help="wait for a hot-plugged disk")
     parser.add_argument("--force", action="store_true", help="format over existing data")
     parser.add_argument("--label", default="")
+    parser.add_argument(
+        "--encryption",
+        choices=["default", "none", "ephemeral"],
+        default="default",
+        help="ephemeral: dm-crypt with a key only the guest kernel holds (default in a "
+        "confidential guest, the only choice there)",
+    )
 
 
 def _swap_enable(client: AgentClient, args: argparse.Namespace) -> str:
@@ -168,6 +175,7 @@ def _swap_enable(client: AgentClient, args: argparse.Namespace) -> str:
         wait_ms=args.wait_ms,
         force=args.force,
         label=args.label,
+        encryption=pb.SwapEncryption.Value(f"SWAP_ENCRYPTION_{args.encryption.upper()}"),
     )
     if args.priority is not None:
         request.priority = args.priority

@@ -46,6 +46,10 @@ def memory_info_text(info: pb.MemoryInfo) -> str:
         f"swap     total {mib(system.swap_total_bytes)}  free {mib(system.swap_free_bytes)}",
         "pressure " + (pressure_text(info.pressure) if info.HasField("pressure") else "(no PSI)"),
     ]
+    if info.HasField("confidential"):
+        lines.append(
+            f"guest    confidential {info.confidential.platform} ({info.confidential.evidence})"
+        )
     lines += [f"absent   {a.feature}: {a.reason}" for a in info.absent]
     if info.HasField("hotplug"):
         lines += hotplug_lines(info.hotplug)
@@ -135,6 +139,7 @@ def swap_area_text(area: pb.SwapArea) -> str:
         f"priority {area.priority}  discard {discard}"
         f"{'' if area.discard_supported else ' (device cannot discard)'}  "
         f"rotational {rotational}  uuid {area.uuid or '-'}  label {area.label or '-'}"
+        + (f"  encrypted: {area.mapping} over {area.backing_device}" if area.encrypted else "")
         + (f"  [{state}]" if state else "")
     )
 

@@ -55,6 +55,22 @@ def inotify_rm_watch(fd: int, wd: int) -> None:
     _check(_libc().inotify_rm_watch(fd, ctypes.c_int(wd)), "inotify_rm_watch")
 
 
+def getrandom_into(buffer: bytearray) -> None:
+    """Fill buffer from the kernel's CSPRNG in place: os.getrandom would return immutable
+    bytes, which could not be wiped afterwards."""
+    view = (ctypes.c_char * len(buffer)).from_buffer(buffer)
+    filled = _check(_libc().getrandom(view, ctypes.c_size_t(len(buffer)), 0), "getrandom")
+    if filled != len(buffer):  # Only reads over 256 bytes can come back short.
+        raise OSError(0, f"getrandom: {filled} of {len(buffer)} bytes")
+
+
+def ioctl_in_place(fd: int, request: int, buffer: bytearray, what: str) -> None:
+    """ioctl(2) on buffer itself: fcntl.ioctl copies buffers under 1 KiB into one of its
+    own, a copy that could not be wiped."""
+    view = (ctypes.c_char * len(buffer)).from_buffer(buffer)
+    _check(_libc().ioctl(fd, ctypes.c_ulong(request), view), what)
+
+
 def swapon(path: str, flags: int) -> None:
     _check(_libc().swapon(os.fsencode(path), ctypes.c_int(flags)), f"swapon({path})")
 

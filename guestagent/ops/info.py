@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from guestagent.linux.confidential import Confidential
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
@@ -15,14 +16,22 @@ from guestagent.ops.workingset.reclaimer import Reclaimer, TargetStatus
 @dataclass(frozen=True)
 class Report:
     report: MemoryReport
+    confidential: Confidential
     reclaim: tuple[TargetStatus, ...] = ()
     # Why the agent does not persist its state, "" when it does.
     state_unavailable: str = ""
 
 
 def memory_info(
-    fs: KernelFS, cgroups: tuple[str, ...], reclaimer: Reclaimer, hotplug: HotplugReportCache
+    fs: KernelFS,
+    cgroups: tuple[str, ...],
+    reclaimer: Reclaimer,
+    hotplug: HotplugReportCache,
+    confidential: Confidential,
 ) -> Report:
     return Report(
-        read_report(fs, cgroups, hotplug), reclaimer.known(cgroups), state_unavailable(fs)
+        read_report(fs, cgroups, hotplug),
+        confidential,
+        reclaimer.known(cgroups),
+        state_unavailable(fs),
     )

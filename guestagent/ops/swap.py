@@ -6,6 +6,10 @@ queue/rotational, and virtio-blk says "rotational" by default; so rotational is 
 before swapon. A device that is neither blank (all zeros, as a sparse file reads) nor swap
 is never formatted without `force`, and a failure after the disk was touched puts back what
 was there.
+
+Encrypted swap (docs/confidential-swap.md) maps the disk through dm-crypt with a key made in
+the guest and held only by its kernel, then formats and enables the mapping; the same checks
+run on the raw disk first. In a confidential guest it is the default and the only choice.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from guestagent.errors import (
     Aborted,
+    AgentError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -40,12 +45,23 @@ from guestagent.linux.blockdev import (
     DeviceSelector,
     UdevDevices,
     device_for_node,
+    discard_all,
     first_data_offset,
     open_exclusive,
     queue_value,
     refuse_unsafe_device,
     resolve_device,
+    size_bytes,
     write_queue_value,
+)
+from guestagent.linux.confidential import Confidential, decide, read_facts
+from guestagent.linux.dm import (
+    DeviceMapper,
+    Mapping,
+    crypt_table,
+    has_crypt_target,
+    mapping_named,
+    read_mappings,
 )
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.statefile import SWAPS, state_file
@@ -61,6 +77,8 @@ from guestagent.linux.tools import run_mkswap
 log = EventLog("guestagent.ops.swap")
 
 DEFAULT_LABEL = "guestagent-swap"
+# A mapping's name is this and its disk's kernel name; a restarted agent finds its own by it.
+MAPPING_PREFIX = "guestagent-swap-"
 
 
 class DiscardPolicy(enum.Enum):
@@ -68,6 +86,49 @@ class DiscardPolicy(enum.Enum):
     PAGES = "pages"  # Only clusters as they free: what gives memory back to the host.
     ONCE = "once"  # Only the whole area at swapon.
     NONE = "none"
+
+
+class SwapEncryption(enum.Enum):
+    DEFAULT = "default"  # EPHEMERAL in a confidential guest, NONE elsewhere.
+    NONE = "none"
+    EPHEMERAL = "ephemeral"  # dm-crypt with a random key that lives only in the kernel.
+
+
+def choose_encryption(asked: SwapEncryption, confidential: Confidential) -> SwapEncryption:
+    """NONE or EPHEMERAL for a request; never swap in the clear in a confidential guest."""
+    if asked is SwapEncryption.DEFAULT:
+        return SwapEncryption.EPHEMERAL if confidential.is_confidential else SwapEncryption.NONE
+    if asked is SwapEncryption.NONE and confidential.is_confidential:
+        raise FailedPrecondition(
+            f"encryption NONE refused: this is a confidential guest ({confidential.platform}, "
+            f"from {confidential.evidence}), and swap in the clear hands its memory to the "
+            "host; ask for EPHEMERAL or leave encryption unset"
+        )
+    return asked
+
+
+def refuse_other_encryption(
+    asked: SwapEncryption, chosen: SwapEncryption, encrypted: bool, devnode: str
+) -> None:
+    """An active area is returned unchanged only if it is what was asked for (or, unasked,
+    encrypted: never less safe than the default)."""
+    if encrypted == (chosen is SwapEncryption.EPHEMERAL):
+        return
+    if asked is SwapEncryption.DEFAULT and encrypted:
+        return
+    have = "encrypted" if encrypted else "in the clear"
+    want = "encrypted" if chosen is SwapEncryption.EPHEMERAL else "in the clear"
+    raise FailedPrecondition(
+        f"{devnode} is already active swap {have}; disable it before enabling it {want}"
+    )
+
+
+def mapping_name(sysname: str) -> str:
+    return MAPPING_PREFIX + sysname
+
+
+def mapped_device(mapping: Mapping) -> BlockDevice:
+    return BlockDevice(mapping.devnode, mapping.sysname, "disk", mapping.major, mapping.minor)
 
 
 @dataclass(frozen=True)
@@ -78,6 +139,7 @@ class EnableSwapSpec:
     wait_ms: int = 0
     force: bool = False
     label: str = DEFAULT_LABEL
+    encryption: SwapEncryption = SwapEncryption.DEFAULT
 
     def __post_init__(self) -> None:
         if self.priority is not None and not 0 <= self.priority <= SWAP_FLAG_PRIO_MASK:
@@ -99,6 +161,9 @@ class SwapArea:
     label: str
     already_active: bool = False
     formatted: bool = False
+    encrypted: bool = False
+    mapping: str = ""  # /dev/mapper/NAME of an encrypted area.
+    backing_device: str = ""  # The disk under it, e.g. /dev/vdb.
 
 
 def decode_swap_state(value: object) -> dict[str, dict[str, str]]:
@@ -127,8 +192,16 @@ def swapon_flags(priority: int | None, discard: DiscardPolicy) -> int:
 class SwapManager:
     """EnableSwap, DisableSwap and ListSwaps; one at a time, since a pod shares one area."""
 
-    def __init__(self, fs: KernelFS, finder: DeviceFinder | None = None) -> None:
+    def __init__(
+        self,
+        fs: KernelFS,
+        finder: DeviceFinder | None = None,
+        confidential: Confidential | None = None,
+    ) -> None:
         self.fs = fs
+        self.confidential = (
+            confidential if confidential is not None else decide("auto", read_facts(fs))
+        )
         self._finder = finder
         self._lock = threading.Lock()
         self._page_size = PAGE_SIZE
@@ -147,8 +220,32 @@ class SwapManager:
 
     def check_state(self) -> None:
         """At start: a saved state that is not one of ours is moved aside now, not at the
-        first swap call."""
+        first swap call; a mapping of ours without active swap on it (an agent killed
+        between the table load and swapon) is removed."""
         self._read_state()
+        with self._lock:
+            for mapping in self._mappings():
+                if self._active_entry(mapped_device(mapping)) is not None:
+                    log.info("encrypted_swap_found", mapping=mapping.name, device=mapping.devnode)
+                    continue
+                try:
+                    DeviceMapper(self.fs).remove(mapping.name)
+                except (AgentError, OSError) as e:
+                    log.error("stale_mapping_not_removed", mapping=mapping.name, error=str(e))
+                    continue
+                log.warning(
+                    "stale_mapping_removed", mapping=mapping.name, backing=",".join(mapping.slaves)
+                )
+
+    def _mappings(self) -> list[Mapping]:
+        return [m for m in read_mappings(self.fs) if m.name.startswith(MAPPING_PREFIX)]
+
+    def _mapping_of(self, device: BlockDevice) -> Mapping | None:
+        """Our mapping over device, or device itself when it is one of our mappings."""
+        for mapping in self._mappings():
+            if device.sysname in mapping.slaves or device.sysname == mapping.sysname:
+                return mapping
+        return None
 
     def _read_state(self) -> dict[str, dict[str, str]]:
         """What /proc/swaps cannot say (the discard policy), kept across agent restarts."""
@@ -176,7 +273,14 @@ class SwapManager:
             return False
         return rdev != 0 and (os.major(rdev), os.minor(rdev)) == (device.major, device.minor)
 
-    def _area(self, device: BlockDevice, entry: ActiveSwap, **extra: bool) -> SwapArea:
+    def _area(
+        self,
+        device: BlockDevice,
+        entry: ActiveSwap,
+        mapping: Mapping | None,
+        already_active: bool = False,
+        formatted: bool = False,
+    ) -> SwapArea:
         recorded = self._read_state().get(device.devnode, {})
         rotational = queue_value(self.fs, device, "rotational")
         discard_max = queue_value(self.fs, device, "discard_max_bytes")
@@ -191,33 +295,105 @@ class SwapManager:
             rotational=rotational == "1" if rotational is not None else None,
             uuid=header.uuid if header is not None else "",
             label=header.label if header is not None else "",
-            **extra,
+            already_active=already_active,
+            formatted=formatted,
+            encrypted=mapping is not None,
+            mapping=mapping.mapper_node if mapping is not None else "",
+            backing_device=mapping.backing_nodes if mapping is not None else "",
         )
 
     def enable(self, spec: EnableSwapSpec) -> SwapArea:
+        # First: in a confidential guest, swap in the clear is refused whatever the disk.
+        chosen = choose_encryption(spec.encryption, self.confidential)
         device = resolve_device(self.finder, spec.selector, spec.wait_ms)
         with self._lock:
-            entry = self._active_entry(device)
+            mapping = self._mapping_of(device)
+            swap_device = mapped_device(mapping) if mapping is not None else device
+            entry = self._active_entry(swap_device)
             if entry is not None:
-                return self._area(device, entry, already_active=True)
+                refuse_other_encryption(
+                    spec.encryption, chosen, mapping is not None, device.devnode
+                )
+                return self._area(swap_device, entry, mapping, already_active=True)
+            # On the raw disk, before anything is mapped; a mapping left on it holds it.
             refuse_unsafe_device(self.fs, device)
             head = self._read_head(device)
             reusable = self._check_signatures(device, head, spec.force)
             rotational_before = queue_value(self.fs, device, "rotational")
-            try:
-                self._prepare_and_swapon(device, spec, reusable)
-            except Exception as e:
-                restored = self._restore(device, head, rotational_before)
-                raise Aborted(f"enabling swap on {device.devnode} failed: {e}; {restored}") from e
+            if chosen is SwapEncryption.EPHEMERAL:
+                mapping = self._map_and_swapon(device, spec, head, rotational_before)
+                swap_device = mapped_device(mapping)
+            else:
+                try:
+                    self._prepare_and_swapon(device, spec, reusable)
+                except Exception as e:
+                    restored = self._restore(device, head, rotational_before)
+                    raise Aborted(
+                        f"enabling swap on {device.devnode} failed: {e}; {restored}"
+                    ) from e
             state = self._read_state()
-            state[device.devnode] = {"discard": spec.discard.value}
+            state[swap_device.devnode] = {"discard": spec.discard.value}
             self._write_state(state)
-            entry = self._active_entry(device)
+            entry = self._active_entry(swap_device)
             if entry is None:
-                raise FailedPrecondition(f"{device.devnode} was enabled but is not in /proc/swaps")
-            area = self._area(device, entry, formatted=reusable is None)
+                raise FailedPrecondition(
+                    f"{swap_device.devnode} was enabled but is not in /proc/swaps"
+                )
+            formatted = mapping is not None or reusable is None
+            area = self._area(swap_device, entry, mapping, formatted=formatted)
             log.info("swap_enabled", **{k: str(v) for k, v in asdict(area).items()})
             return area
+
+    def _map_and_swapon(
+        self, device: BlockDevice, spec: EnableSwapSpec, head: bytes, rotational: str | None
+    ) -> Mapping:
+        """Map device through dm-crypt with a fresh key, format and enable the mapping; on
+        any failure remove the mapping and put the disk back as it was found."""
+        mapper = DeviceMapper(self.fs)
+        missing = has_crypt_target(mapper)
+        if missing is not None:
+            raise FailedPrecondition(f"cannot encrypt swap on {device.devnode}: {missing}")
+        logical_block = queue_value(self.fs, device, "logical_block_size")
+        table = crypt_table(
+            size_bytes(self.fs, device), int(logical_block or 512), device.major, device.minor
+        )
+        name = mapping_name(device.sysname)
+        created = False
+        try:
+            self._set_nonrotational(device)
+            mapper.create(name)
+            created = True
+            mapper.load_crypt(name, table)
+            mapper.resume(name)
+            mapping = mapping_named(self.fs, name)
+            if mapping is None:
+                raise FailedPrecondition(f"mapping {name} is not in /sys/block after its resume")
+            mapped = mapped_device(mapping)
+            # The mapping stacks the disk's rotational flag; written anyway, and checked.
+            self._set_nonrotational(mapped)
+            import uuid  # As in _prepare_and_swapon: only a format needs it.
+
+            # force: the mapping holds ciphertext of whatever the checked disk held, never data.
+            run_mkswap(mapped.devnode, str(uuid.uuid4()), spec.label, True)
+            syscalls.swapon(mapped.devnode, swapon_flags(spec.priority, spec.discard))
+        except Exception as e:
+            undone = []
+            if created:
+                try:
+                    mapper.remove(name)
+                    undone.append(f"removed mapping {name}")
+                except (AgentError, OSError) as removing:
+                    undone.append(f"removing mapping {name} failed: {removing}")
+            undone.append(self._restore(device, head, rotational))
+            raise Aborted(
+                f"enabling encrypted swap on {device.devnode} failed: {e}; {'; '.join(undone)}"
+            ) from e
+        return mapping
+
+    def _set_nonrotational(self, device: BlockDevice) -> None:
+        write_queue_value(self.fs, device, "rotational", "0")
+        if queue_value(self.fs, device, "rotational") != "0":
+            raise FailedPrecondition(f"{device.devnode} still reads rotational=1 after writing 0")
 
     def _read_head(self, device: BlockDevice) -> bytes:
         fd = open_exclusive(self.fs, device)
@@ -262,9 +438,7 @@ class SwapManager:
     def _prepare_and_swapon(
         self, device: BlockDevice, spec: EnableSwapSpec, reusable: SwapHeader | None
     ) -> None:
-        write_queue_value(self.fs, device, "rotational", "0")
-        if queue_value(self.fs, device, "rotational") != "0":
-            raise FailedPrecondition(f"{device.devnode} still reads rotational=1 after writing 0")
+        self._set_nonrotational(device)
         if reusable is None:
             import uuid  # Here, not at start: only a format needs it (and it loads platform).
 
@@ -302,20 +476,45 @@ class SwapManager:
                 f"{e}; still active with their device nodes gone: {', '.join(orphans)}"
             ) from e
         with self._lock:
-            entry = self._active_entry(device)
+            mapping = self._mapping_of(device)
+            swap_device = mapped_device(mapping) if mapping is not None else device
+            entry = self._active_entry(swap_device)
             if entry is None:
                 raise NotFound(f"{device.devnode} is not an active swap area")
-            area = self._area(device, entry)
+            area = self._area(swap_device, entry, mapping)
             try:
                 syscalls.swapoff(entry.filename)
             except OSError as e:
                 # ENOMEM: the pages in swap do not fit back in memory.
                 raise FailedPrecondition(f"swapoff {entry.filename} failed: {errno_text(e)}") from e
             state = self._read_state()
-            state.pop(device.devnode, None)
+            state.pop(swap_device.devnode, None)
             self._write_state(state)
-            log.info("swap_disabled", device=device.devnode)
+            if mapping is not None:
+                self._unmap(mapping)
+            log.info("swap_disabled", device=swap_device.devnode, mapping=area.mapping)
             return area
+
+    def _unmap(self, mapping: Mapping) -> None:
+        """Discard the whole mapping, so the host gets every block back and the disk reads
+        blank for the next EnableSwap, then remove it: the key goes with it."""
+        device = mapped_device(mapping)
+        try:
+            fd = open_exclusive(self.fs, device)
+            try:
+                discard_all(fd, size_bytes(self.fs, device))
+            finally:
+                os.close(fd)
+        except (AgentError, OSError) as e:
+            # The disk keeps ciphertext: unreadable, but no longer blank (EnableSwap needs force).
+            log.warning("mapping_not_discarded", mapping=mapping.name, error=str(e))
+        try:
+            DeviceMapper(self.fs).remove(mapping.name)
+        except OSError as e:
+            raise FailedPrecondition(
+                f"swap on {mapping.devnode} is off, but removing mapping {mapping.name} "
+                f"failed: {errno_text(e)}"
+            ) from e
 
     def list(self) -> list[SwapArea]:
         areas = []
@@ -336,5 +535,5 @@ class SwapManager:
                     )
                 )
             else:
-                areas.append(self._area(device, entry))
+                areas.append(self._area(device, entry, self._mapping_of(device)))
         return areas

@@ -372,6 +372,12 @@ def runtime_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"runtime": measure_runtime()}
 
 
+def crypt_swap_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.crypt_swap import measure_crypt_swap
+
+    return {"crypt_swap": measure_crypt_swap()}
+
+
 def hostile_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.hostile import measure_hostile
 
@@ -385,6 +391,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "vm": vm_section,
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,
+    "crypt_swap": crypt_swap_section,
     "hostile": hostile_section,
 }
 

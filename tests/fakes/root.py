@@ -114,6 +114,14 @@ class FakeRoot:
         path.write_text(text)
         return path
 
+    def add_mapping(self, name: str, sysname: str, dev: str, *slaves: str) -> None:
+        """A device-mapper device as sysfs shows it: /sys/block/dm-N/{dev,dm/name,slaves/}."""
+        self.write(f"sys/block/{sysname}/dev", f"{dev}\n")
+        self.write(f"sys/block/{sysname}/dm/name", f"{name}\n")
+        (self.root / f"sys/block/{sysname}/slaves").mkdir(exist_ok=True)
+        for slave in slaves:
+            (self.root / f"sys/block/{sysname}/slaves/{slave}").mkdir()
+
     def add_memory_blocks(self, states: dict[int, str]) -> None:
         """Memory blocks of 128 MiB in the given states, online ones in ZONE_NORMAL."""
         memory = "sys/devices/system/memory"

@@ -253,3 +253,30 @@ def test_online_memory_off_refuses_the_rpc_naming_the_flag(
     assert result.returncode != 0
     assert "FAILED_PRECONDITION" in result.stderr and "--online-memory off" in result.stderr
     assert state.read_text() == "offline\n"
+
+
+def test_a_confidential_agent_reports_it_and_refuses_swap_in_the_clear(
+    fake_root: FakeRoot, tmp_path: Path
+) -> None:
+    agent = AgentProcess(fake_root.root, tmp_path, extra_args=("--confidential=yes",))
+    agent.start()
+    try:
+        info = guestctl("--target", agent.unix_target, "info")
+        refused = guestctl(
+            "--target",
+            agent.unix_target,
+            "swap",
+            "enable",
+            "--device",
+            "/dev/vdb",
+            "--encryption",
+            "none",
+        )
+    finally:
+        agent.kill()
+    assert "guest    confidential other (--confidential=yes)" in info.stdout, info.stderr
+    assert refused.returncode != 0
+    assert "FAILED_PRECONDITION" in refused.stderr
+    assert "confidential guest (other, from --confidential=yes)" in refused.stderr
+    serving = next(e for e in agent.log_events() if e.get("event") == "serving")
+    assert serving["confidential"] == "other"

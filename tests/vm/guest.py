@@ -164,6 +164,25 @@ def stop_filler(vm: GuestVM, name: str = "filler") -> None:
     )
 
 
+def allocated_after_release(vm: GuestVM, swap_current: str, swapped: int, disk: str) -> int:
+    """Once the filler is gone, the bytes of the host's file behind disk still allocated."""
+    speed = pace.of(vm)
+    # Discards are issued as clusters free, by a kernel worker: once the guest has freed
+    # the swap, wait for the host's file to stop shrinking.
+    wait_until(
+        lambda: int(read_guest(vm, swap_current)) <= swapped / 10,
+        speed.scale(60),
+        f"the guest to free most of the filler's {swapped // MIB} MiB of swap",
+    )
+    return wait_until_steady(
+        lambda: vm.disk_allocated_bytes(disk),
+        speed.scale(120),
+        f"the host's {disk} file to stop shrinking",
+        tolerance=MIB,
+        window=speed.scale(2.5),
+    )
+
+
 def swap_and_release(vm: GuestVM, cgroup: str, mib: int, disk: str) -> dict[str, float]:
     """Push mib MiB through the cgroup (whose memory.max is below it) into swap on the host
     file behind disk, end it, and see how much of that file the host gets back (discard)."""
@@ -175,20 +194,7 @@ def swap_and_release(vm: GuestVM, cgroup: str, mib: int, disk: str) -> dict[str,
     swapped = int(read_guest(vm, swap_current))
     peak = vm.disk_allocated_bytes(disk)
     stop_filler(vm)
-    # Discards are issued as clusters free, by a kernel worker: once the guest has freed
-    # the swap, wait for the host's file to stop shrinking.
-    wait_until(
-        lambda: int(read_guest(vm, swap_current)) <= swapped / 10,
-        speed.scale(60),
-        f"the guest to free most of the filler's {swapped // MIB} MiB of swap",
-    )
-    after = wait_until_steady(
-        lambda: vm.disk_allocated_bytes(disk),
-        speed.scale(120),
-        f"the host's {disk} file to stop shrinking",
-        tolerance=MIB,
-        window=speed.scale(2.5),
-    )
+    after = allocated_after_release(vm, swap_current, swapped, disk)
     released = (peak - after) / peak if peak else 0.0
     return {
         "swapped_mib": round(swapped / MIB, 1),

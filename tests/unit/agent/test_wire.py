@@ -13,7 +13,13 @@ from guestagent.linux.watch import PressureTriggerSpec
 from guestagent.ops.compaction import CompactResult
 from guestagent.ops.limits import MemorySpec, SetLimitsSpec
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
-from guestagent.ops.swap import DEFAULT_LABEL, DiscardPolicy, EnableSwapSpec, SwapArea
+from guestagent.ops.swap import (
+    DEFAULT_LABEL,
+    DiscardPolicy,
+    EnableSwapSpec,
+    SwapArea,
+    SwapEncryption,
+)
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 
@@ -186,3 +192,45 @@ def test_rotational_is_sent_only_when_known(rotational: bool | None) -> None:
     assert message.HasField("rotational") == (rotational is not None)
     if rotational is not None:
         assert message.rotational is rotational
+
+
+@pytest.mark.parametrize(
+    ("value", "encryption"),
+    [
+        (pb.SWAP_ENCRYPTION_DEFAULT, SwapEncryption.DEFAULT),
+        (pb.SWAP_ENCRYPTION_NONE, SwapEncryption.NONE),
+        (pb.SWAP_ENCRYPTION_EPHEMERAL, SwapEncryption.EPHEMERAL),
+    ],
+)
+def test_swap_encryption_request(value: int, encryption: SwapEncryption) -> None:
+    request = pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0"), encryption=value)  # type: ignore[arg-type]
+    assert wire.enable_swap_spec_from_pb(request).encryption is encryption
+
+
+def test_an_unknown_swap_encryption_is_refused() -> None:
+    request = pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0"), encryption=7)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="swap encryption 7"):
+        wire.enable_swap_spec_from_pb(request)
+
+
+def test_an_encrypted_area_names_its_mapping_and_disk() -> None:
+    area = SwapArea(
+        "/dev/dm-0",
+        1 << 30,
+        0,
+        -2,
+        DiscardPolicy.BOTH,
+        True,
+        False,
+        "u",
+        "guestagent-swap",
+        encrypted=True,
+        mapping="/dev/mapper/guestagent-swap-vdb",
+        backing_device="/dev/vdb",
+    )
+    message = wire.swap_area_pb(area)
+    assert message.encrypted and message.device == "/dev/dm-0"
+    assert (message.mapping, message.backing_device) == (
+        "/dev/mapper/guestagent-swap-vdb",
+        "/dev/vdb",
+    )

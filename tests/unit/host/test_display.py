@@ -63,3 +63,22 @@ def test_absent_features_are_shown_with_their_reasons() -> None:
     assert "runs on psi_stall, refaults, reclaim_yield" in text
     assert "without mglru: the multi-gen LRU is off" in text
     assert list(info.reclaim[0].signals) == ["psi_stall", "refaults", "reclaim_yield"]
+
+
+def test_info_shows_the_confidential_platform_and_why() -> None:
+    info = memory_info_pb(MemoryReport(0, SystemMemory(1 << 30, 0, 0, 0, 0, 0, 0, 0), None, ()))
+    info.confidential.platform = "sev-snp"
+    info.confidential.evidence = "/sys/devices/platform/sev-guest"
+    assert "guest    confidential sev-snp (/sys/devices/platform/sev-guest)" in memory_info_text(
+        info
+    )
+
+
+def test_an_encrypted_area_shows_its_mapping() -> None:
+    message = pb.SwapArea(
+        device="/dev/dm-0",
+        encrypted=True,
+        mapping="/dev/mapper/guestagent-swap-vdb",
+        backing_device="/dev/vdb",
+    )
+    assert "encrypted: /dev/mapper/guestagent-swap-vdb over /dev/vdb" in swap_area_text(message)

@@ -1,9 +1,12 @@
+import errno
 import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
+from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux.abi import (
     SWAP_FLAG_DISCARD,
     SWAP_FLAG_DISCARD_ONCE,
@@ -11,10 +14,15 @@ from guestagent.linux.abi import (
     SWAP_FLAG_PREFER,
 )
 from guestagent.linux.blockdev import BlockDevice, DeviceSelector
+from guestagent.linux.confidential import Confidential
+from guestagent.linux.dm import CryptTable, DeviceMapper
 from guestagent.ops.swap import (
     DiscardPolicy,
     EnableSwapSpec,
+    SwapEncryption,
     SwapManager,
+    choose_encryption,
+    refuse_other_encryption,
     swapon_flags,
 )
 from tests.fakes.devices import VDB, FakeFinder
@@ -170,3 +178,136 @@ def test_force_skips_the_blank_check(
     with pytest.raises(Exception, match="stop before swapon"):
         disk_manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0"), force=True))
     assert formatted == [True]
+
+
+NOT_CONFIDENTIAL = Confidential("none", "no SEV-SNP or TDX guest device or cpuinfo flag")
+SNP = Confidential("sev-snp", "/sys/devices/platform/sev-guest")
+E = SwapEncryption
+
+
+@pytest.mark.parametrize(
+    ("asked", "confidential", "chosen"),
+    [
+        (E.DEFAULT, NOT_CONFIDENTIAL, E.NONE),
+        (E.DEFAULT, SNP, E.EPHEMERAL),
+        (E.NONE, NOT_CONFIDENTIAL, E.NONE),
+        (E.EPHEMERAL, NOT_CONFIDENTIAL, E.EPHEMERAL),
+        (E.EPHEMERAL, SNP, E.EPHEMERAL),
+    ],
+)
+def test_choose_encryption(asked: E, confidential: Confidential, chosen: E) -> None:
+    assert choose_encryption(asked, confidential) is chosen
+
+
+def test_none_is_refused_in_a_confidential_guest_naming_the_platform() -> None:
+    with pytest.raises(FailedPrecondition, match=r"NONE refused: .*\(sev-snp, from /sys/devices"):
+        choose_encryption(E.NONE, SNP)
+
+
+@given(
+    st.sampled_from(E),
+    st.sampled_from(["sev-snp", "tdx", "other", "none"]),
+)
+def test_a_confidential_guest_never_swaps_in_the_clear(asked: E, platform: str) -> None:
+    confidential = Confidential(platform, "test")
+    try:
+        chosen = choose_encryption(asked, confidential)
+    except FailedPrecondition:
+        assert confidential.is_confidential and asked is E.NONE
+        return
+    assert chosen is not E.DEFAULT
+    assert chosen is E.EPHEMERAL or not confidential.is_confidential
+
+
+@pytest.mark.parametrize(
+    ("asked", "chosen", "encrypted", "refused"),
+    [
+        (E.EPHEMERAL, E.EPHEMERAL, True, False),
+        (E.NONE, E.NONE, False, False),
+        (E.DEFAULT, E.NONE, True, False),  # Unasked, encrypted is never less safe.
+        (E.DEFAULT, E.NONE, False, False),
+        (E.DEFAULT, E.EPHEMERAL, False, True),  # Plain swap in a confidential guest.
+        (E.EPHEMERAL, E.EPHEMERAL, False, True),
+        (E.NONE, E.NONE, True, True),
+    ],
+)
+def test_refuse_other_encryption(asked: E, chosen: E, encrypted: bool, refused: bool) -> None:
+    if refused:
+        with pytest.raises(FailedPrecondition, match="/dev/vdb is already active swap"):
+            refuse_other_encryption(asked, chosen, encrypted, "/dev/vdb")
+    else:
+        refuse_other_encryption(asked, chosen, encrypted, "/dev/vdb")
+
+
+def confidential_manager(fake_root: FakeRoot, confidential: Confidential) -> SwapManager:
+    fake_root.write("sys/class/block/vdb/size", f"{64 * MiB // 512}\n")
+    return SwapManager(fake_root.fs, FakeFinder([VDB]), confidential)
+
+
+def test_none_in_a_confidential_guest_leaves_the_disk_untouched(
+    fake_root: FakeRoot, disk_manager: SwapManager
+) -> None:
+    path = write_disk(fake_root, 64 * MiB)
+    manager = confidential_manager(fake_root, SNP)
+    with pytest.raises(FailedPrecondition, match="sev-snp"):
+        manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0"), encryption=E.NONE))
+    assert path.read_bytes() == bytes(64 * MiB)
+    assert (fake_root.root / "sys/class/block/vdb/queue/rotational").read_text() == "1\n"
+
+
+def test_without_dm_crypt_nothing_is_mapped_or_formatted(
+    fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_disk(fake_root, 64 * MiB)
+    monkeypatch.setattr(DeviceMapper, "targets", lambda self: {"linear": (1, 4, 0)})
+    monkeypatch.setattr(DeviceMapper, "create", lambda self, name: pytest.fail("mapped"))
+    manager = confidential_manager(fake_root, SNP)
+    with pytest.raises(FailedPrecondition, match="dm_crypt is not loaded"):
+        manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0")))
+    assert path.read_bytes() == bytes(64 * MiB)
+    assert (fake_root.root / "sys/class/block/vdb/queue/rotational").read_text() == "1\n"
+
+
+def test_the_raw_disk_is_checked_before_anything_is_mapped(
+    fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_disk(fake_root, 64 * MiB, (MiB, b"somebody's data"))
+    monkeypatch.setattr(DeviceMapper, "targets", lambda self: pytest.fail("reached dm"))
+    manager = confidential_manager(fake_root, SNP)
+    with pytest.raises(FailedPrecondition, match=f"data at byte offset {MiB}"):
+        manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0"), encryption=E.EPHEMERAL))
+
+
+def test_a_failed_table_load_removes_the_mapping_and_restores_the_disk(
+    fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_disk(fake_root, 64 * MiB)
+    removed: list[str] = []
+
+    def load(self: DeviceMapper, name: str, table: CryptTable) -> None:
+        assert table == CryptTable(64 * MiB // 512, 254, 16, 4096)
+        raise OSError(errno.EINVAL, "DM_TABLE_LOAD: Invalid argument")
+
+    monkeypatch.setattr(DeviceMapper, "targets", lambda self: {"crypt": (1, 24, 0)})
+    monkeypatch.setattr(DeviceMapper, "create", lambda self, name: (253, 0))
+    monkeypatch.setattr(DeviceMapper, "load_crypt", load)
+    monkeypatch.setattr(DeviceMapper, "remove", lambda self, name: removed.append(name))
+    manager = confidential_manager(fake_root, NOT_CONFIDENTIAL)
+    with pytest.raises(Aborted, match=r"removed mapping guestagent-swap-vdb; .*rotational=1"):
+        manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0"), encryption=E.EPHEMERAL))
+    assert removed == ["guestagent-swap-vdb"]
+    assert path.read_bytes() == bytes(64 * MiB)
+    assert (fake_root.root / "sys/class/block/vdb/queue/rotational").read_text() == "1"
+
+
+def test_start_removes_a_mapping_without_swap_and_keeps_an_active_one(
+    fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_root.write("proc/swaps", SWAPS.splitlines()[0] + "\n/dev/dm-1 partition 1024 0 -2\n")
+    fake_root.add_mapping("guestagent-swap-vdb", "dm-0", "253:0", "vdb")
+    fake_root.add_mapping("guestagent-swap-vdc", "dm-1", "253:1", "vdc")
+    fake_root.add_mapping("someone-elses", "dm-2", "253:2", "vdd")
+    removed: list[str] = []
+    monkeypatch.setattr(DeviceMapper, "remove", lambda self, name: removed.append(name))
+    SwapManager(fake_root.fs, FakeFinder([VDB]), NOT_CONFIDENTIAL).check_state()
+    assert removed == ["guestagent-swap-vdb"]
