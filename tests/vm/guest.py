@@ -169,10 +169,15 @@ def allocated_after_release(vm: GuestVM, swap_current: str, swapped: int, disk: 
     speed = pace.of(vm)
     # Discards are issued as clusters free, by a kernel worker: once the guest has freed
     # the swap, wait for the host's file to stop shrinking.
-    wait_until(
-        lambda: int(read_guest(vm, swap_current)) <= swapped / 10,
+    # The cgroup's swap falls as the exited filler's entries are freed; a cluster is
+    # discarded only once all of it is free, so wait for that fall to end, not just begin.
+    wait_until_steady(
+        lambda: int(read_guest(vm, swap_current)),
         speed.scale(60),
         f"the guest to free most of the filler's {swapped // MIB} MiB of swap",
+        tolerance=64 << 10,
+        window=speed.scale(1.0),
+        done=lambda current: current <= swapped / 10,
     )
     return wait_until_steady(
         lambda: vm.disk_allocated_bytes(disk),
