@@ -372,6 +372,12 @@ def runtime_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"runtime": measure_runtime()}
 
 
+def idle_aging_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.idle_aging import measure_idle_aging
+
+    return {"idle_aging": measure_idle_aging()}
+
+
 def hostile_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.hostile import measure_hostile
 
@@ -385,6 +391,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "vm": vm_section,
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,
+    "idle_aging": idle_aging_section,
     "hostile": hostile_section,
 }
 
