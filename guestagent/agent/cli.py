@@ -17,6 +17,7 @@ from guestagent.errors import AgentError
 from guestagent.linux.confidential import SETTINGS
 from guestagent.linux.fs import KernelFS
 from guestagent.ops.hotplug import AUTO_MOVABLE, DEFAULT_MOVABLE_RATIO, POLICIES, OnlinePolicy
+from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, MIN_AGING_INTERVAL_S
 from guestagent.ops.self_cgroup import protect_self
 from guestagent.transport.address import DEFAULT_VSOCK_PORT, HOST_CID, parse_address
 
@@ -104,8 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="whether this is a confidential guest (SEV-SNP, TDX), where swap is encrypted and "
         "never in the clear: auto asks the kernel; yes and no overrule it",
     )
+    serve_cmd.add_argument(
+        "--idle-aging",
+        type=float,
+        default=DEFAULT_AGING_INTERVAL_S,
+        metavar="SECONDS",
+        help="age the multi-gen LRU's generations this often for the idle ages and the "
+        f"give-back figures (default {DEFAULT_AGING_INTERVAL_S:g}; at least "
+        f"{MIN_AGING_INTERVAL_S:g}; 0 turns the aging off and the figures absent)",
+    )
     serve_cmd.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
+    if 0 < args.idle_aging < MIN_AGING_INTERVAL_S or args.idle_aging < 0:
+        parser.error(f"--idle-aging {args.idle_aging:g}: 0, or at least {MIN_AGING_INTERVAL_S:g}")
 
     jsonlog.configure(args.log_level)
     fs = KernelFS(args.root, args.cgroup_mount)
@@ -130,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_connections=args.max_connections,
             max_watches=args.max_watches,
             confidential=args.confidential,
+            idle_aging_s=args.idle_aging,
         )
         asyncio.run(serve(config))
     except (AgentError, OSError) as e:

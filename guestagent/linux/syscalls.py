@@ -8,6 +8,9 @@ import os
 from typing import Any
 
 IN_MODIFY = 0x00000002
+# mount(2) flags, from <linux/mount.h>.
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
 
 # <linux/openat2.h>; openat2 has the same number on every architecture (since Linux 5.6).
 SYS_OPENAT2 = 437
@@ -77,6 +80,32 @@ def swapon(path: str, flags: int) -> None:
 
 def swapoff(path: str) -> None:
     _check(_libc().swapoff(os.fsencode(path)), f"swapoff({path})")
+
+
+def mount(source: str, target: str, fstype: str, flags: int) -> None:
+    _check(
+        _libc().mount(
+            os.fsencode(source),
+            os.fsencode(target),
+            os.fsencode(fstype),
+            ctypes.c_ulong(flags),
+            None,
+        ),
+        f"mount({target})",
+    )
+
+
+PR_SET_NAME = 15
+
+
+def set_thread_name(name: str) -> None:
+    """The calling thread's name in /proc/self/task/TID/comm (15 bytes kept), so its CPU
+    can be told apart from the process's."""
+    _check(_libc().prctl(PR_SET_NAME, os.fsencode(name)[:15], 0, 0, 0), "prctl(PR_SET_NAME)")
+
+
+def umount(target: str) -> None:
+    _check(_libc().umount2(os.fsencode(target), ctypes.c_int(0)), f"umount({target})")
 
 
 @functools.cache

@@ -378,6 +378,12 @@ def crypt_swap_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"crypt_swap": measure_crypt_swap()}
 
 
+def idle_aging_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.idle_aging import measure_idle_aging
+
+    return {"idle_aging": measure_idle_aging()}
+
+
 def hostile_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.hostile import measure_hostile
 
@@ -392,6 +398,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,
     "crypt_swap": crypt_swap_section,
+    "idle_aging": idle_aging_section,
     "hostile": hostile_section,
 }
 
