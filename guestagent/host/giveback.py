@@ -35,9 +35,10 @@ from guestagent.linux.mm import rss_bytes
 from guestagent.v1 import agent_pb2 as pb
 
 BALLOON, VIRTIO_MEM = "balloon", "virtio-mem"
-# How long QEMU's figure must hold still, short of the target, to count as settled: a TCG
-# guest under reclaim can take seconds per step of the balloon.
-STILL_SECONDS = 15.0
+# How long QEMU's figure must hold still, short of the target, to count as settled: a balloon
+# inflating into a guest that must swap to make room moves in bursts, and in a TCG guest on a
+# busy host one pause lasted over 15 s before it went on.
+STILL_SECONDS = 30.0
 POLL_SECONDS = 0.5
 
 
