@@ -16,6 +16,7 @@ from guestagent import jsonlog
 from guestagent.errors import AgentError
 from guestagent.linux.fs import KernelFS
 from guestagent.ops.hotplug import AUTO_MOVABLE, DEFAULT_MOVABLE_RATIO, POLICIES, OnlinePolicy
+from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, MIN_AGING_INTERVAL_S
 from guestagent.ops.self_cgroup import protect_self
 from guestagent.transport.address import DEFAULT_VSOCK_PORT, HOST_CID, parse_address
 
@@ -96,8 +97,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cgroups watched by all WatchMemory streams together (default 4096); "
         "a stream over it is RESOURCE_EXHAUSTED",
     )
+    serve_cmd.add_argument(
+        "--idle-aging",
+        type=float,
+        default=DEFAULT_AGING_INTERVAL_S,
+        metavar="SECONDS",
+        help="age the multi-gen LRU's generations this often for the idle ages and the "
+        f"give-back figures (default {DEFAULT_AGING_INTERVAL_S:g}; at least "
+        f"{MIN_AGING_INTERVAL_S:g}; 0 turns the aging off and the figures absent)",
+    )
     serve_cmd.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
+    if 0 < args.idle_aging < MIN_AGING_INTERVAL_S or args.idle_aging < 0:
+        parser.error(f"--idle-aging {args.idle_aging:g}: 0, or at least {MIN_AGING_INTERVAL_S:g}")
 
     jsonlog.configure(args.log_level)
     fs = KernelFS(args.root, args.cgroup_mount)
@@ -121,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reclaim=tuple(args.reclaim),
             max_connections=args.max_connections,
             max_watches=args.max_watches,
+            idle_aging_s=args.idle_aging,
         )
         asyncio.run(serve(config))
     except (AgentError, OSError) as e:

@@ -35,6 +35,7 @@ from guestagent.linux.fs import KernelFS
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES
 from guestagent.ops import limits
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
+from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, IdleAger
 from guestagent.ops.swap import SwapManager
 from guestagent.ops.workingset.reclaimer import Reclaimer
 from guestagent.transport.address import (
@@ -80,6 +81,8 @@ class ServerConfig:
     reclaim: tuple[str, ...] = ()
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_watches: int = DEFAULT_MAX_WATCHES
+    # How often the one aging loop ages the multi-gen LRU (0: never; the idle figures absent).
+    idle_aging_s: float = DEFAULT_AGING_INTERVAL_S
 
 
 class Agent:
@@ -110,6 +113,7 @@ class Agent:
         self.hotplug = HotplugWatcher(config.fs, config.online_memory)
         self.swaps = SwapManager(config.fs)
         self.reclaimer = Reclaimer(config.fs)
+        self.ager = IdleAger(config.fs, config.idle_aging_s)
         pb_grpc.add_MemoryAgentServicer_to_server(
             MemoryAgentServicer(
                 config.fs,
@@ -118,6 +122,7 @@ class Agent:
                 self.hotplug,
                 reclaimer=self.reclaimer,
                 peers=self.peers,
+                ager=self.ager,
                 max_watches=config.max_watches,
             ),
             self.server,
@@ -146,6 +151,7 @@ class Agent:
         await asyncio.to_thread(self.swaps.check_state)
         # Off unless the host (now or before a restart) or --reclaim turned it on.
         await asyncio.to_thread(self.reclaimer.start, self.config.reclaim)
+        self.ager.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -232,6 +238,7 @@ class Agent:
         self.stopping.set()  # Ends watch streams, so only unary calls hold the grace period.
         self.hotplug.stop()
         await asyncio.to_thread(self.reclaimer.stop)
+        await asyncio.to_thread(self.ager.stop)
         await self.server.stop(self.config.grace_seconds)
         self._release()
         log.info("stopped")

@@ -29,8 +29,10 @@ from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES, SignalHub
 from guestagent.ops.compaction import Compactor, CompactResult
+from guestagent.ops.giveback import IdleReport, idle_report
 from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
-from guestagent.ops.info import Report, memory_info
+from guestagent.ops.idle import IdleAger, IdleSpec
+from guestagent.ops.info import InfoSpec, Report, memory_info
 from guestagent.ops.limits import AppliedLimits, SetLimitsSpec, apply_memory_limits
 from guestagent.ops.overhead import GuestOverhead, guest_overhead
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec, reclaim
@@ -173,10 +175,14 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         hotplug: HotplugWatcher,
         reclaimer: Reclaimer | None = None,
         peers: PeerTable | None = None,
+        ager: IdleAger | None = None,
         max_watches: int = DEFAULT_MAX_WATCHES,
     ) -> None:
         self.fs = fs
         self.reclaimer = reclaimer or Reclaimer(fs)
+        # Not started here: the daemon runs the one aging loop (its idle figures are absent
+        # until it has aged once).
+        self.ager = ager or IdleAger(fs)
         self._stopping = stopping
         self.swaps = swaps
         self.compactor = Compactor(fs)
@@ -196,11 +202,16 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     async def _watch_report(self, cgroups: tuple[str, ...]) -> MemoryReport:
         return await self._read(read_report, self.fs, cgroups, self.hotplug_reports)
 
-    @unary(wire.cgroups_from_pb, wire.report_pb)
+    async def _idle_report(self, report: MemoryReport, spec: IdleSpec) -> IdleReport:
+        return await self._read(idle_report, self.fs, report, self.ager.state, spec)
+
+    @unary(wire.memory_info_from_pb, wire.report_pb)
     async def GetMemoryInfo(
-        self, cgroups: tuple[str, ...], context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
+        self, spec: InfoSpec, context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
     ) -> Report:
-        return await self._read(memory_info, self.fs, cgroups, self.reclaimer, self.hotplug_reports)
+        return await self._read(
+            memory_info, self.fs, spec, self.reclaimer, self.hotplug_reports, self.ager.state
+        )
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:
@@ -212,6 +223,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
             self.hotplug_reports,
             hub=self.signals,
             read=self._watch_report,
+            idle=self._idle_report,
         )
 
     @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)

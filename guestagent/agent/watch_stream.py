@@ -18,6 +18,8 @@ from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, SignalHub
+from guestagent.ops.giveback import IdleReport
+from guestagent.ops.idle import IdleSpec
 from guestagent.ops.workingset.reclaimer import TargetStatus
 
 DEFAULT_WATCH_INTERVAL_MS = 1000
@@ -42,6 +44,7 @@ class WatchSpec:
     interval_s: float = DEFAULT_WATCH_INTERVAL_MS / 1000
     trigger: PressureTriggerSpec = field(default_factory=PressureTriggerSpec)
     trigger_asked: bool = False  # The caller set pressure_trigger (else it is the default).
+    idle: IdleSpec = field(default_factory=IdleSpec)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class WatchUpdate:
     reason: WatchReason
     changed: tuple[str, ...] = ()  # Cgroups whose memory.events changed.
     reclaim: tuple[TargetStatus, ...] = ()  # The reclaimer's, for the watched cgroups it acts on.
+    idle: IdleReport | None = None  # None when the stream reads no idle figures (a test's).
 
 
 def watch_interval_seconds(interval_ms: int) -> float:
@@ -78,6 +82,7 @@ def watch_spec(
     interval_ms: int,
     trigger: PressureTriggerSpec,
     trigger_asked: bool = False,
+    idle: IdleSpec | None = None,
 ) -> WatchSpec:
     """A stream's spec, refused when it would read more cgroups a second than the bound."""
     interval_s = watch_interval_seconds(interval_ms)
@@ -88,7 +93,7 @@ def watch_spec(
             f"reads per second, over the bound of {MAX_CGROUP_READS_PER_SECOND}: watch fewer, "
             "or less often"
         )
-    return WatchSpec(cgroups, interval_s, trigger, trigger_asked)
+    return WatchSpec(cgroups, interval_s, trigger, trigger_asked, idle or IdleSpec())
 
 
 def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, tuple[str, ...]]:
@@ -103,6 +108,8 @@ def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, 
 
 
 ReadReport = Callable[[tuple[str, ...]], Awaitable[MemoryReport]]
+# A report's idle histograms and give-back figures, read off the event loop's thread.
+ReadIdle = Callable[[MemoryReport, IdleSpec], Awaitable[IdleReport]]
 
 
 async def watch_memory(
@@ -113,10 +120,12 @@ async def watch_memory(
     hotplug: HotplugReportCache | None = None,
     hub: SignalHub | None = None,
     read: ReadReport | None = None,
+    idle: ReadIdle | None = None,
 ) -> AsyncIterator[WatchUpdate]:
     """Updates until `stopping` is set or the caller stops iterating (which frees its share
     of the hub's inotify watches and PSI trigger). `read` reads a report off the event loop's
-    thread (the servicer's reader threads); None reads it in place."""
+    thread (the servicer's reader threads); None reads it in place. `idle` adds each
+    report's idle figures; None leaves them out."""
     hub = hub or SignalHub(fs)
 
     async def report() -> MemoryReport:
@@ -124,17 +133,25 @@ async def watch_memory(
             return read_report(fs, spec.cgroups, hotplug)
         return await read(spec.cgroups)
 
+    async def figures(report: MemoryReport) -> IdleReport | None:
+        return await idle(report, spec.idle) if idle is not None else None
+
     first = await report()  # Checks every name before anything is armed.
     events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
     trigger = trigger_to_arm(spec, read_psi_absence(fs))
     with hub.subscribe(events, trigger) as signals:
-        yield WatchUpdate(first, WatchReason.INITIAL, reclaim=reclaim_status(spec.cgroups))
+        yield WatchUpdate(
+            first, WatchReason.INITIAL, (), reclaim_status(spec.cgroups), await figures(first)
+        )
         while True:
             woke = await _next_signals(signals, spec.interval_s, stopping)
             if woke is None:
                 return
             reason, changed = reason_for(woke)
-            yield WatchUpdate(await report(), reason, changed, reclaim_status(spec.cgroups))
+            now = await report()
+            yield WatchUpdate(
+                now, reason, changed, reclaim_status(spec.cgroups), await figures(now)
+            )
 
 
 async def _next_signals(

@@ -24,8 +24,10 @@ from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, Press
 from guestagent.linux.vmstat import VmStat
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
 from guestagent.ops.compaction import CompactResult
+from guestagent.ops.giveback import Figure, GiveBack, IdleReport
 from guestagent.ops.hotplug import OnlineResult
-from guestagent.ops.info import Report
+from guestagent.ops.idle import IdleHistogram, IdleSpec, idle_spec
+from guestagent.ops.info import InfoSpec, Report
 from guestagent.ops.limits import AppliedLimits, MemorySpec, SetLimitsSpec
 from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
@@ -84,6 +86,14 @@ def cgroups_from_pb(
     return cgroup_names(request.cgroups)
 
 
+def idle_spec_from_pb(request: pb.GetMemoryInfoRequest | pb.WatchMemoryRequest) -> IdleSpec:
+    return idle_spec(request.idle_edges_ms, request.cold_after_ms)
+
+
+def memory_info_from_pb(request: pb.GetMemoryInfoRequest) -> InfoSpec:
+    return InfoSpec(cgroup_names(request.cgroups), idle_spec_from_pb(request))
+
+
 def workloads_from_pb(request: pb.GetGuestOverheadRequest) -> tuple[str, ...]:
     return cgroup_names(request.workload_cgroups, "workload_cgroups")
 
@@ -103,6 +113,7 @@ def watch_spec_from_pb(request: pb.WatchMemoryRequest) -> WatchSpec:
         request.interval_ms,
         trigger,
         request.HasField("pressure_trigger"),
+        idle_spec_from_pb(request),
     )
 
 
@@ -174,11 +185,64 @@ def hotplug_pb(report: HotplugReport) -> pb.MemoryHotplug:
     )
 
 
+def idle_histogram_pb(histogram: IdleHistogram) -> pb.IdleHistogram:
+    return pb.IdleHistogram(
+        source=histogram.source,
+        bins=[
+            pb.IdleBin(
+                idle_at_least_ms=b.idle_at_least_ms,
+                anon_bytes=b.anon_bytes,
+                file_bytes=b.file_bytes,
+            )
+            for b in histogram.bins
+        ],
+        aged_at_unix_ns=histogram.aged_at_unix_ns,
+    )
+
+
+def figure_pb(figure: Figure) -> pb.Figure:
+    return pb.Figure(bytes=figure.bytes, reason=figure.reason)
+
+
+def giveback_pb(giveback: GiveBack) -> pb.GiveBack:
+    message = pb.GiveBack(
+        cold_after_ms=giveback.cold_after_ms,
+        virtio_mem=[
+            pb.VirtioMemTarget(
+                device=t.device,
+                plugged_bytes=t.plugged_bytes,
+                safe_requested_size=figure_pb(t.safe_requested_size),
+            )
+            for t in giveback.virtio_mem
+        ],
+    )
+    for name in ("free_reportable", "free_fragmented", "cold", "safe_balloon_target"):
+        figure = getattr(giveback, name)
+        if figure is not None:
+            getattr(message, name).CopyFrom(figure_pb(figure))
+    return message
+
+
+def add_idle_pb(message: pb.MemoryInfo, idle: IdleReport) -> None:
+    """The idle histograms and give-back figures into a report (its cgroups in order)."""
+    if idle.idle is not None:
+        message.idle.CopyFrom(idle_histogram_pb(idle.idle))
+    message.giveback.CopyFrom(giveback_pb(idle.giveback))
+    for cgroup, figures in zip(message.cgroups, idle.cgroups, strict=True):
+        if figures.idle is not None:
+            cgroup.idle.CopyFrom(idle_histogram_pb(figures.idle))
+        cgroup.giveback.CopyFrom(giveback_pb(figures.giveback))
+    known = {a.feature for a in message.absent}
+    if idle.absent is not None and idle.absent.feature not in known:
+        message.absent.append(absent_pb(idle.absent))
+
+
 def memory_info_pb(
     report: MemoryReport,
     reason: pb.WatchReason.ValueType = pb.WATCH_REASON_UNSPECIFIED,
     changed: tuple[str, ...] = (),
     reclaim: tuple[TargetStatus, ...] = (),
+    idle: IdleReport | None = None,
 ) -> pb.MemoryInfo:
     system = report.system
     message = pb.MemoryInfo(
@@ -205,6 +269,8 @@ def memory_info_pb(
         message.vmstat.CopyFrom(vmstat_pb(report.vmstat))
     message.reclaim.extend(reclaim_target_pb(status) for status in reclaim)
     message.absent.extend(absent_pb(a) for a in report.absent)
+    if idle is not None:
+        add_idle_pb(message, idle)
     return message
 
 
@@ -213,14 +279,18 @@ def absent_pb(absent: Absent) -> pb.Absent:
 
 
 def report_pb(answer: Report) -> pb.MemoryInfo:
-    message = memory_info_pb(answer.report, reclaim=answer.reclaim)
+    message = memory_info_pb(answer.report, reclaim=answer.reclaim, idle=answer.idle)
     message.state_unavailable = answer.state_unavailable
     return message
 
 
 def watch_update_pb(update: WatchUpdate) -> pb.MemoryInfo:
     return memory_info_pb(
-        update.report, WATCH_REASON_TO_PB[update.reason], update.changed, update.reclaim
+        update.report,
+        WATCH_REASON_TO_PB[update.reason],
+        update.changed,
+        update.reclaim,
+        update.idle,
     )
 
 

@@ -30,17 +30,23 @@ def parse_buddyinfo(text: str, node: int | None = None) -> tuple[int, ...]:
     return tuple(totals)
 
 
-def parse_zoneinfo_present(text: str) -> int:
-    """Pages present in all zones: the RAM the kernel manages, online hot-plugged memory
-    included. Counting whole memory blocks instead would round a 306 MiB guest up to 384."""
+def zoneinfo_sum(text: str, key: str) -> int:
+    """One per-zone page count (a "key value" line: "present", "high"), summed over zones;
+    the per-cpu pagesets' "high:" lines do not match "high"."""
     try:
         return sum(
             int(fields[1])
             for fields in (line.split() for line in text.splitlines())
-            if len(fields) == 2 and fields[0] == "present"
+            if len(fields) == 2 and fields[0] == key
         )
     except ValueError:
-        raise KernelFormat("zoneinfo has a 'present' line that is not a page count") from None
+        raise KernelFormat(f"zoneinfo has a {key!r} line that is not a page count") from None
+
+
+def parse_zoneinfo_present(text: str) -> int:
+    """Pages present in all zones: the RAM the kernel manages, online hot-plugged memory
+    included. Counting whole memory blocks instead would round a 306 MiB guest up to 384."""
+    return zoneinfo_sum(text, "present")
 
 
 def rss_bytes(status_text: str) -> int:

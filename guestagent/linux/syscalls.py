@@ -8,6 +8,9 @@ import os
 from typing import Any
 
 IN_MODIFY = 0x00000002
+# mount(2) flags, from <linux/mount.h>.
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
 
 # <linux/openat2.h>; openat2 has the same number on every architecture (since Linux 5.6).
 SYS_OPENAT2 = 437
@@ -61,6 +64,23 @@ def swapon(path: str, flags: int) -> None:
 
 def swapoff(path: str) -> None:
     _check(_libc().swapoff(os.fsencode(path)), f"swapoff({path})")
+
+
+def mount(source: str, target: str, fstype: str, flags: int) -> None:
+    _check(
+        _libc().mount(
+            os.fsencode(source),
+            os.fsencode(target),
+            os.fsencode(fstype),
+            ctypes.c_ulong(flags),
+            None,
+        ),
+        f"mount({target})",
+    )
+
+
+def umount(target: str) -> None:
+    _check(_libc().umount2(os.fsencode(target), ctypes.c_int(0)), f"umount({target})")
 
 
 @functools.cache

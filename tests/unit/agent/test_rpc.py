@@ -18,6 +18,7 @@ from guestagent.agent.peers import PeerTable
 from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_for
 from guestagent.errors import kernel_error
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
+from guestagent.ops.idle import IdleAger
 from guestagent.ops.swap import SwapManager
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
@@ -89,6 +90,10 @@ def test_a_bug_is_internal_with_its_type() -> None:
 @pytest.fixture
 def servicer(fake_root: FakeRoot) -> MemoryAgentServicer:
     fake_root.add_cgroup("pod")
+    return make_servicer(fake_root)
+
+
+def make_servicer(fake_root: FakeRoot, ager: IdleAger | None = None) -> MemoryAgentServicer:
     fs = fake_root.fs
     return MemoryAgentServicer(
         fs,
@@ -96,6 +101,7 @@ def servicer(fake_root: FakeRoot) -> MemoryAgentServicer:
         SwapManager(fs),
         HotplugWatcher(fs, OnlinePolicy("online")),
         peers=PeerTable(),
+        ager=ager,
     )
 
 

@@ -1,0 +1,114 @@
+"""The kernel values the give-back figures (ops/giveback.py) come from: /proc/meminfo's LRU
+and slab lines, free blocks per order, the zones' high watermarks, the order free page
+reporting takes, the cgroups' protections and the virtio-mem devices' blocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from guestagent.errors import AgentError
+from guestagent.linux.abi import PAGE_SIZE, reporting_order
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.memblocks import HotplugReport
+from guestagent.linux.meminfo import parse_meminfo
+from guestagent.linux.mm import read_free_blocks_optional, zoneinfo_sum
+
+LRU_LINES = ("Active(anon)", "Inactive(anon)", "Active(file)", "Inactive(file)")
+
+
+@dataclass(frozen=True)
+class DeviceBlocks:
+    """A virtio-mem device as the guest holds it."""
+
+    device: str
+    plugged: int
+    movable: int  # Bytes of its blocks online in ZONE_MOVABLE.
+    block_size: int
+
+
+@dataclass(frozen=True)
+class GuestFigures:
+    """The system-wide kernel values the figures come from, in bytes."""
+
+    mem_total: int
+    mem_free: int
+    lru: int  # Active + Inactive, anon + file.
+    reclaimable_slab: int  # SReclaimable.
+    swap_room: int | None  # Free space in the active swap areas; None: there is none.
+    watermarks: int  # The zones' high watermarks, summed (kswapd keeps free memory above).
+    protected: int  # The cgroups' memory.min/memory.low, as far as they use it.
+    free_blocks: tuple[int, ...]  # Free blocks per order.
+    reporting_order: int
+    page_size: int = PAGE_SIZE
+    devices: tuple[DeviceBlocks, ...] = ()
+
+
+def protection(current: int, low: str, min_: str) -> int:
+    """What a cgroup's memory.min/memory.low protect of what it uses ("max" protects all)."""
+
+    def value(text: str) -> int:
+        text = text.strip()
+        return current if text == "max" else int(text)
+
+    return min(current, max(value(low), value(min_)))
+
+
+def read_protected(fs: KernelFS) -> int:
+    """The protections of the cgroups under the root, summed: a deeper cgroup's protection
+    is bounded by its ancestors' (cgroup-v2.rst: memory.low), so the top level holds it all."""
+    root = fs.cgroup_root
+    total = 0
+    for name in fs.listdir(root) if fs.is_dir(root) else []:
+        directory = root / name
+        try:
+            current = fs.read_optional(directory / "memory.current")
+            low = fs.read_optional(directory / "memory.low")
+            min_ = fs.read_optional(directory / "memory.min")
+        except AgentError:
+            continue  # Not a directory, or gone meanwhile.
+        if current is not None and low is not None and min_ is not None:
+            total += protection(int(current), low, min_)
+    return total
+
+
+def read_reporting_order(fs: KernelFS, orders: int, page_size: int) -> int:
+    """The order free page reporting takes: its module parameter when set to an order the
+    buddy allocator has, else what virtio-balloon asks for (abi.reporting_order)."""
+    text = fs.read_optional(
+        fs.sys("module", "page_reporting", "parameters", "page_reporting_order")
+    )
+    try:
+        order = int(text) if text is not None else -1
+    except ValueError:
+        order = -1
+    return order if 0 <= order < orders else reporting_order(page_size)
+
+
+def devices_of(hotplug: HotplugReport | None) -> tuple[DeviceBlocks, ...]:
+    if hotplug is None:
+        return ()
+    size = hotplug.block_size
+    return tuple(
+        DeviceBlocks(r.region.device, r.added, r.movable * size, size) for r in hotplug.regions
+    )
+
+
+def read_guest_figures(
+    fs: KernelFS, hotplug: HotplugReport | None, page_size: int = PAGE_SIZE
+) -> GuestFigures:
+    meminfo = parse_meminfo(fs.read(fs.proc("meminfo")))
+    free_blocks = read_free_blocks_optional(fs) or ()
+    zoneinfo = fs.read_optional(fs.proc("zoneinfo"))
+    return GuestFigures(
+        mem_total=meminfo["MemTotal"],
+        mem_free=meminfo["MemFree"],
+        lru=sum(meminfo.get(line, 0) for line in LRU_LINES),
+        reclaimable_slab=meminfo.get("SReclaimable", 0),
+        swap_room=meminfo.get("SwapFree", 0) if meminfo.get("SwapTotal", 0) else None,
+        watermarks=zoneinfo_sum(zoneinfo, "high") * page_size if zoneinfo else 0,
+        protected=read_protected(fs),
+        free_blocks=free_blocks,
+        reporting_order=read_reporting_order(fs, len(free_blocks), page_size),
+        page_size=page_size,
+        devices=devices_of(hotplug),
+    )

@@ -1,0 +1,167 @@
+"""The multi-gen LRU's debugfs file, /sys/kernel/debug/lru_gen: its generations per memcg and
+node (read), and its aging command (write).
+
+The format is mm/vmscan.c's lru_gen_seq_show (Documentation/admin-guide/mm/multigen_lru.rst):
+"memcg <id> <path>", then per node " node <nid>", then per generation, oldest first,
+"<seq> <age_ms> <anon_pages> <file_pages>". Writing "+ <memcg_id> <nid> <max_seq> 1 1" ages a
+generation list: it walks the page tables of the memcg's processes and opens a new youngest
+generation (the last two numbers: scan anon as well, and age even with MAX_NR_GENS in use).
+
+debugfs is often not mounted in a guest: `debugfs` mounts it for one use when it is not and
+unmounts it after, so the guest's mount table is left as found.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from guestagent.errors import AgentError, KernelFormat, kernel_error
+from guestagent.linux import syscalls
+from guestagent.linux.features import MGLRU, Absent, read_mglru_absence
+from guestagent.linux.fs import KernelFS
+
+DEBUGFS = "debugfs"
+
+
+@dataclass(frozen=True)
+class Generation:
+    seq: int
+    age_ms: int  # Since the generation was opened.
+    anon_pages: int
+    file_pages: int
+
+
+@dataclass(frozen=True)
+class Lruvec:
+    """One memcg's generations on one NUMA node, oldest first."""
+
+    memcg_id: int
+    path: str  # As the kernel prints it: "/" for the root, "/pod1/ctr1" below it.
+    node: int
+    generations: tuple[Generation, ...]
+
+    @property
+    def max_seq(self) -> int:
+        return self.generations[-1].seq
+
+
+def _number(text: str, line: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise KernelFormat(f"lru_gen line {line!r} is malformed") from None
+
+
+def parse_lru_gen(text: str) -> tuple[Lruvec, ...]:
+    """Every memcg and node with its generations; a memcg with no generation is left out."""
+    found: list[Lruvec] = []
+    memcg: tuple[int, str] | None = None
+    node: int | None = None
+    generations: list[Generation] = []
+
+    def close() -> None:
+        if memcg is not None and node is not None and generations:
+            found.append(Lruvec(memcg[0], memcg[1], node, tuple(generations)))
+
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if fields[0] == "memcg":
+            close()
+            if len(fields) not in (2, 3):
+                raise KernelFormat(f"lru_gen line {line!r} is malformed")
+            # A memcg whose path the kernel could not print (the root without CONFIG_MEMCG).
+            path = fields[2] if len(fields) == 3 else "/"
+            memcg, node, generations = (_number(fields[1], line), path), None, []
+        elif fields[0] == "node":
+            close()
+            if memcg is None or len(fields) != 2:
+                raise KernelFormat(f"lru_gen line {line!r} is outside a memcg")
+            node, generations = _number(fields[1], line), []
+        else:
+            if node is None or len(fields) < 4:
+                raise KernelFormat(f"lru_gen line {line!r} is outside a node")
+            # Full mode marks a type's retired generation with an "x": a trailing flag.
+            seq, age, anon, file = (_number(f.rstrip("x"), line) for f in fields[:4])
+            generations.append(Generation(seq, age, anon, file))
+    close()
+    return tuple(found)
+
+
+def aging_command(lruvecs: tuple[Lruvec, ...]) -> str:
+    """One write that ages every listed lruvec from its current youngest generation (a stale
+    max_seq is a no-op for the kernel, so a race with its own aging does no harm)."""
+    return ";".join(f"+ {v.memcg_id} {v.node} {v.max_seq} 1 1" for v in lruvecs)
+
+
+def lru_gen_path(fs: KernelFS) -> Path:
+    return fs.sys("kernel", "debug", "lru_gen")
+
+
+def debugfs_absence(fs: KernelFS) -> Absent | None:
+    """Why the generations cannot be read: the multi-gen LRU is off or missing, or debugfs."""
+    mglru = read_mglru_absence(fs)
+    if mglru is not None:
+        return mglru
+    if fs.exists(lru_gen_path(fs)):
+        return None
+    filesystems = fs.read_optional(fs.proc("filesystems")) or ""
+    if not any(line.split()[-1:] == [DEBUGFS] for line in filesystems.splitlines()):
+        return Absent(
+            MGLRU, "the idle ages need debugfs (CONFIG_DEBUG_FS), which this kernel lacks"
+        )
+    if not fs.is_real:
+        return Absent(MGLRU, f"{lru_gen_path(fs)} is missing")
+    return None
+
+
+@contextmanager
+def debugfs(fs: KernelFS) -> Iterator[Path]:
+    """lru_gen's path, with debugfs mounted for the duration if it was not (then unmounted).
+    AgentError naming the mount when it cannot be mounted (e.g. kernel lockdown)."""
+    path = lru_gen_path(fs)
+    if fs.exists(path) or not fs.is_real:
+        yield path
+        return
+    mountpoint = os.fspath(path.parent)
+    try:
+        syscalls.mount(DEBUGFS, mountpoint, DEBUGFS, syscalls.MS_NOSUID | syscalls.MS_NODEV)
+    except OSError as e:
+        raise kernel_error("mount debugfs on", path.parent, None, e) from e
+    try:
+        yield path
+    finally:
+        try:
+            syscalls.umount(mountpoint)
+        except OSError as e:
+            # Busy: someone else started using it meanwhile; theirs to unmount now.
+            if e.errno != errno.EBUSY:
+                raise
+
+
+def read_lruvecs(fs: KernelFS, path: Path) -> tuple[Lruvec, ...]:
+    return parse_lru_gen(fs.read(path))
+
+
+def write_aging(fs: KernelFS, path: Path, lruvecs: tuple[Lruvec, ...]) -> None:
+    """Age every lruvec; one that went away meanwhile (EINVAL: its memcg died) is skipped."""
+    if not lruvecs:
+        return
+    try:
+        fs.write(path, aging_command(lruvecs))
+    except AgentError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        # The kernel stops at the first bad command: the rest go one by one.
+        for one in lruvecs:
+            try:
+                fs.write(path, aging_command((one,)))
+            except AgentError as each:
+                if each.errno != errno.EINVAL:
+                    raise

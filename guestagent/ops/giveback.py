@@ -1,0 +1,211 @@
+"""What the host can take back now: pure figures from parsed kernel values, each in bytes with
+the reason it is what it is (docs/giveback.md).
+
+- free_reportable / free_fragmented: free memory in blocks of at least, and below, the order
+  free page reporting hands to the host.
+- cold: memory idle at least the threshold that reclaim could take: cold file pages, and cold
+  anon only as far as a swap area has room.
+- safe_balloon_target: the smallest guest size (MemTotal terms) that keeps everything used
+  within the threshold, the kernel's unreclaimable memory and the zones' high watermarks, and
+  never less than the floors (cgroup protections + unreclaimable kernel memory + watermarks).
+- safe_virtio_mem: per device, the requested size reached by unplugging only its blocks in
+  ZONE_MOVABLE (a kernel-zone block may hold what cannot move), and no further than the
+  balloon target allows, so the boot memory keeps its headroom.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from guestagent.linux.features import Absent
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.giveback import GuestFigures, read_guest_figures
+from guestagent.linux.meminfo import CgroupSwap, MemoryReport
+from guestagent.ops.idle import IdleHistogram, IdleSpec, IdleState, IdleView
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Figure:
+    bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class VirtioMemTarget:
+    device: str
+    plugged_bytes: int
+    safe_requested_size: Figure
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    cold_after_ms: int
+    cold: Figure | None  # None without idle ages (absent, never zero).
+    free_reportable: Figure | None = None  # System-wide only.
+    free_fragmented: Figure | None = None
+    safe_balloon_target: Figure | None = None
+    virtio_mem: tuple[VirtioMemTarget, ...] = ()
+
+
+def _mib(value: int) -> str:
+    return f"{value / MIB:.1f} MiB"
+
+
+def free_figures(free_blocks: tuple[int, ...], order: int, page_size: int) -> tuple[Figure, Figure]:
+    """Free memory in blocks free page reporting takes (order >= `order`), and below it."""
+    sizes = [count * (page_size << o) for o, count in enumerate(free_blocks)]
+    big, small = sum(sizes[order:]), sum(sizes[:order])
+    block = _mib(page_size << order)
+    return (
+        Figure(big, f"free in blocks of {block} or more: free page reporting hands these over"),
+        Figure(small, f"free in blocks under {block}: the host gets these after a compaction"),
+    )
+
+
+def cold_figure(
+    cold_anon: int, cold_file: int, swap_room: int | None, cold_after_ms: int
+) -> Figure:
+    """Cold file always; cold anon as far as the swap room goes (None: no active swap area)."""
+    after = f"idle {cold_after_ms / 1000:g} s or more"
+    if cold_anon == 0:
+        return Figure(cold_file, f"file pages {after}")
+    if not swap_room:
+        why = "no active swap area" if swap_room is None else "no room in the swap areas"
+        return Figure(cold_file, f"file pages {after}; {_mib(cold_anon)} cold anon left out: {why}")
+    anon = min(cold_anon, swap_room)
+    if anon < cold_anon:
+        return Figure(
+            cold_file + anon,
+            f"file and anon pages {after}; anon cut from {_mib(cold_anon)} to the swap room",
+        )
+    return Figure(cold_file + anon, f"file and anon pages {after} (swap has room)")
+
+
+def unreclaimable_kernel(g: GuestFigures) -> int:
+    """Memory neither free, on the LRU lists nor in reclaimable slab: kernel stacks, page
+    tables, unreclaimable slab, vmalloc, pages pinned or mlocked."""
+    return max(0, g.mem_total - g.mem_free - g.lru - g.reclaimable_slab)
+
+
+def safe_balloon_target(g: GuestFigures, cold: int | None) -> Figure:
+    """The smallest size the guest keeps its working set at (None cold: no idle ages, so all
+    LRU memory counts as in use)."""
+    kernel = unreclaimable_kernel(g)
+    floor = g.protected + kernel + g.watermarks
+    working = max(0, g.lru - (cold or 0))
+    need = working + kernel + g.watermarks
+    target = min(g.mem_total, max(need, floor))
+    parts = (
+        f"in use within the threshold {_mib(working)} + unreclaimable kernel {_mib(kernel)} "
+        f"+ high watermarks {_mib(g.watermarks)}"
+    )
+    if cold is None:
+        parts += " (no idle ages: all LRU memory counted as in use)"
+    if target == g.mem_total and max(need, floor) > g.mem_total:
+        return Figure(target, f"nothing to take: {parts} reach MemTotal")
+    if floor > need:
+        return Figure(
+            target,
+            f"the floor: cgroup protections {_mib(g.protected)} + unreclaimable kernel "
+            f"{_mib(kernel)} + high watermarks {_mib(g.watermarks)}, above {parts}",
+        )
+    return Figure(target, parts)
+
+
+def safe_virtio_mem(g: GuestFigures, balloon_target: int) -> tuple[VirtioMemTarget, ...]:
+    """Per device: unplug only movable blocks, and in all no more than the balloon target
+    leaves to take (devices in the order given share it)."""
+    room = max(0, g.mem_total - balloon_target)
+    targets = []
+    for d in g.devices:
+        take = min(d.movable, d.plugged, room)
+        take -= take % d.block_size if d.block_size else 0
+        room -= take
+        kept = d.plugged - take
+        if d.movable < d.plugged:
+            why = f"{_mib(d.plugged - d.movable)} in kernel-zone blocks stays (may not move)"
+        else:
+            why = "every block is in ZONE_MOVABLE"
+        if take < min(d.movable, d.plugged):
+            why += "; the rest would reach into the working set or the boot memory's headroom"
+        targets.append(
+            VirtioMemTarget(d.device, d.plugged, Figure(kept, f"unplug {_mib(take)}: {why}"))
+        )
+    return tuple(targets)
+
+
+def guest_giveback(g: GuestFigures, idle: IdleView | None, cold_after_ms: int) -> GiveBack:
+    reportable, fragmented = free_figures(g.free_blocks, g.reporting_order, g.page_size)
+    cold = None
+    if idle is not None:
+        anon, file = idle.idle_at_least(cold_after_ms, g.page_size)
+        cold = cold_figure(anon, file, g.swap_room, cold_after_ms)
+    target = safe_balloon_target(g, cold.bytes if cold else None)
+    return GiveBack(
+        cold_after_ms,
+        cold,
+        reportable,
+        fragmented,
+        target,
+        safe_virtio_mem(g, target.bytes),
+    )
+
+
+def cgroup_giveback(
+    idle: IdleView | None, swap_room: int | None, cold_after_ms: int, page_size: int
+) -> GiveBack:
+    """A cgroup's: only cold (swap_room: the guest's, cut to the cgroup's memory.swap.max)."""
+    if idle is None:
+        return GiveBack(cold_after_ms, None)
+    anon, file = idle.idle_at_least(cold_after_ms, page_size)
+    return GiveBack(cold_after_ms, cold_figure(anon, file, swap_room, cold_after_ms))
+
+
+@dataclass(frozen=True)
+class CgroupIdle:
+    path: str
+    idle: IdleHistogram | None
+    giveback: GiveBack
+
+
+@dataclass(frozen=True)
+class IdleReport:
+    """A report's idle histograms and give-back figures; absent says why there are no idle
+    ages (then every histogram and cold figure is unset)."""
+
+    idle: IdleHistogram | None
+    giveback: GiveBack
+    cgroups: tuple[CgroupIdle, ...] = ()
+    absent: Absent | None = None
+
+
+def cgroup_swap_room(guest: int | None, swap: CgroupSwap | None) -> int | None:
+    """The guest's swap room, cut to what the cgroup's memory.swap.max still allows."""
+    if guest is None or swap is None or swap.max is None:
+        return guest
+    return min(guest, max(0, swap.max - swap.current))
+
+
+def idle_report(fs: KernelFS, report: MemoryReport, state: IdleState, spec: IdleSpec) -> IdleReport:
+    figures = read_guest_figures(fs, report.hotplug)
+    page = figures.page_size
+    cgroups = []
+    for c in report.cgroups:
+        view = state.view(c.path)
+        room = cgroup_swap_room(figures.swap_room, c.swap)
+        cgroups.append(
+            CgroupIdle(
+                c.path,
+                view.histogram(spec.edges_ms, page) if view else None,
+                cgroup_giveback(view, room, spec.cold_after_ms, page),
+            )
+        )
+    view = state.view("")
+    return IdleReport(
+        view.histogram(spec.edges_ms, page) if view else None,
+        guest_giveback(figures, view, spec.cold_after_ms),
+        tuple(cgroups),
+        state.absent,
+    )

@@ -1,0 +1,129 @@
+"""GetMemoryInfo and WatchMemory with idle ages: the figures from the one aging loop, absent
+(with why) when there are none, and bad bin edges refused naming them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from guestagent.agent.rpc import MemoryAgentServicer
+from guestagent.linux.lru_gen import lru_gen_path
+from guestagent.ops.idle import IdleAger
+from guestagent.v1 import agent_pb2 as pb
+from tests.fakes.root import FakeRoot
+from tests.unit.agent.test_rpc import Aborted, FakeContext, make_servicer
+
+S = 1_000_000_000
+PAGES_100_MIB = 100 * 256
+# The pod's pages: 100 MiB of anon in the oldest generation, idle as long as the next is old.
+LRU_GEN = f"""\
+memcg 1 /
+ node 0
+ 1 100000 0 10
+ 2 0 0 0
+memcg 5 /pod
+ node 0
+ 3 200000 {PAGES_100_MIB} 256
+ 4 90000 0 0
+ 5 10000 256 0
+ 6 0 0 0
+"""
+
+
+@pytest.fixture
+def aged(fake_root: FakeRoot) -> MemoryAgentServicer:
+    fake_root.add_cgroup("pod")
+    fake_root.write("sys/kernel/mm/lru_gen/enabled", "0x0007\n")
+    fake_root.write("sys/kernel/debug/lru_gen", LRU_GEN)
+    aging: list[str] = []
+
+    def kernel(path: Path, value: str, proceed: Any) -> None:
+        if path == lru_gen_path(fake_root.fs):
+            aging.append(value)  # The fake kernel does not age: the reading stays as written.
+        else:
+            proceed(value)
+
+    fake_root.kernel.on("write", kernel)
+    ager = IdleAger(fake_root.fs, clock=lambda: 1000 * S)
+    ager.cycle()
+    assert aging == ["+ 1 0 2 1 1;+ 5 0 6 1 1"]
+    return make_servicer(fake_root, ager)
+
+
+async def test_report_carries_the_idle_histogram_and_cold(aged: MemoryAgentServicer) -> None:
+    context: Any = FakeContext()
+    info = await aged.GetMemoryInfo(pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
+    (pod,) = info.cgroups
+    assert pod.idle.source == "mglru" and pod.idle.aged_at_unix_ns == 1000 * S
+    assert [b.idle_at_least_ms for b in pod.idle.bins] == [0, 1000, 10000, 60000, 300000]
+    # Generation 3 is as idle as 4 is old (90 s), 5 as idle as 6 (0 s).
+    assert pod.idle.bins[3].anon_bytes == 100 << 20 and pod.idle.bins[0].anon_bytes == 1 << 20
+    assert pod.giveback.cold.bytes == (100 << 20) + (1 << 20)  # Swap has room.
+    assert pod.giveback.cold_after_ms == 60000
+    assert not pod.giveback.HasField("safe_balloon_target")
+    whole = info.idle
+    assert sum(b.file_bytes for b in whole.bins) == (10 + 256) * 4096
+    assert info.giveback.HasField("safe_balloon_target")
+    assert info.giveback.HasField("free_reportable")
+    assert "mglru" not in {a.feature for a in info.absent}
+
+
+async def test_edges_and_threshold_are_the_callers(aged: MemoryAgentServicer) -> None:
+    context: Any = FakeContext()
+    request = pb.GetMemoryInfoRequest(cgroups=["pod"], idle_edges_ms=[95000], cold_after_ms=100000)
+    (pod,) = (await aged.GetMemoryInfo(request, context)).cgroups
+    assert [(b.idle_at_least_ms, b.anon_bytes) for b in pod.idle.bins] == [
+        (0, (100 << 20) + (1 << 20)),
+        (95000, 0),
+    ]
+    assert pod.giveback.cold.bytes == 0 and pod.giveback.cold_after_ms == 100000
+
+
+@pytest.mark.parametrize(
+    ("edges", "details"),
+    [
+        ([10, 5], "idle_edges_ms [10, 5] are not strictly ascending"),
+        ([0], "idle_edges_ms [0]: an edge of 0 ms"),
+        (list(range(1, 17)), "idle_edges_ms has 16 edges: at most 15"),
+    ],
+)
+async def test_bad_edges_are_invalid_argument(
+    aged: MemoryAgentServicer, edges: list[int], details: str
+) -> None:
+    context: Any = FakeContext()
+    with pytest.raises(Aborted):
+        await aged.GetMemoryInfo(pb.GetMemoryInfoRequest(idle_edges_ms=edges), context)
+    assert context.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details in context.details
+
+
+async def test_without_the_multigen_lru_the_figures_are_absent_not_zero(
+    fake_root: FakeRoot,
+) -> None:
+    fake_root.add_cgroup("pod")
+    ager = IdleAger(fake_root.fs)
+    ager.cycle()
+    context: Any = FakeContext()
+    info = await make_servicer(fake_root, ager).GetMemoryInfo(
+        pb.GetMemoryInfoRequest(cgroups=["pod"]), context
+    )
+    assert not info.HasField("idle") and not info.cgroups[0].HasField("idle")
+    assert not info.giveback.HasField("cold") and not info.cgroups[0].giveback.HasField("cold")
+    (mglru,) = [a for a in info.absent if a.feature == "mglru"]
+    assert "multi-gen LRU" in mglru.reason
+    # The balloon target stays, counting every LRU page as in use.
+    assert "no idle ages" in info.giveback.safe_balloon_target.reason
+
+
+async def test_a_watch_carries_the_figures(aged: MemoryAgentServicer) -> None:
+    context: Any = FakeContext()
+    stream: Any = aged.WatchMemory(
+        pb.WatchMemoryRequest(cgroups=["pod"], idle_edges_ms=[60000]), context
+    )
+    first = await anext(stream)
+    assert [b.idle_at_least_ms for b in first.cgroups[0].idle.bins] == [0, 60000]
+    assert first.cgroups[0].giveback.cold.bytes > 0
+    await stream.aclose()

@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from guestagent.linux.giveback import DeviceBlocks, GuestFigures
+from guestagent.linux.meminfo import CgroupSwap
+from guestagent.ops.giveback import (
+    cgroup_giveback,
+    cgroup_swap_room,
+    cold_figure,
+    free_figures,
+    guest_giveback,
+    safe_balloon_target,
+    safe_virtio_mem,
+    unreclaimable_kernel,
+)
+from guestagent.ops.idle import IdleView, Layer
+
+MIB = 1 << 20
+PAGE = 4096
+
+GUEST = GuestFigures(
+    mem_total=2048 * MIB,
+    mem_free=400 * MIB,
+    lru=1400 * MIB,
+    reclaimable_slab=48 * MIB,
+    swap_room=1024 * MIB,
+    watermarks=16 * MIB,
+    protected=0,
+    free_blocks=(10, 0, 0, 0, 0, 0, 0, 0, 0, 100),
+    reporting_order=9,
+    page_size=PAGE,
+)
+
+
+def test_free_splits_at_the_reporting_order() -> None:
+    reportable, fragmented = free_figures((10, 2, 0, 0, 0, 0, 0, 0, 0, 3, 1), 9, PAGE)
+    assert reportable.bytes == 3 * 2 * MIB + 4 * MIB
+    assert fragmented.bytes == 10 * PAGE + 2 * 2 * PAGE
+    assert "2.0 MiB or more" in reportable.reason and "compaction" in fragmented.reason
+
+
+@pytest.mark.parametrize(
+    ("anon", "file", "room", "cold", "why"),
+    [
+        (0, 5, None, 5, "file pages idle 60 s or more"),
+        (7, 5, None, 5, "cold anon left out: no active swap area"),
+        (7, 5, 0, 5, "no room in the swap areas"),
+        (7, 5, 3, 8, "anon cut from"),
+        (7, 5, 100, 12, "swap has room"),
+    ],
+)
+def test_cold_takes_anon_only_as_far_as_swap_has_room(
+    anon: int, file: int, room: int | None, cold: int, why: str
+) -> None:
+    figure = cold_figure(anon, file, room, 60_000)
+    assert figure.bytes == cold and why in figure.reason
+
+
+def test_a_cgroup_has_only_cold_and_none_without_idle_ages() -> None:
+    view = IdleView(1, (Layer(90_000, 10, 20), Layer(0, 5, 5)))
+    giveback = cgroup_giveback(view, None, 60_000, PAGE)
+    assert giveback.cold is not None and giveback.cold.bytes == 20 * PAGE
+    assert giveback.safe_balloon_target is None and giveback.free_reportable is None
+    assert cgroup_giveback(None, None, 60_000, PAGE).cold is None
+
+
+def test_a_cgroups_swap_room_is_cut_to_its_swap_max() -> None:
+    assert cgroup_swap_room(100, CgroupSwap(30, 50)) == 20
+    assert cgroup_swap_room(100, CgroupSwap(30, None)) == 100
+    assert cgroup_swap_room(None, CgroupSwap(0, 50)) is None
+    assert cgroup_swap_room(100, CgroupSwap(60, 50)) == 0
+
+
+def test_the_balloon_target_keeps_the_working_set_kernel_and_watermarks() -> None:
+    kernel = unreclaimable_kernel(GUEST)
+    assert kernel == (2048 - 400 - 1400 - 48) * MIB
+    target = safe_balloon_target(GUEST, 1000 * MIB)
+    assert target.bytes == 400 * MIB + kernel + 16 * MIB
+    assert "in use within the threshold 400.0 MiB" in target.reason
+    blind = safe_balloon_target(GUEST, None)
+    assert blind.bytes == 1400 * MIB + kernel + 16 * MIB and "no idle ages" in blind.reason
+
+
+def test_the_balloon_target_never_goes_below_the_protections() -> None:
+    target = safe_balloon_target(replace(GUEST, protected=900 * MIB), 1300 * MIB)
+    assert target.bytes == 900 * MIB + unreclaimable_kernel(GUEST) + 16 * MIB
+    assert target.reason.startswith("the floor: cgroup protections 900.0 MiB")
+
+
+sizes = st.integers(0, 1 << 34)
+
+
+@st.composite
+def guests(draw: st.DrawFn) -> GuestFigures:
+    total = draw(st.integers(64 * MIB, 1 << 34))
+    free = draw(st.integers(0, total))
+    lru = draw(st.integers(0, total - free))
+    slab = draw(st.integers(0, total - free - lru))
+    return replace(
+        GUEST,
+        mem_total=total,
+        mem_free=free,
+        lru=lru,
+        reclaimable_slab=slab,
+        watermarks=draw(st.integers(0, total // 8)),
+        protected=draw(st.integers(0, total)),
+    )
+
+
+@given(guests(), st.one_of(st.none(), sizes))
+def test_the_target_stays_between_the_floors_and_memtotal(
+    g: GuestFigures, cold: int | None
+) -> None:
+    target = safe_balloon_target(g, cold).bytes
+    floor = g.protected + unreclaimable_kernel(g) + g.watermarks
+    assert min(floor, g.mem_total) <= target <= g.mem_total
+
+
+@given(guests(), sizes, st.integers(0, 1 << 30))
+def test_more_use_never_raises_what_the_balloon_may_take(
+    g: GuestFigures, cold: int, more: int
+) -> None:
+    """Memory going from free into use (as LRU pages or kernel memory) never lowers the target,
+    nor does less of it being cold."""
+    more = min(more, g.mem_free)
+    before = safe_balloon_target(g, cold).bytes
+    assert (
+        safe_balloon_target(replace(g, mem_free=g.mem_free - more, lru=g.lru + more), cold).bytes
+        >= before
+    )
+    assert safe_balloon_target(replace(g, mem_free=g.mem_free - more), cold).bytes >= before
+    assert safe_balloon_target(g, max(0, cold - more)).bytes >= before
+
+
+@given(
+    guests(),
+    st.integers(0, 1 << 34),
+    st.lists(st.tuples(st.integers(0, 64), st.integers(0, 64)), max_size=3),
+)
+def test_virtio_mem_unplugs_only_movable_whole_blocks_within_the_balloon_room(
+    g: GuestFigures, target: int, devices: list[tuple[int, int]]
+) -> None:
+    block = 128 * MIB
+    g = replace(
+        g,
+        devices=tuple(
+            DeviceBlocks(f"virtio{i}", max(m, p) * block, m * block, block)
+            for i, (p, m) in enumerate(devices)
+        ),
+    )
+    target = min(target, g.mem_total)
+    taken = 0
+    for device, result in zip(g.devices, safe_virtio_mem(g, target), strict=True):
+        size = result.safe_requested_size.bytes
+        assert device.plugged - device.movable <= size <= device.plugged
+        assert (device.plugged - size) % block == 0
+        taken += device.plugged - size
+    assert taken <= g.mem_total - target
+
+
+def test_guest_giveback_puts_it_together() -> None:
+    view = IdleView(1, (Layer(120_000, 50 * MIB // PAGE, 100 * MIB // PAGE), Layer(0, 1, 1)))
+    g = replace(GUEST, devices=(DeviceBlocks("virtio4", 1024 * MIB, 768 * MIB, 128 * MIB),))
+    giveback = guest_giveback(g, view, 60_000)
+    assert giveback.cold is not None and giveback.cold.bytes == 150 * MIB
+    assert giveback.free_reportable is not None and giveback.free_reportable.bytes == 200 * MIB
+    assert giveback.safe_balloon_target is not None
+    (device,) = giveback.virtio_mem
+    # The balloon target (1250 MiB in use + 152 kernel + 16 watermarks) leaves 630 MiB: four
+    # of the six movable blocks.
+    assert device.safe_requested_size.bytes == 512 * MIB
+    assert "256.0 MiB in kernel-zone blocks stays" in device.safe_requested_size.reason
+    assert "the rest would reach into the working set" in device.safe_requested_size.reason
