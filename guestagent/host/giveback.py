@@ -22,7 +22,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from google.protobuf.json_format import MessageToDict
@@ -366,6 +366,11 @@ def give_back(agent: Agent, monitor: Monitor, options: Options, pid: int | None)
     result["compact"] = MessageToDict(agent.compact(), preserving_proto_field_name=True)
     apply(monitor, step)
     outcome, seconds, reached = wait_settled(monitor, step, options)
+    if outcome == "stopped":
+        # Left asking for more, the guest's driver keeps pressing: the balloon retries its
+        # allocations every 200 ms and virtio-mem its unplugs, which pushed a guest here into
+        # its hot set (seen: the hot loop 1.78x slower after). What it gave is what it can.
+        apply(monitor, replace(step, value=reached))
     result["settled"] = {"how": outcome, "seconds": round(seconds, 1), "device_bytes": reached}
     result["after"] = {**figures(agent.report()), "qemu_rss_bytes": qemu_rss(qemu_pid)}
     return result
@@ -402,12 +407,14 @@ def result_text(result: dict[str, Any]) -> str:
         return "\n".join([*lines, "dry run: nothing compacted, nothing asked of QEMU"])
     compact = result["compact"]
     settled_ = result["settled"]
+    short = settled_["how"] == "stopped"
     rss_before, rss_after = result["before"]["qemu_rss_bytes"], result["after"]["qemu_rss_bytes"]
     lines += [
         f"compacted: free in 2 MiB blocks {mib(int(compact.get('free_huge_bytes_before', 0)))}"
         f" -> {mib(int(compact.get('free_huge_bytes_after', 0)))}",
         f"{step['device']} {settled_['how']} at {mib(settled_['device_bytes'])} after "
-        f"{settled_['seconds']} s",
+        f"{settled_['seconds']} s"
+        + ("; asked for that instead, so the guest is not pressed further" if short else ""),
         "guest after:",
         *_guest_text(result["after"]),
         f"QEMU RSS after {mib(rss_after)} ({mib(rss_before - rss_after)} given back)",

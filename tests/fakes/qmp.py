@@ -85,7 +85,9 @@ class FakeQemu:
         if name == "query-balloon":
             return {"actual": self.actual}
         if name == "balloon":
-            self.actual = min(self.ram_size, args["value"] + self.balloon_shortfall)
+            # Short of a new target by the shortfall; a target it already holds, exactly.
+            shortfall = 0 if args["value"] == self.actual else self.balloon_shortfall
+            self.actual = min(self.ram_size, args["value"] + shortfall)
             return {}
         if name == "query-memory-devices":
             data = {

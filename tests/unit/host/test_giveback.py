@@ -263,6 +263,9 @@ def test_a_balloon_that_stops_short_has_settled(qemu: FakeQemu) -> None:
         qmp.close()
     assert result["settled"]["how"] == "stopped"
     assert result["settled"]["device_bytes"] == 632 * MIB
+    # Then asked for what it reached, so the guest's driver stops pressing.
+    assert [a["value"] for n, a in qemu.commands if n == "balloon"] == [624 * MIB, 632 * MIB]
+    assert "not pressed further" in giveback.result_text(result)
 
 
 def test_dry_run_and_refusal_change_nothing(qemu: FakeQemu) -> None:
