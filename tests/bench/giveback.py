@@ -20,6 +20,7 @@ from typing import Any
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, Disk, GuestVM, VMConfig
+from tests.bench.plotting import NOT_DRAWN, pyplot, save
 from tests.vm.guest import make_cgroup, wait_until
 from tests.workloads.giveback import (
     COLD_AFTER_MS,
@@ -126,13 +127,9 @@ def measure_giveback(plot_path: Path | None) -> dict[str, Any]:
 
 def plot(figures: dict[str, Any], path: Path) -> str:
     """QEMU's RSS for both phases on one time axis, 0 at the action; needs matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "not drawn: pip install 'guestagent[bench]' for matplotlib"
+    plt = pyplot()
+    if plt is None:
+        return NOT_DRAWN
     figure, axis = plt.subplots(figsize=(9, 4.5))
     for side, label in (
         ("reclaimer_alone", "working-set reclaimer alone"),
@@ -148,11 +145,7 @@ def plot(figures: dict[str, Any], path: Path) -> str:
     axis.set_ylabel("QEMU RSS (MiB)")
     axis.set_title(f"{COLD_MIB} MiB cold, {HOT_MIB} MiB hot, same guest, same run")
     axis.legend(loc="upper right")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return str(path)
+    return save(plt, figure, path)
 
 
 def main() -> int:
