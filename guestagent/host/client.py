@@ -86,8 +86,15 @@ class AgentClient:
         self._relay = SocketRelay(listener, dial=dial, name="client-relay").start()
         return UnixAddress(path)
 
-    def info(self, cgroups: Iterable[str] = ()) -> pb.MemoryInfo:
-        request = pb.GetMemoryInfoRequest(cgroups=list(cgroups))
+    def info(
+        self,
+        cgroups: Iterable[str] = (),
+        idle_edges_ms: Iterable[int] = (),
+        cold_after_ms: int = 0,
+    ) -> pb.MemoryInfo:
+        request = pb.GetMemoryInfoRequest(
+            cgroups=list(cgroups), idle_edges_ms=list(idle_edges_ms), cold_after_ms=cold_after_ms
+        )
         response: pb.MemoryInfo = self.stub.GetMemoryInfo(request, timeout=self.timeout)
         return response
 
@@ -96,8 +103,15 @@ class AgentClient:
         cgroups: Iterable[str] = (),
         interval_ms: int = 0,
         trigger: pb.PressureTrigger | None = None,
+        idle_edges_ms: Iterable[int] = (),
+        cold_after_ms: int = 0,
     ) -> WatchStream:
-        request = pb.WatchMemoryRequest(interval_ms=interval_ms, cgroups=list(cgroups))
+        request = pb.WatchMemoryRequest(
+            interval_ms=interval_ms,
+            cgroups=list(cgroups),
+            idle_edges_ms=list(idle_edges_ms),
+            cold_after_ms=cold_after_ms,
+        )
         if trigger is not None:
             request.pressure_trigger.CopyFrom(trigger)
         stream: WatchStream = self.stub.WatchMemory(request)

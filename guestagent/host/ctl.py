@@ -107,12 +107,30 @@ def _no_arguments(parser: argparse.ArgumentParser) -> None:
     """The command takes no flags of its own."""
 
 
+def _idle_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--idle-edges",
+        type=lambda text: [int(ms) for ms in text.split(",")],
+        default=[],
+        metavar="MS,MS,...",
+        help="idle-age bin edges in ms, ascending (default 1000,10000,60000,300000)",
+    )
+    parser.add_argument(
+        "--cold-after",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="idle age from which memory counts as cold (default 60000)",
+    )
+
+
 def _info_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cgroup", action="append", default=[], help="cgroup path; repeatable")
+    _idle_arguments(parser)
 
 
 def _info(client: AgentClient, args: argparse.Namespace) -> str:
-    info = client.info(args.cgroup)
+    info = client.info(args.cgroup, args.idle_edges, args.cold_after)
     return as_json(info) if args.json else memory_info_text(info)
 
 
@@ -122,6 +140,7 @@ def _watch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=0, help="stop after N messages")
     parser.add_argument("--stall-us", type=int, default=0, help="PSI trigger stall")
     parser.add_argument("--window-us", type=int, default=PSI_MIN_WINDOW_US * 2)
+    _idle_arguments(parser)
 
 
 def _watch(client: AgentClient, args: argparse.Namespace) -> str:
@@ -130,7 +149,8 @@ def _watch(client: AgentClient, args: argparse.Namespace) -> str:
         if args.stall_us
         else None
     )
-    for count, info in enumerate(client.watch(args.cgroup, args.interval_ms, trigger), 1):
+    stream = client.watch(args.cgroup, args.interval_ms, trigger, args.idle_edges, args.cold_after)
+    for count, info in enumerate(stream, 1):
         reason = pb.WatchReason.Name(info.reason).removeprefix("WATCH_REASON_").lower()
         text = as_json(info) if args.json else memory_info_text(info)
         print(f"--- {reason} {' '.join(info.changed_cgroups)}".rstrip(), flush=True)

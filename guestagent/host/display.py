@@ -66,10 +66,49 @@ def memory_info_text(info: pb.MemoryInfo) -> str:
         ]
         if cgroup.HasField("pressure"):
             lines.append(f"  pressure {pressure_text(cgroup.pressure)}")
+        if cgroup.HasField("idle"):
+            lines.append(f"  idle {idle_text(cgroup.idle, cgroup.giveback)}")
+    if info.HasField("idle"):
+        lines.append(f"idle     {idle_text(info.idle, info.giveback)}")
+    if info.HasField("giveback"):
+        lines += giveback_lines(info.giveback)
     if info.HasField("vmstat"):
         lines.append(vmstat_text(info.vmstat))
     lines += [reclaim_target_text(target) for target in info.reclaim]
     return "\n".join(lines)
+
+
+def age_text(ms: int) -> str:
+    """An idle-age bound as the flag takes it, shortened: 1s, 90s, 5m, 1500ms."""
+    if ms % 60_000 == 0 and ms >= 60_000 * 5:
+        return f"{ms // 60_000}m"
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def idle_text(idle: pb.IdleHistogram, giveback: pb.GiveBack) -> str:
+    """One line: anon+file MiB per bin by its lower bound, and the cold figure."""
+    bins = "  ".join(
+        f">={age_text(b.idle_at_least_ms)} {(b.anon_bytes + b.file_bytes) / MIB:,.0f}"
+        f"({b.anon_bytes / MIB:,.0f}a)"
+        for b in idle.bins
+    )
+    cold = f"  cold {mib(giveback.cold.bytes)}" if giveback.HasField("cold") else ""
+    return f"MiB by idle age: {bins}{cold}"
+
+
+def giveback_lines(giveback: pb.GiveBack) -> list[str]:
+    figures = [
+        (name, getattr(giveback, name))
+        for name in ("free_reportable", "free_fragmented", "cold", "safe_balloon_target")
+        if giveback.HasField(name)
+    ]
+    lines = [f"giveback {name} {mib(f.bytes)}: {f.reason}" for name, f in figures]
+    lines += [
+        f"giveback virtio-mem {t.device} plugged {mib(t.plugged_bytes)} safe requested "
+        f"{mib(t.safe_requested_size.bytes)}: {t.safe_requested_size.reason}"
+        for t in giveback.virtio_mem
+    ]
+    return lines
 
 
 def vmstat_text(vmstat: pb.VmStat) -> str:

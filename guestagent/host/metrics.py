@@ -121,6 +121,99 @@ def system_families(report: pb.MemoryInfo) -> list[Family]:
     return families
 
 
+FigureName = Literal["free_reportable", "free_fragmented", "cold", "safe_balloon_target"]
+GIVEBACK_FIGURES: tuple[FigureName, ...] = (
+    "free_reportable",
+    "free_fragmented",
+    "cold",
+    "safe_balloon_target",
+)
+IDLE_HELP = (
+    "bytes idle for less than le seconds (cumulative, histogram-shaped), from the multi-gen "
+    "LRU's generations as of the last aging; absent without them"
+)
+
+
+def idle_samples(idle: pb.IdleHistogram, *labels: str) -> list[Sample]:
+    """Cumulative per kind: a bin's upper bound is the next bin's lower one, the last +Inf."""
+    samples = []
+    bounds = [f"{b.idle_at_least_ms / 1000:g}" for b in idle.bins[1:]] + ["+Inf"]
+    for kind in ("anon", "file"):
+        total = 0
+        for b, le in zip(idle.bins, bounds, strict=True):
+            total += getattr(b, f"{kind}_bytes")
+            samples.append(Sample((*labels, kind, le), float(total)))
+    return samples
+
+
+def idle_families(report: pb.MemoryInfo) -> list[Family]:
+    """The idle histograms and give-back figures, guest-wide and per cgroup; each absent
+    when the report has none."""
+    families = []
+    if report.HasField("idle"):
+        samples = tuple(idle_samples(report.idle))
+        families.append(
+            Family("guestagent_memory_idle_bytes", "gauge", IDLE_HELP, ("kind", "le"), samples)
+        )
+    per_cgroup = tuple(
+        s for c in report.cgroups if c.HasField("idle") for s in idle_samples(c.idle, c.path)
+    )
+    if per_cgroup:
+        families.append(
+            Family(
+                "guestagent_cgroup_memory_idle_bytes",
+                "gauge",
+                IDLE_HELP,
+                ("cgroup", "kind", "le"),
+                per_cgroup,
+            )
+        )
+    figures = tuple(
+        Sample((name,), float(getattr(report.giveback, name).bytes))
+        for name in GIVEBACK_FIGURES
+        if report.giveback.HasField(name)
+    )
+    if figures:
+        families.append(
+            Family(
+                "guestagent_giveback_bytes",
+                "gauge",
+                "what the host can take back now (safe_balloon_target: the smallest guest size)",
+                ("figure",),
+                figures,
+            )
+        )
+    cold = tuple(
+        Sample((c.path,), float(c.giveback.cold.bytes))
+        for c in report.cgroups
+        if c.giveback.HasField("cold")
+    )
+    if cold:
+        families.append(
+            Family(
+                "guestagent_cgroup_giveback_cold_bytes",
+                "gauge",
+                "the cgroup's memory idle past the threshold that reclaim could take",
+                ("cgroup",),
+                cold,
+            )
+        )
+    devices = tuple(
+        Sample((t.device,), float(t.safe_requested_size.bytes)) for t in report.giveback.virtio_mem
+    )
+    if devices:
+        families.append(
+            Family(
+                "guestagent_giveback_virtio_mem_safe_requested_bytes",
+                "gauge",
+                "the smallest requested size the virtio-mem device's driver can reach now",
+                ("device",),
+                devices,
+            )
+        )
+    return families
+
+
 def cgroup_families(cgroups: Iterable[pb.CgroupMemory]) -> list[Family]:
     cgroups = list(cgroups)
     if not cgroups:
@@ -197,4 +290,5 @@ def families(snapshot: Snapshot) -> list[Family]:
     if snapshot.up and snapshot.report is not None:
         found += system_families(snapshot.report)
         found += cgroup_families(snapshot.report.cgroups)
+        found += idle_families(snapshot.report)
     return found

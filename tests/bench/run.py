@@ -379,6 +379,12 @@ def runtime_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"runtime": measure_runtime()}
 
 
+def idle_aging_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.idle_aging import measure_idle_aging
+
+    return {"idle_aging": measure_idle_aging()}
+
+
 def hostile_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.hostile import measure_hostile
 
@@ -393,6 +399,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,
     "giveback": giveback_section,
+    "idle_aging": idle_aging_section,
     "hostile": hostile_section,
 }
 

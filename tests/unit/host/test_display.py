@@ -63,3 +63,16 @@ def test_absent_features_are_shown_with_their_reasons() -> None:
     assert "runs on psi_stall, refaults, reclaim_yield" in text
     assert "without mglru: the multi-gen LRU is off" in text
     assert list(info.reclaim[0].signals) == ["psi_stall", "refaults", "reclaim_yield"]
+
+
+def test_a_cgroup_gets_one_idle_line_and_the_guest_its_giveback() -> None:
+    system = SystemMemory(1 << 30, 0, 0, 0, 0, 0, 0, 0)
+    info = memory_info_pb(MemoryReport(0, system, None, ()))
+    pod = info.cgroups.add(path="pod")
+    pod.idle.bins.add(idle_at_least_ms=0, anon_bytes=100 * MIB, file_bytes=MIB)
+    pod.idle.bins.add(idle_at_least_ms=300_000, anon_bytes=400 * MIB)
+    pod.giveback.cold.CopyFrom(pb.Figure(bytes=400 * MIB, reason="r"))
+    info.giveback.safe_balloon_target.CopyFrom(pb.Figure(bytes=300 * MIB, reason="why"))
+    text = memory_info_text(info)
+    assert "  idle MiB by idle age: >=0s 101(100a)  >=5m 400(400a)  cold 400.0 MiB" in text
+    assert "giveback safe_balloon_target 300.0 MiB: why" in text

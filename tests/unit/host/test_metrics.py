@@ -200,3 +200,48 @@ def test_every_family_follows_the_naming_conventions() -> None:
 )
 def test_limit_value(limit: pb.Limit, expected: float) -> None:
     assert limit_value(limit) == expected
+
+
+def idle_report() -> pb.MemoryInfo:
+    histogram = pb.IdleHistogram(
+        source="mglru",
+        bins=[
+            pb.IdleBin(idle_at_least_ms=0, anon_bytes=100 * MIB, file_bytes=MIB),
+            pb.IdleBin(idle_at_least_ms=60_000, anon_bytes=400 * MIB, file_bytes=2 * MIB),
+        ],
+    )
+    pod = cgroup("pod")
+    pod.idle.CopyFrom(histogram)
+    pod.giveback.cold.CopyFrom(pb.Figure(bytes=402 * MIB, reason="r"))
+    info = report(pod)
+    info.idle.CopyFrom(histogram)
+    info.giveback.cold.CopyFrom(pb.Figure(bytes=402 * MIB, reason="r"))
+    info.giveback.safe_balloon_target.CopyFrom(pb.Figure(bytes=300 * MIB, reason="r"))
+    info.giveback.virtio_mem.add(
+        device="virtio4", safe_requested_size=pb.Figure(bytes=256 * MIB, reason="r")
+    )
+    return info
+
+
+def test_idle_bytes_are_cumulative_by_le_seconds() -> None:
+    found = by_name(families(up(idle_report())))
+    assert values(found["guestagent_cgroup_memory_idle_bytes"]) == {
+        ("pod", "anon", "60"): 100 * MIB,
+        ("pod", "anon", "+Inf"): 500 * MIB,
+        ("pod", "file", "60"): MIB,
+        ("pod", "file", "+Inf"): 3 * MIB,
+    }
+    assert values(found["guestagent_memory_idle_bytes"])[("anon", "+Inf")] == 500 * MIB
+    assert values(found["guestagent_giveback_bytes"]) == {
+        ("cold",): 402 * MIB,
+        ("safe_balloon_target",): 300 * MIB,
+    }
+    assert values(found["guestagent_cgroup_giveback_cold_bytes"]) == {("pod",): 402 * MIB}
+    assert values(found["guestagent_giveback_virtio_mem_safe_requested_bytes"]) == {
+        ("virtio4",): 256 * MIB
+    }
+
+
+def test_no_idle_families_without_idle_ages() -> None:
+    names = set(by_name(families(up(report(cgroup("a"))))))
+    assert not {n for n in names if "idle" in n or "giveback" in n}
