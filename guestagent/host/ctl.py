@@ -532,6 +532,62 @@ def _metrics(args: argparse.Namespace) -> int:
         return 1
 
 
+def _give_back_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--qmp", required=True, help="QEMU's QMP unix socket")
+    how_far = parser.add_mutually_exclusive_group(required=True)
+    how_far.add_argument(
+        "--to",
+        type=_size,
+        help="the balloon's size (the guest's RAM less the balloon) or the virtio-mem "
+        f"requested-size: {SIZE_HELP}",
+    )
+    how_far.add_argument("--safe", action="store_true", help="the agent's safe figure")
+    parser.add_argument("--via", choices=["balloon", "virtio-mem"], default="balloon")
+    parser.add_argument("--device", help="the virtio-mem device's QEMU id (default: the only one)")
+    parser.add_argument("--force", action="store_true", help="go below the safe figure")
+    parser.add_argument("--dry-run", action="store_true", help="say what it would do, do nothing")
+    parser.add_argument("--pid", type=int, help="QEMU's pid for its RSS (default: the QMP peer)")
+    parser.add_argument("--cold-after-ms", type=int, default=0, help="0: the agent's 60 s")
+    parser.add_argument("--settle-timeout", type=float, default=600.0, metavar="SECONDS")
+
+
+def _give_back(args: argparse.Namespace) -> int:
+    """Exit 0 when done (or a dry run), 2 on a refused size, 1 when a call fails."""
+    if _missing_extra("give-back", "qemu.qmp", "vm"):
+        return 2
+    _need_target(args)
+    # Imported here: it brings in qemu.qmp, a host extra the guest's guestctl has not.
+    from guestagent.host import giveback
+
+    options = giveback.Options(
+        via=args.via,
+        to=args.to,
+        force=args.force,
+        dry_run=args.dry_run,
+        device=args.device,
+        settle_timeout=args.settle_timeout,
+    )
+    try:
+        monitor = giveback.QemuMonitor(args.qmp, args.timeout)
+        try:
+            with AgentClient(args.target, timeout=args.timeout) as client:
+                agent = giveback.ClientAgent(client, args.cold_after_ms)
+                result = giveback.give_back(agent, monitor, options, args.pid)
+        finally:
+            monitor.close()
+    except giveback.Refused as e:
+        print(f"guestctl: give-back: {e}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as e:
+        print(f"guestctl: give-back: {describe_error(e)}", file=sys.stderr)
+        return 1
+    except (giveback.GiveBackError, AgentError, OSError) as e:
+        print(f"guestctl: give-back: {e}", file=sys.stderr)
+        return 1
+    print(giveback.result_json(result) if args.json else giveback.result_text(result))
+    return 0
+
+
 def _health_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service", default="")
 
@@ -594,6 +650,11 @@ COMMANDS: dict[str, Command] = {
         "boot the guest image at several sizes and fit the overheads",
         _measure_overhead_arguments,
         _measure_overhead,
+    ),
+    "give-back": Command(
+        "compact, then balloon or unplug to the agent's safe figure (or --to) over QMP",
+        _give_back_arguments,
+        _give_back,
     ),
     "health": Command("grpc.health.v1 status", _health_arguments, remote(_health)),
     "metrics": Command(

@@ -371,6 +371,11 @@ class GuestVM:
     def console_path(self) -> Path:
         return self.workdir / "console.log"
 
+    @property
+    def host_qmp_path(self) -> Path:
+        """A QMP socket of its own for a host tool, beside the one qmp() holds."""
+        return self.workdir / "qmp-host.sock"
+
     def disk_path(self, name: str) -> Path:
         return self.workdir / f"disk-{name}.img"
 
@@ -448,6 +453,9 @@ class GuestVM:
             ("-chardev", f"socket,id=testexec,path={testexec_socket},server=on,wait=off"),
             ("-device", f"virtserialport,bus=vser0.0,chardev=testexec,name={TESTEXEC_PORT_NAME}"),
             ("-qmp", f"unix:{self.workdir / 'qmp.sock'},server=on,wait=off"),
+            # A second monitor for a host tool under test (guestctl give-back): a QMP socket
+            # serves one client at a time, and qmp() keeps the first.
+            ("-qmp", f"unix:{self.host_qmp_path},server=on,wait=off"),
         ]
         for disk in config.disks:
             discard = "unmap" if disk.discard else "ignore"

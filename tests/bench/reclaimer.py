@@ -15,6 +15,7 @@ from typing import Any
 
 from guestagent.host.client import AgentClient
 from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, GuestVM
+from tests.bench.plotting import NOT_DRAWN, pyplot, save
 from tests.workloads.reclaim import (
     CONFIG,
     MIB,
@@ -54,13 +55,9 @@ def measure_reclaimer(plot_path: Path | None, cmdline: str = "") -> dict[str, An
 
 def plot(scenario: dict[str, Any], path: Path) -> str:
     """Draw the run as a PNG; needs the bench extra (matplotlib), else says so."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "not drawn: pip install 'guestagent[bench]' for matplotlib"
+    plt = pyplot()
+    if plt is None:
+        return NOT_DRAWN
     rows = scenario["timeline"]
     t = [r["t"] for r in rows]
     on_at = scenario["policy_on_at_s"]
@@ -88,11 +85,7 @@ def plot(scenario: dict[str, Any], path: Path) -> str:
     for axis in (rss, hot, stall):
         axis.axvline(on_at, color="grey", linestyle=":")
     rss.annotate("policy on", (on_at, rss.get_ylim()[1]), va="top", ha="left")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return str(path)
+    return save(plt, figure, path)
 
 
 def main() -> int:

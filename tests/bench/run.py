@@ -366,6 +366,13 @@ def reclaimer_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"reclaimer": measure_reclaimer(args.out.with_name(f"{args.out.stem}-reclaimer.png"))}
 
 
+def giveback_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.giveback import measure_giveback
+
+    # latest.json -> latest-giveback.png, as the reclaimer's plot.
+    return {"giveback": measure_giveback(args.out.with_name(f"{args.out.stem}-giveback.png"))}
+
+
 def runtime_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.runtime import measure_runtime
 
@@ -398,6 +405,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,
     "crypt_swap": crypt_swap_section,
+    "giveback": giveback_section,
     "idle_aging": idle_aging_section,
     "hostile": hostile_section,
 }

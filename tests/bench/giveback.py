@@ -1,0 +1,163 @@
+"""What `guestctl give-back --safe` returns to the host against what the working-set reclaimer
+returns alone, in one guest and one run, with a plot of QEMU's RSS over time for both, and
+the agent's cold estimate against the known cold size.
+
+Each phase starts the same workload in a cgroup of its own (400 MiB touched once, a 100 MiB
+hot loop), waits until the agent counts the cold set cold, and then acts: the reclaimer on
+for that cgroup (anon allowed, the default policy otherwise), or give-back --safe through the
+balloon. QEMU's RSS is sampled every second for WATCH_S after the action.
+`python -m tests.bench.giveback --out FILE.json` runs it alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from guestagent.host.client import AgentClient
+from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, Disk, GuestVM, VMConfig
+from tests.bench.plotting import NOT_DRAWN, pyplot, save
+from tests.vm.guest import make_cgroup, wait_until
+from tests.workloads.giveback import (
+    COLD_AFTER_MS,
+    COLD_MIB,
+    HOT_MIB,
+    MIB,
+    cold_bytes,
+    done,
+    full_size,
+    give_back,
+)
+from tests.workloads.reclaim import Sampler, start_workload, stop_workload
+
+CONFIG = VMConfig(memory_mib=1024, disks=(Disk("swap", 1 << 30, serial="swap0"),))
+WATCH_S = 150.0
+RECLAIMER = pb.ReclaimPolicy(anon=True)
+
+
+def wait_cold(agent: AgentClient, cgroup: str) -> tuple[float, int, int]:
+    """Seconds until the agent counts 85 % of the cold set cold, and its figures then."""
+    started = time.monotonic()
+
+    def cold_enough() -> tuple[int, int] | None:
+        cold = cold_bytes(agent, cgroup)
+        return cold if cold[1] >= 0.85 * COLD_MIB * MIB else None
+
+    guest, cgroup_cold = wait_until(cold_enough, 600, f"{cgroup}'s set counted cold", every=2.0)
+    return time.monotonic() - started, guest, cgroup_cold
+
+
+def phase(vm: GuestVM, agent: AgentClient, cgroup: str, act: Any) -> dict[str, Any]:
+    """One workload, the action, and QEMU's RSS from the workload's start to WATCH_S after."""
+    make_cgroup(vm, cgroup)  # Before the sampler, which reports on it from its first second.
+    with Sampler(vm, agent, cgroup) as sampler:
+        out = start_workload(vm, cgroup, COLD_MIB + HOT_MIB, HOT_MIB)
+        seconds, guest_cold, cgroup_cold = wait_cold(agent, cgroup)
+        acted_at = sampler.now()
+        before = vm.qemu_rss_bytes()
+        detail = act()
+        time.sleep(max(0.0, WATCH_S - (sampler.now() - acted_at)))
+        after = vm.qemu_rss_bytes()
+    stop_workload(vm, out)
+    return {
+        "cold_known_mib": COLD_MIB,
+        "cold_estimate_cgroup_mib": round(cgroup_cold / MIB, 1),
+        "cold_estimate_guest_mib": round(guest_cold / MIB, 1),
+        "cold_estimate_vs_known": round(cgroup_cold / (COLD_MIB * MIB), 3),
+        "seconds_until_counted_cold": round(seconds, 1),
+        "qemu_rss_before_mib": round(before / MIB, 1),
+        "qemu_rss_after_mib": round(after / MIB, 1),
+        "returned_mib": round((before - after) / MIB, 1),
+        "returned_fraction_of_cold": round((before - after) / (COLD_MIB * MIB), 3),
+        "detail": detail,
+        # Seconds from the action, and QEMU's RSS in MiB.
+        "rss_timeline": [
+            (round(r["t"] - acted_at, 1), round(r["qemu_rss"] / MIB, 1)) for r in sampler.rows
+        ],
+    }
+
+
+def measure_giveback(plot_path: Path | None) -> dict[str, Any]:
+    image = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
+    with (
+        GuestVM(CONFIG, image_dir=image) as vm,
+        AgentClient(vm.agent_target, timeout=600) as agent,
+    ):
+        agent.wait_ready(60)
+        agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
+
+        def reclaimer_on() -> dict[str, Any]:
+            agent.set_reclaim_policy("wsr", True, RECLAIMER)
+            return {"policy": "anon=true, defaults otherwise"}
+
+        def safe_give_back() -> dict[str, Any]:
+            started = time.monotonic()
+            result = done(give_back(vm, "--safe", "--via", "balloon"))
+            return {
+                "command_seconds": round(time.monotonic() - started, 1),
+                "step": result["step"],
+                "settled": result["settled"],
+            }
+
+        reclaimer = phase(vm, agent, "wsr", reclaimer_on)
+        agent.set_reclaim_policy("wsr", False)
+        safe = phase(vm, agent, "gbs", safe_give_back)
+        vm.balloon(full_size(vm))
+        absent = [a.feature for a in agent.info().absent]
+    figures: dict[str, Any] = {
+        "cold_after_ms": COLD_AFTER_MS,
+        "watch_s": WATCH_S,
+        "absent": absent,
+        "reclaimer_alone": reclaimer,
+        "give_back_safe": safe,
+        "safe_vs_reclaimer_returned": round(safe["returned_mib"] / reclaimer["returned_mib"], 3)
+        if reclaimer["returned_mib"] > 0
+        else None,
+    }
+    if plot_path is not None:
+        figures["plot"] = plot(figures, plot_path)
+    for side in ("reclaimer_alone", "give_back_safe"):
+        figures[side] = {k: v for k, v in figures[side].items() if k != "rss_timeline"}
+    return figures
+
+
+def plot(figures: dict[str, Any], path: Path) -> str:
+    """QEMU's RSS for both phases on one time axis, 0 at the action; needs matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return NOT_DRAWN
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    for side, label in (
+        ("reclaimer_alone", "working-set reclaimer alone"),
+        ("give_back_safe", "guestctl give-back --safe (balloon)"),
+    ):
+        rows = figures[side]["rss_timeline"]
+        returned = figures[side]["returned_mib"]
+        axis.plot(
+            [t for t, _ in rows], [rss for _, rss in rows], label=f"{label}: {returned} MiB back"
+        )
+    axis.axvline(0, color="grey", linestyle=":")
+    axis.set_xlabel("seconds from the action")
+    axis.set_ylabel("QEMU RSS (MiB)")
+    axis.set_title(f"{COLD_MIB} MiB cold, {HOT_MIB} MiB hot, same guest, same run")
+    axis.legend(loc="upper right")
+    return save(plt, figure, path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("tests/bench/results/giveback.json"))
+    args = parser.parse_args()
+    figures = measure_giveback(args.out.with_suffix(".png"))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,322 @@
+"""guestctl give-back: its decisions as tables and properties, and the whole command against a
+fake agent and a fake QEMU monitor (tests/fakes/qmp.py speaks QMP on a real unix socket)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from guestagent.host import ctl, giveback
+from guestagent.host.giveback import (
+    BALLOON,
+    VIRTIO_MEM,
+    GiveBackError,
+    Options,
+    Refused,
+    Step,
+    VirtioMemDevice,
+    balloon_value,
+    give_back,
+    pick_virtio_mem,
+    plan_balloon,
+    plan_virtio_mem,
+    round_up,
+    settled,
+)
+from guestagent.v1 import agent_pb2 as pb
+from tests.fakes.qmp import FakeQemu
+
+MIB = 1 << 20
+GIB = 1 << 30
+ADDR = 0x100000000
+
+
+def report(
+    mem_total: int = 1000 * MIB,
+    safe_target: int | None = 600 * MIB,
+    vmem_safe: int | None = None,
+) -> pb.MemoryInfo:
+    info = pb.MemoryInfo(system=pb.SystemMemory(mem_total_bytes=mem_total))
+    if safe_target is not None:
+        info.giveback.safe_balloon_target.CopyFrom(
+            pb.Figure(bytes=safe_target, reason="working set 300 MiB + kernel 60 MiB + headroom")
+        )
+    if vmem_safe is not None:
+        info.hotplug.virtio_mem.append(pb.VirtioMemRegion(device="virtio4", start_address=ADDR))
+        info.giveback.virtio_mem.append(
+            pb.VirtioMemTarget(
+                device="virtio4",
+                plugged_bytes=GIB,
+                safe_requested_size=pb.Figure(bytes=vmem_safe, reason="holder fits in 1 block"),
+            )
+        )
+    return info
+
+
+def device(size: int = GIB, block: int = 2 * MIB, addr: int = ADDR) -> VirtioMemDevice:
+    return VirtioMemDevice("vmem0", addr, block, 2 * GIB, size, size)
+
+
+@pytest.mark.parametrize(
+    ("guest", "mem_total", "actual", "value"),
+    [
+        # No balloon yet: MemTotal is RAM less the kernel's reserve; take 400 MiB.
+        (600 * MIB, 1000 * MIB, 1024 * MIB, 624 * MIB),
+        # 100 MiB ballooned already (MemTotal fell with it): 300 MiB more.
+        (600 * MIB, 900 * MIB, 924 * MIB, 624 * MIB),
+        # The guest is below the figure: the balloon deflates to it.
+        (600 * MIB, 500 * MIB, 524 * MIB, 624 * MIB),
+    ],
+)
+def test_balloon_value_is_the_safe_target_by_the_balloon_offset(
+    guest: int, mem_total: int, actual: int, value: int
+) -> None:
+    assert balloon_value(guest, mem_total, actual) == value
+
+
+@pytest.mark.parametrize(
+    ("to", "force", "expected"),
+    [
+        (None, False, Step(BALLOON, BALLOON, 1024 * MIB, 624 * MIB, 624 * MIB, "")),
+        (700 * MIB, False, Step(BALLOON, BALLOON, 1024 * MIB, 700 * MIB, 624 * MIB, "")),
+        (624 * MIB, False, Step(BALLOON, BALLOON, 1024 * MIB, 624 * MIB, 624 * MIB, "")),
+        (500 * MIB, True, Step(BALLOON, BALLOON, 1024 * MIB, 500 * MIB, 624 * MIB, "", True)),
+        # Never above the guest's RAM.
+        (4 * GIB, False, Step(BALLOON, BALLOON, 1024 * MIB, 1024 * MIB, 624 * MIB, "")),
+    ],
+)
+def test_plan_balloon(to: int | None, force: bool, expected: Step) -> None:
+    step = plan_balloon(report(), 1024 * MIB, 1024 * MIB, to, force)
+    assert step == Step(**{**expected.__dict__, "reason": step.reason})
+    assert "working set" in step.reason
+
+
+def test_a_balloon_size_below_the_safe_one_is_refused_naming_both() -> None:
+    with pytest.raises(Refused) as refused:
+        plan_balloon(report(), 1024 * MIB, 1024 * MIB, 500 * MIB, False)
+    text = str(refused.value)
+    assert f"--to {500 * MIB} (500.0 MiB)" in text
+    assert f"safe balloon size {624 * MIB} (624.0 MiB)" in text
+    assert "nothing changed" in text and "--force" in text
+
+
+def test_without_the_agents_figures_safe_fails_and_to_needs_force() -> None:
+    old = report(safe_target=None)
+    with pytest.raises(GiveBackError, match="no give-back figures"):
+        plan_balloon(old, 1024 * MIB, 1024 * MIB, None, False)
+    with pytest.raises(Refused, match="cannot be checked"):
+        plan_balloon(old, 1024 * MIB, 1024 * MIB, 700 * MIB, False)
+    forced = plan_balloon(old, 1024 * MIB, 1024 * MIB, 700 * MIB, True)
+    assert (forced.value, forced.safe, forced.forced) == (700 * MIB, None, True)
+
+
+@pytest.mark.parametrize(
+    ("safe", "to", "force", "value"),
+    [
+        (400 * MIB, None, False, 400 * MIB),
+        (400 * MIB + 1, None, False, 402 * MIB),  # Up to a whole block: still safe.
+        (400 * MIB, 401 * MIB, False, 402 * MIB),
+        (400 * MIB, 300 * MIB, True, 300 * MIB),
+    ],
+)
+def test_plan_virtio_mem_rounds_up_to_the_block(
+    safe: int, to: int | None, force: bool, value: int
+) -> None:
+    step = plan_virtio_mem(report(vmem_safe=safe), device(), to, force)
+    assert (step.via, step.device, step.current, step.value) == (VIRTIO_MEM, "vmem0", GIB, value)
+    assert step.safe == round_up(safe, 2 * MIB)
+
+
+def test_virtio_mem_refusals() -> None:
+    with pytest.raises(Refused, match=rf"--to {300 * MIB} .* below the safe requested size"):
+        plan_virtio_mem(report(vmem_safe=400 * MIB), device(), 300 * MIB, False)
+    with pytest.raises(Refused, match="above vmem0's"):
+        plan_virtio_mem(report(vmem_safe=400 * MIB), device(), 3 * GIB, True)
+    # The figure is matched by the region's address, not by name.
+    with pytest.raises(GiveBackError, match="no safe requested size for the device at 0x"):
+        plan_virtio_mem(report(vmem_safe=400 * MIB), device(addr=0x200000000), None, False)
+
+
+def test_pick_virtio_mem() -> None:
+    one, two = device(), VirtioMemDevice("vmem1", 2 * ADDR, 2 * MIB, GIB, 0, 0)
+    assert pick_virtio_mem([one], None) == one
+    assert pick_virtio_mem([one, two], "vmem1") == two
+    with pytest.raises(GiveBackError, match=r"--device \(QEMU has: vmem0, vmem1\)"):
+        pick_virtio_mem([one, two], None)
+    with pytest.raises(GiveBackError, match=r"no virtio-mem device 'x'.*none"):
+        pick_virtio_mem([], "x")
+
+
+@pytest.mark.parametrize(
+    ("samples", "outcome"),
+    [
+        ([], None),
+        ([(0, 100), (1, 50)], "reached"),
+        ([(0, 100), (1, 90), (2, 80)], None),
+        ([(0, 100), (1, 80), (10, 80), (16, 80)], "stopped"),  # still since 1 s: 15 s.
+        ([(0, 100), (1, 80), (10, 80), (15, 80)], None),
+        ([(0, 100), (20, 100)], "stopped"),  # Never moved: the guest gives nothing.
+    ],
+)
+def test_settled(samples: list[tuple[float, int]], outcome: str | None) -> None:
+    assert settled(samples, 50, 15.0) == outcome
+
+
+@given(
+    safe=st.integers(0, 8 * GIB),
+    to=st.none() | st.integers(0, 8 * GIB),
+    block=st.sampled_from([2 * MIB, 4 * MIB, 128 * MIB]),
+)
+def test_unforced_virtio_mem_never_goes_below_the_safe_figure(
+    safe: int, to: int | None, block: int
+) -> None:
+    big = VirtioMemDevice("vmem0", ADDR, block, 16 * GIB, 8 * GIB, 8 * GIB)
+    try:
+        step = plan_virtio_mem(report(vmem_safe=safe), big, to, False)
+    except Refused:
+        assert to is not None and round_up(to, block) < round_up(safe, block)
+        return
+    assert step.value >= safe and step.value % block == 0
+
+
+@given(
+    mem_total=st.integers(256 * MIB, 8 * GIB),
+    used=st.integers(0, 8 * GIB),
+    ballooned=st.integers(0, GIB),
+    to=st.none() | st.integers(0, 8 * GIB),
+)
+def test_unforced_balloon_never_leaves_less_than_the_safe_target(
+    mem_total: int, used: int, ballooned: int, to: int | None
+) -> None:
+    safe_target = min(used, mem_total)
+    ram = mem_total + ballooned + 24 * MIB
+    actual = ram - ballooned
+    try:
+        step = plan_balloon(report(mem_total, safe_target), actual, ram, to, False)
+    except Refused:
+        assert to is not None
+        return
+    # What the guest keeps: its MemTotal less what the balloon takes beyond today's.
+    assert mem_total - (actual - step.value) >= safe_target or step.value == ram
+
+
+class FakeAgent:
+    def __init__(self, info: pb.MemoryInfo) -> None:
+        self.info = info
+        self.calls: list[str] = []
+
+    def report(self) -> pb.MemoryInfo:
+        self.calls.append("report")
+        return self.info
+
+    def compact(self) -> pb.CompactResult:
+        self.calls.append("compact")
+        return pb.CompactResult(free_huge_bytes_before=10 * MIB, free_huge_bytes_after=90 * MIB)
+
+
+def options(**changes: Any) -> Options:
+    base: dict[str, Any] = dict(
+        via=BALLOON, to=None, force=False, dry_run=False, device=None, settle_timeout=30.0
+    )
+    return Options(**{**base, **changes})
+
+
+@pytest.fixture
+def qemu(tmp_path: Path) -> Any:
+    with FakeQemu(tmp_path / "qmp.sock") as fake:
+        yield fake
+
+
+def monitor(qemu: FakeQemu) -> giveback.QemuMonitor:
+    return giveback.QemuMonitor(str(qemu.path), 5.0)
+
+
+def test_give_back_compacts_first_then_balloons_and_waits(qemu: FakeQemu) -> None:
+    agent = FakeAgent(report())
+    qmp = monitor(qemu)
+    try:
+        result = give_back(agent, qmp, options(), None)
+    finally:
+        qmp.close()
+    assert qmp.pid == os.getpid()  # The QMP peer: here, this process.
+    assert agent.calls == ["report", "compact", "report"]
+    assert qemu.writes() == ["balloon"] and qemu.actual == 624 * MIB
+    assert result["settled"]["how"] == "reached"
+    assert result["before"]["qemu_rss_bytes"] > 0 and result["after"]["qemu_rss_bytes"] > 0
+    text = giveback.result_text(result)
+    assert "balloon: 1,024.0 MiB -> 624.0 MiB; safe 624.0 MiB" in text
+    assert "reached at 624.0 MiB" in text
+
+
+def test_a_balloon_that_stops_short_has_settled(qemu: FakeQemu) -> None:
+    qemu.balloon_shortfall = 8 * MIB
+    qmp = monitor(qemu)
+    try:
+        result = give_back(FakeAgent(report()), qmp, options(still_seconds=1.0), None)
+    finally:
+        qmp.close()
+    assert result["settled"]["how"] == "stopped"
+    assert result["settled"]["device_bytes"] == 632 * MIB
+    # Then asked for what it reached, so the guest's driver stops pressing.
+    assert [a["value"] for n, a in qemu.commands if n == "balloon"] == [624 * MIB, 632 * MIB]
+    assert "not pressed further" in giveback.result_text(result)
+
+
+def test_dry_run_and_refusal_change_nothing(qemu: FakeQemu) -> None:
+    agent = FakeAgent(report())
+    qmp = monitor(qemu)
+    try:
+        result = give_back(agent, qmp, options(dry_run=True), None)
+        with pytest.raises(Refused):
+            give_back(agent, qmp, options(to=500 * MIB), None)
+    finally:
+        qmp.close()
+    assert "dry run: nothing compacted" in giveback.result_text(result)
+    assert agent.calls == ["report", "report"] and qemu.writes() == []
+
+
+def test_virtio_mem_through_the_monitor(qemu: FakeQemu) -> None:
+    agent = FakeAgent(report(vmem_safe=401 * MIB))
+    qmp = monitor(qemu)
+    try:
+        result = give_back(agent, qmp, options(via=VIRTIO_MEM), None)
+    finally:
+        qmp.close()
+    assert qemu.writes() == ["qom-set"] and qemu.vmem_requested == 402 * MIB
+    assert result["step"]["device"] == "vmem0" and result["settled"]["how"] == "reached"
+
+
+def test_the_command_refuses_with_exit_2_and_says_both_numbers(
+    qemu: FakeQemu, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(giveback, "ClientAgent", lambda client, cold: FakeAgent(report()))
+    argv = ["--target", "unix:///nowhere", "give-back", "--qmp", str(qemu.path), "--to", "500M"]
+    assert ctl.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(500 * MIB) in err and str(624 * MIB) in err
+    assert qemu.writes() == []
+
+
+def test_the_command_prints_json(
+    qemu: FakeQemu, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(giveback, "ClientAgent", lambda client, cold: FakeAgent(report()))
+    argv = ["--target", "unix:///nowhere", "--json", "give-back", "--qmp", str(qemu.path)]
+    assert ctl.main([*argv, "--safe"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["step"]["value"] == 624 * MIB and result["settled"]["how"] == "reached"
+
+
+def test_an_unreachable_monitor_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--target", "unix:///nowhere", "give-back", "--qmp", str(tmp_path / "none"), "--safe"]
+    assert ctl.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("guestctl: give-back:") and err.count("\n") == 1
