@@ -66,6 +66,10 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
     yield from boot_and_record(config, image, tmp_path_factory, RESULTS, "giveback_host")
 
 
+# Known failure (docs/giveback.md#the-safe-balloon-figure-falls-short): the safe figure counts
+# less memory in use than the guest needs (114.9 MiB counted; the hot loop then ran 31.5x
+# slower and QEMU's RSS climbed back 95 MiB). Kept running so a fix shows as XPASS.
+@pytest.mark.xfail(reason="the safe balloon figure undercounts the working set", strict=False)
 def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     vm: GuestVM, agent: AgentClient, pace: Pace
 ) -> None:
