@@ -6,8 +6,9 @@ the reason it is what it is (docs/giveback.md).
 - cold: memory idle at least the threshold that reclaim could take: cold file pages, and cold
   anon only as far as a swap area has room.
 - safe_balloon_target: the smallest guest size (MemTotal terms) that keeps everything used
-  within the threshold, the kernel's unreclaimable memory and the zones' high watermarks, and
-  never less than the floors (cgroup protections + unreclaimable kernel memory + watermarks).
+  within the threshold, the kernel's unreclaimable memory, the zones' high watermarks and
+  slack above them for what the ages miss, and never less than the floors (cgroup
+  protections + unreclaimable kernel memory + watermarks).
 - safe_virtio_mem: per device, the requested size reached by unplugging only its blocks in
   ZONE_MOVABLE (a kernel-zone block may hold what cannot move), and no further than the
   balloon target allows, so the boot memory keeps its headroom.
@@ -24,6 +25,11 @@ from guestagent.linux.meminfo import CgroupSwap, MemoryReport
 from guestagent.ops.idle import IdleHistogram, IdleSpec, IdleState, IdleView
 
 MIB = 1 << 20
+# Room above the high watermarks for the working set to breathe: ages are as of the last
+# aging and page cache read with read(2) is not aged by the page-table walk, so the figure
+# in use runs short; with no slack a 1 GiB guest thrashed (docs/giveback.md).
+SLACK_MIN = 64 * MIB
+SLACK_SHARE = 4  # A quarter of the memory in use, when that is more than SLACK_MIN.
 
 
 @dataclass(frozen=True)
@@ -89,17 +95,21 @@ def unreclaimable_kernel(g: GuestFigures) -> int:
     return max(0, g.mem_total - g.mem_free - g.lru - g.reclaimable_slab)
 
 
+def slack(working: int) -> int:
+    return max(SLACK_MIN, working // SLACK_SHARE)
+
+
 def safe_balloon_target(g: GuestFigures, cold: int | None) -> Figure:
     """The smallest size the guest keeps its working set at (None cold: no idle ages, so all
     LRU memory counts as in use)."""
     kernel = unreclaimable_kernel(g)
     floor = g.protected + kernel + g.watermarks
     working = max(0, g.lru - (cold or 0))
-    need = working + kernel + g.watermarks
+    need = working + kernel + g.watermarks + slack(working)
     target = min(g.mem_total, max(need, floor))
     parts = (
         f"in use within the threshold {_mib(working)} + unreclaimable kernel {_mib(kernel)} "
-        f"+ high watermarks {_mib(g.watermarks)}"
+        f"+ high watermarks {_mib(g.watermarks)} + slack {_mib(slack(working))}"
     )
     if cold is None:
         parts += " (no idle ages: all LRU memory counted as in use)"

@@ -80,10 +80,17 @@ def test_the_balloon_target_keeps_the_working_set_kernel_and_watermarks() -> Non
     kernel = unreclaimable_kernel(GUEST)
     assert kernel == (2048 - 400 - 1400 - 48) * MIB
     target = safe_balloon_target(GUEST, 1000 * MIB)
-    assert target.bytes == 400 * MIB + kernel + 16 * MIB
+    assert target.bytes == 400 * MIB + kernel + 16 * MIB + 100 * MIB  # A quarter as slack.
     assert "in use within the threshold 400.0 MiB" in target.reason
+    assert "slack 100.0 MiB" in target.reason
     blind = safe_balloon_target(GUEST, None)
-    assert blind.bytes == 1400 * MIB + kernel + 16 * MIB and "no idle ages" in blind.reason
+    assert blind.bytes == 1400 * MIB + kernel + 16 * MIB + 350 * MIB
+    assert "no idle ages" in blind.reason
+
+
+def test_a_small_working_set_still_gets_the_minimum_slack() -> None:
+    target = safe_balloon_target(GUEST, 1300 * MIB)
+    assert target.bytes == 100 * MIB + unreclaimable_kernel(GUEST) + 16 * MIB + 64 * MIB
 
 
 def test_the_balloon_target_never_goes_below_the_protections() -> None:
@@ -171,8 +178,8 @@ def test_guest_giveback_puts_it_together() -> None:
     assert giveback.free_reportable is not None and giveback.free_reportable.bytes == 200 * MIB
     assert giveback.safe_balloon_target is not None
     (device,) = giveback.virtio_mem
-    # The balloon target (1250 MiB in use + 152 kernel + 16 watermarks) leaves 630 MiB: four
-    # of the six movable blocks.
-    assert device.safe_requested_size.bytes == 512 * MIB
+    # The balloon target (1250 MiB in use + 152 kernel + 16 watermarks + 312.5 slack)
+    # leaves 317.5 MiB: two of the six movable blocks.
+    assert device.safe_requested_size.bytes == 768 * MIB
     assert "256.0 MiB in kernel-zone blocks stays" in device.safe_requested_size.reason
     assert "the rest would reach into the working set" in device.safe_requested_size.reason
