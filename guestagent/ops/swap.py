@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from guestagent.errors import (
     Aborted,
@@ -368,14 +368,9 @@ class SwapManager:
             mapping = mapping_named(self.fs, name)
             if mapping is None:
                 raise FailedPrecondition(f"mapping {name} is not in /sys/block after its resume")
-            mapped = mapped_device(mapping)
-            # The mapping stacks the disk's rotational flag; written anyway, and checked.
-            self._set_nonrotational(mapped)
-            import uuid  # As in _prepare_and_swapon: only a format needs it.
-
-            # force: the mapping holds ciphertext of whatever the checked disk held, never data.
-            run_mkswap(mapped.devnode, str(uuid.uuid4()), spec.label, True)
-            syscalls.swapon(mapped.devnode, swapon_flags(spec.priority, spec.discard))
+            # The mapping stacks the disk's rotational flag; written anyway, and checked. Always
+            # formatted, with force: it holds ciphertext of what the checked disk held, never data.
+            self._prepare_and_swapon(mapped_device(mapping), replace(spec, force=True), None)
         except Exception as e:
             undone = []
             if created:
