@@ -10,10 +10,8 @@ from guestagent.errors import AgentError
 from guestagent.linux.abi import PAGE_SIZE, reporting_order
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReport
-from guestagent.linux.meminfo import parse_meminfo
+from guestagent.linux.meminfo import SystemMemory
 from guestagent.linux.mm import read_free_blocks_optional, zoneinfo_sum
-
-LRU_LINES = ("Active(anon)", "Inactive(anon)", "Active(file)", "Inactive(file)")
 
 
 @dataclass(frozen=True)
@@ -94,17 +92,20 @@ def devices_of(hotplug: HotplugReport | None) -> tuple[DeviceBlocks, ...]:
 
 
 def read_guest_figures(
-    fs: KernelFS, hotplug: HotplugReport | None, page_size: int = PAGE_SIZE
+    fs: KernelFS,
+    system: SystemMemory,
+    hotplug: HotplugReport | None,
+    page_size: int = PAGE_SIZE,
 ) -> GuestFigures:
-    meminfo = parse_meminfo(fs.read(fs.proc("meminfo")))
+    """system: the report's own /proc/meminfo reading, so both describe the same moment."""
     free_blocks = read_free_blocks_optional(fs) or ()
     zoneinfo = fs.read_optional(fs.proc("zoneinfo"))
     return GuestFigures(
-        mem_total=meminfo["MemTotal"],
-        mem_free=meminfo["MemFree"],
-        lru=sum(meminfo.get(line, 0) for line in LRU_LINES),
-        reclaimable_slab=meminfo.get("SReclaimable", 0),
-        swap_room=meminfo.get("SwapFree", 0) if meminfo.get("SwapTotal", 0) else None,
+        mem_total=system.mem_total,
+        mem_free=system.mem_free,
+        lru=system.lru,
+        reclaimable_slab=system.reclaimable_slab,
+        swap_room=system.swap_free if system.swap_total else None,
         watermarks=zoneinfo_sum(zoneinfo, "high") * page_size if zoneinfo else 0,
         protected=read_protected(fs),
         free_blocks=free_blocks,

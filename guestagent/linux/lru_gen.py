@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,12 +143,6 @@ def debugfs(fs: KernelFS) -> Iterator[Path]:
             # Busy: someone else started using it meanwhile; theirs to unmount now.
             if e.errno != errno.EBUSY:
                 raise
-
-
-def name_thread(name: str) -> None:
-    """Name the calling thread (best effort: a name is for measuring, not for running)."""
-    with suppress(OSError):
-        syscalls.set_thread_name(name)
 
 
 def read_lruvecs(fs: KernelFS, path: Path) -> tuple[Lruvec, ...]:

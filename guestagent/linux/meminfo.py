@@ -31,6 +31,10 @@ class SystemMemory:
     swap_total: int
     swap_free: int
     shmem: int
+    # For the give-back figures (ops/giveback.py), from the same read; 0 where a kernel lacks
+    # the lines.
+    lru: int = 0  # Active + Inactive, anon + file.
+    reclaimable_slab: int = 0  # SReclaimable.
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ _MEMINFO_FIELDS = {
     "SwapFree": "swap_free",
     "Shmem": "shmem",
 }
+LRU_LINES = ("Active(anon)", "Inactive(anon)", "Active(file)", "Inactive(file)")
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
@@ -120,7 +125,11 @@ def system_memory_from(values: dict[str, int]) -> SystemMemory:
     missing = [key for key in _MEMINFO_FIELDS if key not in values]
     if missing:
         raise FailedPrecondition(f"/proc/meminfo lacks {', '.join(missing)}")
-    return SystemMemory(**{attr: values[key] for key, attr in _MEMINFO_FIELDS.items()})
+    return SystemMemory(
+        **{attr: values[key] for key, attr in _MEMINFO_FIELDS.items()},
+        lru=sum(values.get(line, 0) for line in LRU_LINES),
+        reclaimable_slab=values.get("SReclaimable", 0),
+    )
 
 
 def parse_pressure(text: str) -> Pressure:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -102,6 +103,12 @@ def set_thread_name(name: str) -> None:
     """The calling thread's name in /proc/self/task/TID/comm (15 bytes kept), so its CPU
     can be told apart from the process's."""
     _check(_libc().prctl(PR_SET_NAME, os.fsencode(name)[:15], 0, 0, 0), "prctl(PR_SET_NAME)")
+
+
+def name_thread(name: str) -> None:
+    """set_thread_name, best effort: a name is for measuring, not for running."""
+    with contextlib.suppress(OSError):
+        set_thread_name(name)
 
 
 def umount(target: str) -> None:

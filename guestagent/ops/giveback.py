@@ -199,7 +199,7 @@ def cgroup_swap_room(guest: int | None, swap: CgroupSwap | None) -> int | None:
 
 
 def idle_report(fs: KernelFS, report: MemoryReport, state: IdleState, spec: IdleSpec) -> IdleReport:
-    figures = read_guest_figures(fs, report.hotplug)
+    figures = read_guest_figures(fs, report.system, report.hotplug)
     page = figures.page_size
     cgroups = []
     for c in report.cgroups:

@@ -34,10 +34,10 @@ from guestagent.linux.lru_gen import (
     Lruvec,
     debugfs,
     debugfs_absence,
-    name_thread,
     read_lruvecs,
     write_aging,
 )
+from guestagent.linux.syscalls import name_thread
 
 log = EventLog("guestagent.ops.idle")
 

@@ -505,10 +505,12 @@ class SwapManager:
             log.warning("mapping_not_discarded", mapping=mapping.name, error=str(e))
         try:
             DeviceMapper(self.fs).remove(mapping.name)
-        except OSError as e:
+        except (AgentError, OSError) as e:
+            # An AgentError already says why (no device-mapper, the control node refused).
+            why = errno_text(e) if isinstance(e, OSError) else str(e)
             raise FailedPrecondition(
                 f"swap on {mapping.devnode} is off, but removing mapping {mapping.name} "
-                f"failed: {errno_text(e)}"
+                f"failed: {why}"
             ) from e
 
     def list(self) -> list[SwapArea]:

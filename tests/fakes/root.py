@@ -83,9 +83,14 @@ MemAvailable:     398100 kB
 Buffers:            2048 kB
 Cached:            80124 kB
 SwapCached:            0 kB
+Active(anon):      20480 kB
+Inactive(anon):    10240 kB
+Active(file):      40960 kB
+Inactive(file):    30720 kB
 SwapTotal:       1048572 kB
 SwapFree:        1048572 kB
 Shmem:              1024 kB
+SReclaimable:       8192 kB
 HugePages_Total:       0
 Hugepagesize:       2048 kB
 """

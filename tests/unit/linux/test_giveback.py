@@ -8,6 +8,7 @@ from guestagent.linux.giveback import (
     read_protected,
     read_reporting_order,
 )
+from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.mm import zoneinfo_sum
 from tests.fakes.root import FakeRoot
 
@@ -67,7 +68,9 @@ def test_reporting_order_from_the_module_parameter_when_sane(fake_root: FakeRoot
 def test_guest_figures_from_a_fake_kernel(fake_root: FakeRoot) -> None:
     fake_root.write("proc/zoneinfo", ZONEINFO)
     fake_root.write("proc/buddyinfo", "Node 0, zone DMA32 4 0 0 0 0 0 0 0 0 2 1\n")
-    figures = read_guest_figures(fake_root.fs, None, 4096)
+    figures = read_guest_figures(fake_root.fs, read_system_memory(fake_root.fs), None, 4096)
     assert figures.mem_total == 498764 * 1024 and figures.swap_room == 1048572 * 1024
+    assert figures.lru == (20480 + 10240 + 40960 + 30720) * 1024
+    assert figures.reclaimable_slab == 8192 * 1024
     assert figures.watermarks == (48 + 4350) * 4096
     assert figures.free_blocks[9:] == (2, 1) and figures.reporting_order == 9

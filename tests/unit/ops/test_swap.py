@@ -15,7 +15,7 @@ from guestagent.linux.abi import (
 )
 from guestagent.linux.blockdev import BlockDevice, DeviceSelector
 from guestagent.linux.confidential import Confidential
-from guestagent.linux.dm import CryptTable, DeviceMapper
+from guestagent.linux.dm import CryptTable, DeviceMapper, Mapping
 from guestagent.ops.swap import (
     DiscardPolicy,
     EnableSwapSpec,
@@ -311,3 +311,24 @@ def test_start_removes_a_mapping_without_swap_and_keeps_an_active_one(
     monkeypatch.setattr(DeviceMapper, "remove", lambda self, name: removed.append(name))
     SwapManager(fake_root.fs, FakeFinder([VDB]), NOT_CONFIDENTIAL).check_state()
     assert removed == ["guestagent-swap-vdb"]
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (OSError(errno.EBUSY, "Device or resource busy"), "EBUSY"),
+        (FailedPrecondition("the kernel has no device-mapper: load dm_mod"), "load dm_mod"),
+    ],
+)
+def test_a_mapping_that_cannot_be_removed_is_named_with_why(
+    fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch, failure: Exception, said: str
+) -> None:
+    def remove(self: DeviceMapper, name: str) -> None:
+        raise failure
+
+    monkeypatch.setattr(DeviceMapper, "remove", remove)
+    mapping = Mapping("guestagent-swap-vdb", "dm-0", 253, 0, ("vdb",))
+    manager = SwapManager(fake_root.fs, FakeFinder([VDB]))
+    expected = f"removing mapping guestagent-swap-vdb failed: .*{said}"
+    with pytest.raises(FailedPrecondition, match=expected):
+        manager._unmap(mapping)
