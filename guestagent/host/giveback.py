@@ -31,7 +31,7 @@ from qemu.qmp import QMPClient, QMPError
 from guestagent.host.client import AgentClient
 from guestagent.host.display import mib
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.mm import rss_bytes
+from guestagent.linux.mm import jit_code_rss_bytes, rss_bytes
 from guestagent.v1 import agent_pb2 as pb
 
 BALLOON, VIRTIO_MEM = "balloon", "virtio-mem"
@@ -272,9 +272,20 @@ class Options:
     still_seconds: float = STILL_SECONDS
 
 
-def qemu_rss(pid: int) -> int:
+def qemu_rss(pid: int) -> dict[str, int]:
+    """QEMU's VmRSS and, of it, TCG's translated code (0 under KVM): that buffer grows as
+    the guest runs new code whatever the guest holds, so what was given back is measured
+    without it."""
     fs = KernelFS()
-    return rss_bytes(fs.read(fs.proc(str(pid), "status")))
+    return {
+        "qemu_rss_bytes": rss_bytes(fs.read(fs.proc(str(pid), "status"))),
+        "qemu_tcg_code_rss_bytes": jit_code_rss_bytes(fs.read(fs.proc(str(pid), "smaps"))),
+    }
+
+
+def guest_rss(side: dict[str, Any]) -> int:
+    """QEMU's RSS less TCG's translated code: the guest's memory and QEMU's own."""
+    return int(side["qemu_rss_bytes"]) - int(side.get("qemu_tcg_code_rss_bytes", 0))
 
 
 def virtio_mem_devices(monitor: Monitor) -> list[VirtioMemDevice]:
@@ -359,7 +370,7 @@ def give_back(agent: Agent, monitor: Monitor, options: Options, pid: int | None)
         "step": asdict(step),
         "qemu_pid": qemu_pid,
         "dry_run": options.dry_run,
-        "before": {**figures(info), "qemu_rss_bytes": qemu_rss(qemu_pid)},
+        "before": {**figures(info), **qemu_rss(qemu_pid)},
     }
     if options.dry_run:
         return result
@@ -372,7 +383,7 @@ def give_back(agent: Agent, monitor: Monitor, options: Options, pid: int | None)
         # its hot set (seen: the hot loop 1.78x slower after). What it gave is what it can.
         apply(monitor, replace(step, value=reached))
     result["settled"] = {"how": outcome, "seconds": round(seconds, 1), "device_bytes": reached}
-    result["after"] = {**figures(agent.report()), "qemu_rss_bytes": qemu_rss(qemu_pid)}
+    result["after"] = {**figures(agent.report()), **qemu_rss(qemu_pid)}
     return result
 
 
@@ -392,6 +403,12 @@ def _guest_text(side: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _rss_text(side: dict[str, Any]) -> str:
+    code = int(side.get("qemu_tcg_code_rss_bytes", 0))
+    text = mib(int(side["qemu_rss_bytes"]))
+    return f"{text} ({mib(guest_rss(side))} without TCG's translated code)" if code else text
+
+
 def result_text(result: dict[str, Any]) -> str:
     step = result["step"]
     what = "balloon" if step["via"] == BALLOON else f"virtio-mem {step['device']} requested-size"
@@ -401,14 +418,13 @@ def result_text(result: dict[str, Any]) -> str:
         f"{what}: {mib(step['current'])} -> {mib(step['value'])}{forced}; safe {safe}",
         "guest before:",
         *_guest_text(result["before"]),
-        f"QEMU (pid {result['qemu_pid']}) RSS before {mib(result['before']['qemu_rss_bytes'])}",
+        f"QEMU (pid {result['qemu_pid']}) RSS before {_rss_text(result['before'])}",
     ]
     if result["dry_run"]:
         return "\n".join([*lines, "dry run: nothing compacted, nothing asked of QEMU"])
     compact = result["compact"]
     settled_ = result["settled"]
     short = settled_["how"] == "stopped"
-    rss_before, rss_after = result["before"]["qemu_rss_bytes"], result["after"]["qemu_rss_bytes"]
     lines += [
         f"compacted: free in 2 MiB blocks {mib(int(compact.get('free_huge_bytes_before', 0)))}"
         f" -> {mib(int(compact.get('free_huge_bytes_after', 0)))}",
@@ -417,7 +433,8 @@ def result_text(result: dict[str, Any]) -> str:
         + ("; asked for that instead, so the guest is not pressed further" if short else ""),
         "guest after:",
         *_guest_text(result["after"]),
-        f"QEMU RSS after {mib(rss_after)} ({mib(rss_before - rss_after)} given back)",
+        f"QEMU RSS after {_rss_text(result['after'])} "
+        f"({mib(guest_rss(result['before']) - guest_rss(result['after']))} given back)",
     ]
     return "\n".join(lines)
 

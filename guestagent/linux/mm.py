@@ -60,6 +60,27 @@ def rss_bytes(status_text: str) -> int:
     return 0
 
 
+def jit_code_rss_bytes(smaps_text: str) -> int:
+    """Resident bytes of a process's anonymous writable-and-executable mappings, from its
+    /proc/PID/smaps: in QEMU under TCG, the buffer of translated guest code (up to 1 GiB,
+    filled as the guest runs new code and kept resident), which is no guest memory."""
+    total = 0
+    jit = False
+    for line in smaps_text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
+            # A mapping's header: range perms offset dev inode [path].
+            jit = fields[1] == "rwxp" and fields[4] == "0" and len(fields) == 5
+        elif jit and fields[0] == "Rss:":
+            try:
+                total += int(fields[1]) * 1024
+            except (IndexError, ValueError):
+                raise KernelFormat(f"smaps line {line!r} is malformed") from None
+    return total
+
+
 def read_free_blocks(fs: KernelFS, node: int | None = None) -> tuple[int, ...]:
     return parse_buddyinfo(fs.read(fs.proc("buddyinfo")), node)
 

@@ -151,7 +151,7 @@ def test_balloon_after_compact_takes_page_cache(
     device = vm.exec(["readlink", "-f", "/dev/disk/by-id/virtio-data0"]).stdout.strip()
     vm.exec(f"dd if=/dev/urandom of={device} bs=1M count=400 status=none", timeout=600)
     vm.exec(f"dd if={device} of=/dev/null bs=1M status=none", timeout=600)
-    cached = vm.qemu_rss_bytes()
+    cached = vm.qemu_guest_rss_bytes()
     agent.compact()
     summary = vm.qmp("query-memory-size-summary")
     full = summary["base-memory"] + summary.get("plugged-memory", 0)
@@ -165,7 +165,7 @@ def test_balloon_after_compact_takes_page_cache(
         )
         # QEMU drops each page as the guest hands it over; stragglers land just after.
         ballooned = wait_until_steady(
-            vm.qemu_rss_bytes,
+            vm.qemu_guest_rss_bytes,
             pace.scale(60),
             "QEMU's RSS to hold still with the balloon inflated",
             tolerance=4 * MIB,

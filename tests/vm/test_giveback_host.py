@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.host.giveback import guest_rss
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VirtioMem, VMConfig
 from tests.vm.guest import (
@@ -53,9 +54,9 @@ DEVICE_MIB = 1024
 HOLDER_MIB = 400
 # The guest must keep working this long after the balloon has settled (issue 23).
 AFTER_SECONDS = 60.0
-# Issue 23 asks for 0.9 of the cold set; with the slack the figure keeps, one run measured
-# 0.848 (2026-12-03): this floor catches a give-back that takes clearly less.
-FALL_MEASURED_FLOOR = 0.8
+# QEMU's RSS (without TCG's translated code) falls by at least this much of the cold set
+# (issue 23); measured 0.987 on 2026-12-04.
+FALL_OF_COLD = 0.9
 RESULTS: dict[str, Any] = {}
 
 
@@ -100,7 +101,7 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
             vm.exec(["true"])
             time.sleep(5)
         after_until = guest_time(vm)
-        rss_later = vm.qemu_rss_bytes()
+        rss_later, guest_rss_later = vm.qemu_rss_bytes(), vm.qemu_guest_rss_bytes()
         log = iteration_log(vm, out)
     finally:
         full = full_size(vm)
@@ -116,16 +117,20 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     after = within(log, after_from, after_until)
     # QEMU drops each page as the guest hands it over; the guest may still be handing pages
     # over when the command stops watching, so the fall is measured at the end of the 60 s.
-    before_rss, after_rss = result["before"]["qemu_rss_bytes"], result["after"]["qemu_rss_bytes"]
+    # Without TCG's translated-code buffer, which grew by up to 550 MiB in that minute
+    # whatever the guest held (2026-12-04): the guest's memory and QEMU's own.
+    before_rss, after_rss = guest_rss(result["before"]), guest_rss(result["after"])
     figures = {
         "step": result["step"],
         "settled": result["settled"],
         "cold_mib_cgroup": round(cgroup_cold / MIB, 1),
         "cold_mib_guest": round(guest_cold / MIB, 1),
+        "qemu_vmrss_before_mib": round(result["before"]["qemu_rss_bytes"] / MIB, 1),
+        "qemu_vmrss_60_s_later_mib": round(rss_later / MIB, 1),
         "qemu_rss_before_mib": round(before_rss / MIB, 1),
         "qemu_rss_after_mib": round(after_rss / MIB, 1),
-        "qemu_rss_60_s_later_mib": round(rss_later / MIB, 1),
-        "rss_fall_fraction_of_cold": round((before_rss - rss_later) / (COLD_MIB * MIB), 3),
+        "qemu_rss_60_s_later_mib": round(guest_rss_later / MIB, 1),
+        "rss_fall_fraction_of_cold": round((before_rss - guest_rss_later) / (COLD_MIB * MIB), 3),
         "hot_iterations": [len(baseline), len(during), len(after)],
         "hot_slowdown_paced_during": slowdown(baseline, during),
         "hot_slowdown_paced_after": slowdown(baseline, after),
@@ -134,12 +139,10 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     }
     RESULTS["balloon"] = figures
     summary = {k: v for k, v in figures.items() if k != "output"}
-    # Safety first, as issue 23 asks; the fall falls short of its 0.9: the slack that keeps
-    # the hot loop whole (64 MiB; 32 MiB and none thrashed) costs it (docs/giveback.md).
     assert figures["hot_slowdown_paced_during"] <= 1.10, summary
     assert figures["hot_slowdown_paced_after"] <= 1.10, summary
     assert figures["oom_kills"] == 0, summary
-    assert figures["rss_fall_fraction_of_cold"] >= FALL_MEASURED_FLOOR, summary
+    assert figures["rss_fall_fraction_of_cold"] >= FALL_OF_COLD, summary
 
 
 def test_a_size_below_the_safe_one_is_refused_and_nothing_changes(vm: GuestVM) -> None:
@@ -183,8 +186,8 @@ def test_safe_virtio_mem_keeps_the_holder(vm: GuestVM, agent: AgentClient, pace:
         "plugged_after_mib": plugged // MIB,
         "requested_after_mib": requested // MIB,
         "holder_rss_mib": holder_rss // MIB,
-        "qemu_rss_before_mib": round(result["before"]["qemu_rss_bytes"] / MIB, 1),
-        "qemu_rss_after_mib": round(result["after"]["qemu_rss_bytes"] / MIB, 1),
+        "qemu_rss_before_mib": round(guest_rss(result["before"]) / MIB, 1),
+        "qemu_rss_after_mib": round(guest_rss(result["after"]) / MIB, 1),
         "oom_kills": oom_kills(vm) - kills,
     }
     said = RESULTS["virtio_mem"]

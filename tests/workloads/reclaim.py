@@ -192,6 +192,8 @@ class Sampler:
             row: dict[str, Any] = {
                 "t": round(time.monotonic() - self.started, 2),
                 "qemu_rss": self.vm.qemu_rss_bytes(),
+                # Less TCG's translated code, which grows whatever the guest holds.
+                "qemu_guest_rss": self.vm.qemu_guest_rss_bytes(),
                 "current": info.cgroups[0].current_bytes,
                 # None without PSI: no stall was measured, which is not a stall of 0.
                 "stall_total_us": cgroup.pressure.some.total_us
