@@ -31,7 +31,7 @@ from qemu.qmp import QMPClient, QMPError
 from guestagent.host.client import AgentClient
 from guestagent.host.display import mib
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.mm import jit_code_rss_bytes, rss_bytes
+from guestagent.linux.mm import jit_code_rss_bytes, parse_smaps, rss_bytes
 from guestagent.v1 import agent_pb2 as pb
 
 BALLOON, VIRTIO_MEM = "balloon", "virtio-mem"
@@ -279,7 +279,9 @@ def qemu_rss(pid: int) -> dict[str, int]:
     fs = KernelFS()
     return {
         "qemu_rss_bytes": rss_bytes(fs.read(fs.proc(str(pid), "status"))),
-        "qemu_tcg_code_rss_bytes": jit_code_rss_bytes(fs.read(fs.proc(str(pid), "smaps"))),
+        "qemu_tcg_code_rss_bytes": jit_code_rss_bytes(
+            parse_smaps(fs.read(fs.proc(str(pid), "smaps")))
+        ),
     }
 
 

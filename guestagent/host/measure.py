@@ -14,51 +14,18 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from guestagent.host.client import AgentClient
 from guestagent.host.sizing import MIB, OverheadModel, OverheadSample
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.mm import Mapping, parse_smaps
 from guestagent.vm.qemu import GuestVM, GuestVMError, VMConfig, accelerator
 
 
 class MeasureError(Exception):
     """A guest could not be booted or measured; guestctl reports it without a traceback."""
-
-
-@dataclass(frozen=True)
-class Mapping:
-    size: int
-    perms: str
-    path: str  # "" for anonymous memory
-    rss: int
-
-
-def parse_smaps(text: str) -> list[Mapping]:
-    """/proc/PID/smaps: a header line per mapping ("start-end perms offset dev inode path"),
-    then "Key: N kB" lines."""
-    mappings: list[Mapping] = []
-    header: list[str] | None = None
-    rss = 0
-
-    def close() -> None:
-        if header is not None:
-            start, end = (int(part, 16) for part in header[0].split("-"))
-            path = header[5] if len(header) > 5 else ""
-            mappings.append(Mapping(end - start, header[1], path, rss))
-
-    for line in text.splitlines():
-        fields = line.split()
-        if not fields:
-            continue
-        if not fields[0].endswith(":") and "-" in fields[0]:
-            close()
-            header, rss = fields, 0
-        elif fields[0] == "Rss:":
-            rss = int(fields[1]) * 1024
-    close()
-    return mappings
 
 
 def guest_ram_resident(mappings: Sequence[Mapping], ram_sizes: Sequence[int]) -> int | None:

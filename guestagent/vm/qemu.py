@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from guestagent.linux.mm import jit_code_rss_bytes
+from guestagent.linux.mm import jit_code_rss_bytes, parse_smaps
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
 
 GUEST_AGENT_PORT = DEFAULT_VSOCK_PORT
@@ -618,7 +618,7 @@ class GuestVM:
         """VmRSS less TCG's translated-code buffer, which grows (to 1 GiB) as the guest runs
         new code whatever memory the guest holds: the RSS a give-back is measured by."""
         smaps = Path(f"/proc/{self.pid}/smaps").read_text()
-        return self.qemu_rss_bytes() - jit_code_rss_bytes(smaps)
+        return self.qemu_rss_bytes() - jit_code_rss_bytes(parse_smaps(smaps))
 
     def disk_allocated_bytes(self, name: str) -> int:
         return self.disk_path(name).stat().st_blocks * 512

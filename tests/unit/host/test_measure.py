@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from guestagent.host.measure import Mapping, guest_ram_resident, parse_smaps
+from guestagent.host.measure import guest_ram_resident
 from guestagent.host.sizing import MIB
+from guestagent.linux.mm import Mapping, parse_smaps
 
 SMAPS = """\
 5624d164d000-5624d1a54000 r--p 00000000 fe:00 2170918                    /usr/bin/qemu-system-x86_64

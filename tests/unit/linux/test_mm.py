@@ -1,4 +1,4 @@
-from guestagent.linux.mm import jit_code_rss_bytes, parse_buddyinfo
+from guestagent.linux.mm import jit_code_rss_bytes, parse_buddyinfo, parse_smaps
 from tests.unit.ops.test_compaction import BUDDYINFO
 
 
@@ -30,6 +30,6 @@ VmFlags: rd ex mr mw me sd
 
 
 def test_jit_code_is_the_anonymous_writable_executable_mappings() -> None:
-    assert jit_code_rss_bytes(QEMU_SMAPS) == 1048572 * 1024
-    assert jit_code_rss_bytes(QEMU_SMAPS.replace("rwxp", "rw-p")) == 0
-    assert jit_code_rss_bytes("") == 0
+    assert jit_code_rss_bytes(parse_smaps(QEMU_SMAPS)) == 1048572 * 1024
+    assert jit_code_rss_bytes(parse_smaps(QEMU_SMAPS.replace("rwxp", "rw-p"))) == 0
+    assert jit_code_rss_bytes(parse_smaps("")) == 0
