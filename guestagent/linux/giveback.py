@@ -30,7 +30,8 @@ class GuestFigures:
 
     mem_total: int
     mem_free: int
-    lru: int  # Active + Inactive, anon + file.
+    lru_anon: int  # Active + Inactive anon (with shmem).
+    lru_file: int  # Active + Inactive file.
     reclaimable_slab: int  # SReclaimable.
     swap_room: int | None  # Free space in the active swap areas; None: there is none.
     watermarks: int  # The zones' high watermarks, summed (kswapd keeps free memory above).
@@ -39,6 +40,10 @@ class GuestFigures:
     reporting_order: int
     page_size: int = PAGE_SIZE
     devices: tuple[DeviceBlocks, ...] = ()
+
+    @property
+    def lru(self) -> int:
+        return self.lru_anon + self.lru_file
 
 
 def protection(current: int, low: str, min_: str) -> int:
@@ -103,7 +108,8 @@ def read_guest_figures(
     return GuestFigures(
         mem_total=system.mem_total,
         mem_free=system.mem_free,
-        lru=system.lru,
+        lru_anon=system.lru_anon,
+        lru_file=system.lru_file,
         reclaimable_slab=system.reclaimable_slab,
         swap_room=system.swap_free if system.swap_total else None,
         watermarks=zoneinfo_sum(zoneinfo, "high") * page_size if zoneinfo else 0,

@@ -33,7 +33,8 @@ class SystemMemory:
     shmem: int
     # For the give-back figures (ops/giveback.py), from the same read; 0 where a kernel lacks
     # the lines.
-    lru: int = 0  # Active + Inactive, anon + file.
+    lru_anon: int = 0  # Active(anon) + Inactive(anon): shmem is here too.
+    lru_file: int = 0  # Active(file) + Inactive(file).
     reclaimable_slab: int = 0  # SReclaimable.
 
 
@@ -79,6 +80,10 @@ class CgroupMemory:
     pressure: Pressure | None
     anon: int
     file: int
+    # The subtree's LRU pages as memory.stat counts them (shmem with anon, as the LRU has
+    # it), for the give-back figures.
+    lru_anon: int = 0
+    lru_file: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,6 @@ _MEMINFO_FIELDS = {
     "SwapFree": "swap_free",
     "Shmem": "shmem",
 }
-LRU_LINES = ("Active(anon)", "Inactive(anon)", "Active(file)", "Inactive(file)")
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
@@ -127,7 +131,8 @@ def system_memory_from(values: dict[str, int]) -> SystemMemory:
         raise FailedPrecondition(f"/proc/meminfo lacks {', '.join(missing)}")
     return SystemMemory(
         **{attr: values[key] for key, attr in _MEMINFO_FIELDS.items()},
-        lru=sum(values.get(line, 0) for line in LRU_LINES),
+        lru_anon=values.get("Active(anon)", 0) + values.get("Inactive(anon)", 0),
+        lru_file=values.get("Active(file)", 0) + values.get("Inactive(file)", 0),
         reclaimable_slab=values.get("SReclaimable", 0),
     )
 
@@ -220,6 +225,8 @@ def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
         pressure=read_pressure(fs, directory / "memory.pressure"),
         anon=stat.get("anon", 0),
         file=stat.get("file", 0),
+        lru_anon=stat.get("active_anon", 0) + stat.get("inactive_anon", 0),
+        lru_file=stat.get("active_file", 0) + stat.get("inactive_file", 0),
     )
 
 

@@ -89,6 +89,23 @@ def cold_figure(
     return Figure(cold_file + anon, f"file and anon pages {after} (swap has room)")
 
 
+def cold_now(cold: int, booked: int, now: int) -> int:
+    """Cold bytes of one kind (anon or file) as of the last aging, less what has left the LRU
+    since (`booked` then, `now` now): pages gone meanwhile (a process exited, reclaim ran)
+    are taken to have been cold ones, so the figure errs toward in use, never toward cold.
+    Without this, for up to an aging interval after a big process exits, its pages still
+    counted cold and the memory in use came out as 0."""
+    return max(0, cold - max(0, booked - now))
+
+
+def current_cold(
+    view: IdleView, cold_after_ms: int, now: tuple[int, int], page: int
+) -> tuple[int, int]:
+    """(anon, file) bytes idle at least cold_after_ms, cut to what the LRU holds now."""
+    cold, booked = view.idle_at_least(cold_after_ms, page), view.booked(page)
+    return (cold_now(cold[0], booked[0], now[0]), cold_now(cold[1], booked[1], now[1]))
+
+
 def unreclaimable_kernel(g: GuestFigures) -> int:
     """Memory neither free, on the LRU lists nor in reclaimable slab: kernel stacks, page
     tables, unreclaimable slab, vmalloc, pages pinned or mlocked."""
@@ -150,7 +167,7 @@ def guest_giveback(g: GuestFigures, idle: IdleView | None, cold_after_ms: int) -
     reportable, fragmented = free_figures(g.free_blocks, g.reporting_order, g.page_size)
     cold = None
     if idle is not None:
-        anon, file = idle.idle_at_least(cold_after_ms, g.page_size)
+        anon, file = current_cold(idle, cold_after_ms, (g.lru_anon, g.lru_file), g.page_size)
         cold = cold_figure(anon, file, g.swap_room, cold_after_ms)
     target = safe_balloon_target(g, cold.bytes if cold else None)
     return GiveBack(
@@ -164,12 +181,17 @@ def guest_giveback(g: GuestFigures, idle: IdleView | None, cold_after_ms: int) -
 
 
 def cgroup_giveback(
-    idle: IdleView | None, swap_room: int | None, cold_after_ms: int, page_size: int
+    idle: IdleView | None,
+    swap_room: int | None,
+    cold_after_ms: int,
+    page_size: int,
+    lru_now: tuple[int, int],
 ) -> GiveBack:
-    """A cgroup's: only cold (swap_room: the guest's, cut to the cgroup's memory.swap.max)."""
+    """A cgroup's: only cold (swap_room: the guest's, cut to the cgroup's memory.swap.max;
+    lru_now: its subtree's anon and file LRU bytes now)."""
     if idle is None:
         return GiveBack(cold_after_ms, None)
-    anon, file = idle.idle_at_least(cold_after_ms, page_size)
+    anon, file = current_cold(idle, cold_after_ms, lru_now, page_size)
     return GiveBack(cold_after_ms, cold_figure(anon, file, swap_room, cold_after_ms))
 
 
@@ -209,7 +231,7 @@ def idle_report(fs: KernelFS, report: MemoryReport, state: IdleState, spec: Idle
             CgroupIdle(
                 c.path,
                 view.histogram(spec.edges_ms, page) if view else None,
-                cgroup_giveback(view, room, spec.cold_after_ms, page),
+                cgroup_giveback(view, room, spec.cold_after_ms, page, (c.lru_anon, c.lru_file)),
             )
         )
     view = state.view("")

@@ -192,6 +192,13 @@ class IdleView:
         )
         return IdleHistogram(SOURCE, bins, self.aged_ns)
 
+    def booked(self, page_size: int = PAGE_SIZE) -> tuple[int, int]:
+        """Anon and file bytes on the books: the LRU as of the last aging."""
+        return (
+            sum(x.anon for x in self.layers) * page_size,
+            sum(x.file for x in self.layers) * page_size,
+        )
+
     def idle_at_least(self, ms: int, page_size: int = PAGE_SIZE) -> tuple[int, int]:
         """Anon and file bytes idle at least `ms`."""
         old = [layer for layer in self.layers if layer.idle_ms >= ms]

@@ -36,6 +36,12 @@ memcg 5 /pod
 @pytest.fixture
 def aged(fake_root: FakeRoot) -> MemoryAgentServicer:
     fake_root.add_cgroup("pod")
+    # The LRU now holds what the books do: none of it has left since the aging.
+    fake_root.write(
+        "sys/fs/cgroup/pod/memory.stat",
+        f"anon {101 << 20}\nfile {1 << 20}\nactive_anon {101 << 20}\ninactive_anon 0\n"
+        f"active_file {1 << 20}\ninactive_file 0\n",
+    )
     fake_root.write("sys/kernel/mm/lru_gen/enabled", "0x0007\n")
     fake_root.write("sys/kernel/debug/lru_gen", LRU_GEN)
     aging: list[str] = []

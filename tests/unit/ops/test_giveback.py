@@ -12,6 +12,7 @@ from guestagent.ops.giveback import (
     cgroup_giveback,
     cgroup_swap_room,
     cold_figure,
+    cold_now,
     free_figures,
     guest_giveback,
     safe_balloon_target,
@@ -26,7 +27,8 @@ PAGE = 4096
 GUEST = GuestFigures(
     mem_total=2048 * MIB,
     mem_free=400 * MIB,
-    lru=1400 * MIB,
+    lru_anon=400 * MIB,
+    lru_file=1000 * MIB,
     reclaimable_slab=48 * MIB,
     swap_room=1024 * MIB,
     watermarks=16 * MIB,
@@ -63,10 +65,10 @@ def test_cold_takes_anon_only_as_far_as_swap_has_room(
 
 def test_a_cgroup_has_only_cold_and_none_without_idle_ages() -> None:
     view = IdleView(1, (Layer(90_000, 10, 20), Layer(0, 5, 5)))
-    giveback = cgroup_giveback(view, None, 60_000, PAGE)
+    giveback = cgroup_giveback(view, None, 60_000, PAGE, (15 * PAGE, 25 * PAGE))
     assert giveback.cold is not None and giveback.cold.bytes == 20 * PAGE
     assert giveback.safe_balloon_target is None and giveback.free_reportable is None
-    assert cgroup_giveback(None, None, 60_000, PAGE).cold is None
+    assert cgroup_giveback(None, None, 60_000, PAGE, (0, 0)).cold is None
 
 
 def test_a_cgroups_swap_room_is_cut_to_its_swap_max() -> None:
@@ -108,11 +110,13 @@ def guests(draw: st.DrawFn) -> GuestFigures:
     free = draw(st.integers(0, total))
     lru = draw(st.integers(0, total - free))
     slab = draw(st.integers(0, total - free - lru))
+    anon = draw(st.integers(0, lru))
     return replace(
         GUEST,
         mem_total=total,
         mem_free=free,
-        lru=lru,
+        lru_anon=anon,
+        lru_file=lru - anon,
         reclaimable_slab=slab,
         watermarks=draw(st.integers(0, total // 8)),
         protected=draw(st.integers(0, total)),
@@ -137,7 +141,9 @@ def test_more_use_never_raises_what_the_balloon_may_take(
     more = min(more, g.mem_free)
     before = safe_balloon_target(g, cold).bytes
     assert (
-        safe_balloon_target(replace(g, mem_free=g.mem_free - more, lru=g.lru + more), cold).bytes
+        safe_balloon_target(
+            replace(g, mem_free=g.mem_free - more, lru_file=g.lru_file + more), cold
+        ).bytes
         >= before
     )
     assert safe_balloon_target(replace(g, mem_free=g.mem_free - more), cold).bytes >= before
@@ -183,3 +189,24 @@ def test_guest_giveback_puts_it_together() -> None:
     assert device.safe_requested_size.bytes == 768 * MIB
     assert "256.0 MiB in kernel-zone blocks stays" in device.safe_requested_size.reason
     assert "the rest would reach into the working set" in device.safe_requested_size.reason
+
+
+@given(sizes, sizes, sizes)
+def test_cold_now_never_exceeds_the_lru_now_nor_the_books(cold: int, booked: int, now: int) -> None:
+    cold = min(cold, booked)
+    fresh = cold_now(cold, booked, now)
+    assert 0 <= fresh <= min(cold, now)
+    if now >= booked:
+        assert fresh == cold  # Nothing left the LRU: the books stand.
+
+
+def test_a_big_exit_since_the_last_aging_leaves_the_working_set_in_use() -> None:
+    # The books (as of the last aging) hold a 400 MiB set idle 90 s and 100 MiB in use; the
+    # set's process has exited since, so the LRU holds 120 MiB now. Without the cut the
+    # 400 MiB counted cold and the memory in use came out as 0 (seen 2026-12-03).
+    view = IdleView(1, (Layer(90_000, 400 * MIB // PAGE, 0), Layer(0, 100 * MIB // PAGE, 0)))
+    g = replace(GUEST, lru_anon=120 * MIB, lru_file=0, mem_free=GUEST.mem_free + 1280 * MIB)
+    giveback = guest_giveback(g, view, 60_000)
+    assert giveback.cold is not None and giveback.cold.bytes == 20 * MIB
+    assert giveback.safe_balloon_target is not None
+    assert "in use within the threshold 100.0 MiB" in giveback.safe_balloon_target.reason
