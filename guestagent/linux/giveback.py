@@ -64,12 +64,14 @@ def read_protected(fs: KernelFS) -> int:
     for name in fs.listdir(root) if fs.is_dir(root) else []:
         directory = root / name
         try:
-            current = fs.read_optional(directory / "memory.current")
             low = fs.read_optional(directory / "memory.low")
             min_ = fs.read_optional(directory / "memory.min")
+            if low is None or min_ is None or low.strip() == min_.strip() == "0":
+                continue  # Unprotected (most are): spare reading memory.current.
+            current = fs.read_optional(directory / "memory.current")
         except AgentError:
             continue  # Not a directory, or gone meanwhile.
-        if current is not None and low is not None and min_ is not None:
+        if current is not None:
             total += protection(int(current), low, min_)
     return total
 
