@@ -62,7 +62,7 @@ def plot(scenario: dict[str, Any], path: Path) -> str:
     t = [r["t"] for r in rows]
     on_at = scenario["policy_on_at_s"]
     figure, (rss, hot, stall) = plt.subplots(3, 1, sharex=True, figsize=(9, 8))
-    rss.plot(t, [r["qemu_rss"] / MIB for r in rows], label="QEMU RSS")
+    rss.plot(t, [r["qemu_guest_rss"] / MIB for r in rows], label="QEMU RSS less TCG code")
     rss.plot(t, [r["current"] / MIB for r in rows], label="pod memory.current")
     rss.set_ylabel("MiB")
     rss.legend(loc="upper right")
