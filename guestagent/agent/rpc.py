@@ -63,8 +63,20 @@ STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {
 }
 # Threads that read kernel files for reports (GetMemoryInfo, watch streams, status), apart
 # from the blocking writes' pool: a report of 1024 cgroups takes a while, and on the event
-# loop's thread it held up every call, a health check included.
+# loop's thread it held up every call, a health check included. Watch streams read on a
+# thread of their own: 200 streams ticking together queued a GetMemoryInfo behind 200 reports.
 READ_THREADS = 2
+STREAM_READ_THREADS = 1
+
+
+async def run_on(
+    pool: ThreadPoolExecutor,
+    read: Callable[Params, Value],
+    *args: Params.args,
+    **kwargs: Params.kwargs,
+) -> Value:
+    call = functools.partial(read, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(pool, call)
 
 
 def status_for(error: Exception) -> tuple[grpc.StatusCode, str]:
@@ -191,19 +203,23 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         self.peers = peers or PeerTable()
         self.signals = SignalHub(fs, max_watches)  # Every stream's inotify watches and triggers.
         self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="read")
+        self._stream_readers = ThreadPoolExecutor(STREAM_READ_THREADS, thread_name_prefix="sread")
 
     async def _read(
         self, read: Callable[Params, Value], *args: Params.args, **kwargs: Params.kwargs
     ) -> Value:
         """Kernel reads on a reader thread, so the event loop answers other calls meanwhile."""
-        call = functools.partial(read, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._readers, call)
+        return await run_on(self._readers, read, *args, **kwargs)
 
     async def _watch_report(self, cgroups: tuple[str, ...]) -> MemoryReport:
-        return await self._read(read_report, self.fs, cgroups, self.hotplug_reports)
+        return await run_on(
+            self._stream_readers, read_report, self.fs, cgroups, self.hotplug_reports
+        )
 
     async def _idle_report(self, report: MemoryReport, spec: IdleSpec) -> IdleReport:
-        return await self._read(idle_report, self.fs, report, self.ager.state, spec)
+        return await run_on(
+            self._stream_readers, idle_report, self.fs, report, self.ager.state, spec
+        )
 
     @unary(wire.memory_info_from_pb, wire.report_pb)
     async def GetMemoryInfo(

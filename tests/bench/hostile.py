@@ -52,22 +52,26 @@ def percentile(samples: list[float], fraction: float) -> float:
 
 
 class Probe(threading.Thread):
-    """GetMemoryInfo on one cgroup every PROBE_EVERY_SECONDS, on its own connection."""
+    """GetMemoryInfo on one cgroup every PROBE_EVERY_SECONDS, on its own connection; each
+    latency is filed under the load running when the call started (`phase`)."""
 
     def __init__(self, target: str) -> None:
         super().__init__(daemon=True)
         self.target = target
         self.samples: list[float] = []
+        self.by_phase: dict[str, list[float]] = {}
+        self.phase = "idle"
         self.failures: dict[str, int] = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
         with AgentClient(self.target, timeout=10) as client:
             while not self.stop.is_set():
-                started = time.monotonic()
+                started, phase = time.monotonic(), self.phase
                 try:
                     client.info(["pod/ctr"])
                     self.samples.append(time.monotonic() - started)
+                    self.by_phase.setdefault(phase, []).append(self.samples[-1])
                 except grpc.RpcError as e:
                     why = f"{e.code().name}: {(e.details() or '')[:80]}"
                     self.failures[why] = self.failures.get(why, 0) + 1
@@ -201,6 +205,7 @@ def measure_hostile(seconds: float) -> dict[str, Any]:
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 for name, load in LOADS.items():
+                    probe.phase = name
                     try:
                         load(agent)
                     except (grpc.RpcError, OSError) as e:
@@ -237,6 +242,11 @@ def measure_hostile(seconds: float) -> dict[str, Any]:
             "p99": round(soak_p99 * 1000, 2),
             "max": round(max(probe.samples, default=0) * 1000, 2),
             "failures": probe.failures,
+            # Which attack the slow calls met.
+            "p99_by_load": {
+                name: round(percentile(samples, 0.99) * 1000, 2)
+                for name, samples in sorted(probe.by_phase.items())
+            },
         },
         "crashes": 0 if alive else 1,
         "tracebacks": sum("exception" in e for e in events),

@@ -1,0 +1,48 @@
+"""The malloc arena cap, seen through glibc's own malloc_stats() in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+# Eight threads, all alive at once, each allocate past pymalloc (which serves objects up to
+# 512 bytes itself), so each asks glibc for memory and gets an arena of its own unless capped.
+PROGRAM = """
+import ctypes, sys, threading
+from guestagent.linux.syscalls import limit_malloc_arenas
+if sys.argv[1] != "default":
+    assert limit_malloc_arenas(int(sys.argv[1]))
+held = []
+together = threading.Barrier(8)
+def allocate():
+    held.extend(bytearray(1 << 16) for _ in range(8))
+    together.wait()  # An exited thread's arena is handed to the next: keep all alive.
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+ctypes.CDLL(None).malloc_stats()
+"""
+
+
+def arenas_with(setting: str) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM, setting],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return len(re.findall(r"^Arena \d+:", done.stderr, re.MULTILINE))
+
+
+@pytest.mark.skipif(os.confstr("CS_GNU_LIBC_VERSION") is None, reason="glibc's malloc only")
+def test_the_arena_cap_holds_where_threads_would_each_get_one() -> None:
+    # The uncapped run shows the test can see arenas multiply; the capped one that they do not.
+    assert arenas_with("default") > 2
+    assert arenas_with("2") == 2
+    assert arenas_with("1") == 1
