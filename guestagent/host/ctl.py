@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -103,6 +104,33 @@ def _limit(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0 (milliseconds, a pid): a negative one would reach protobuf's
+    unsigned fields as a traceback."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _counts(text: str) -> list[int]:
+    return [_count(item) for item in text.split(",")]
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds above 0 (nan and inf would never time out)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: seconds must be finite and above 0")
+    return value
+
+
 def _no_arguments(parser: argparse.ArgumentParser) -> None:
     """The command takes no flags of its own."""
 
@@ -110,14 +138,14 @@ def _no_arguments(parser: argparse.ArgumentParser) -> None:
 def _idle_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--idle-edges",
-        type=lambda text: [int(ms) for ms in text.split(",")],
+        type=_counts,
         default=[],
         metavar="MS,MS,...",
         help="idle-age bin edges in ms, ascending (default 1000,10000,60000,300000)",
     )
     parser.add_argument(
         "--cold-after",
-        type=int,
+        type=_count,
         default=0,
         metavar="MS",
         help="idle age from which memory counts as cold (default 60000)",
@@ -547,8 +575,8 @@ def _give_back_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="go below the safe figure")
     parser.add_argument("--dry-run", action="store_true", help="say what it would do, do nothing")
     parser.add_argument("--pid", type=int, help="QEMU's pid for its RSS (default: the QMP peer)")
-    parser.add_argument("--cold-after-ms", type=int, default=0, help="0: the agent's 60 s")
-    parser.add_argument("--settle-timeout", type=float, default=600.0, metavar="SECONDS")
+    parser.add_argument("--cold-after-ms", type=_count, default=0, help="0: the agent's 60 s")
+    parser.add_argument("--settle-timeout", type=_seconds, default=600.0, metavar="SECONDS")
 
 
 def _give_back(args: argparse.Namespace) -> int:

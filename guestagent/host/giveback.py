@@ -35,6 +35,7 @@ from guestagent.linux.mm import jit_code_rss_bytes, parse_smaps, rss_bytes
 from guestagent.v1 import agent_pb2 as pb
 
 BALLOON, VIRTIO_MEM = "balloon", "virtio-mem"
+BALLOON_PAGE = 4096  # virtio-balloon's page, whatever the guest's (VIRTIO_BALLOON_PFN_SHIFT).
 # How long QEMU's figure must hold still, short of the target, to count as settled: a balloon
 # inflating into a guest that must swap to make room moves in bursts, and in a TCG guest on a
 # busy host one pause lasted over 15 s before it went on.
@@ -81,8 +82,10 @@ def round_up(size: int, block: int) -> int:
 
 def balloon_value(guest_bytes: int, mem_total: int, actual: int) -> int:
     """The balloon value that leaves the guest a MemTotal of guest_bytes: the balloon holds
-    (RAM - actual) already and MemTotal is already without it, so it inflates by the rest."""
-    return actual - (mem_total - guest_bytes)
+    (RAM - actual) already and MemTotal is already without it, so it inflates by the rest.
+    Rounded up to the balloon's 4 KiB page: QEMU rounds down, and an actual that can never
+    equal the value would read as a balloon that stopped short."""
+    return round_up(actual - (mem_total - guest_bytes), BALLOON_PAGE)
 
 
 def check_size(
@@ -121,7 +124,8 @@ def plan_balloon(
         if safe is None:
             raise GiveBackError(f"--safe: {reason}")
         return Step(BALLOON, BALLOON, actual, safe, safe, reason)
-    value, forced = check_size(min(to, ram_size), safe, reason, force, "balloon size")
+    asked = min(round_up(to, BALLOON_PAGE), ram_size)
+    value, forced = check_size(asked, safe, reason, force, "balloon size")
     return Step(BALLOON, BALLOON, actual, value, safe, reason, forced)
 
 
@@ -155,7 +159,9 @@ def plan_virtio_mem(
     """The virtio-mem step, rounded up to the device's block (QEMU takes only whole blocks,
     and rounding up never goes below a figure)."""
     figure = safe_requested_size(info, device)
-    safe = None if figure is None else round_up(figure.bytes, device.block_size)
+    # The guest counts whole memory blocks added; QEMU's size may be less (a block partly
+    # plugged): asking for more than QEMU has would plug memory, not give it back.
+    safe = None if figure is None else min(round_up(figure.bytes, device.block_size), device.size)
     reason = (
         figure.reason
         if figure is not None
@@ -323,6 +329,14 @@ def device_size(monitor: Monitor, step: Step) -> int:
     return int(monitor.cmd("qom-get", path=path, property="size"))
 
 
+class StillMoving(GiveBackError):
+    """The device had not settled by the timeout; `reached` is where it stood."""
+
+    def __init__(self, message: str, reached: int) -> None:
+        super().__init__(message)
+        self.reached = reached
+
+
 def apply(monitor: Monitor, step: Step) -> None:
     if step.via == BALLOON:
         monitor.cmd("balloon", value=step.value)
@@ -347,9 +361,10 @@ def wait_settled(
         if outcome is not None:
             return outcome, samples[-1][0], samples[-1][1]
         if samples[-1][0] > options.settle_timeout:
-            raise GiveBackError(
+            raise StillMoving(
                 f"{step.device} still moving after {options.settle_timeout:g} s: at "
-                f"{mib(samples[-1][1])}, asked {mib(step.value)}"
+                f"{mib(samples[-1][1])}, asked {mib(step.value)}",
+                samples[-1][1],
             )
         sleep(POLL_SECONDS)
 
@@ -364,7 +379,7 @@ def figures(info: pb.MemoryInfo) -> dict[str, Any]:
 
 def give_back(agent: Agent, monitor: Monitor, options: Options, pid: int | None) -> dict[str, Any]:
     """The whole command; returns what it did. Refused and GiveBackError change nothing but
-    what they say."""
+    what they say; past the settle timeout QEMU is left asking for where the device stood."""
     qemu_pid = pid if pid is not None else monitor.pid
     info = agent.report()
     step = plan(info, monitor, options)
@@ -378,7 +393,12 @@ def give_back(agent: Agent, monitor: Monitor, options: Options, pid: int | None)
         return result
     result["compact"] = MessageToDict(agent.compact(), preserving_proto_field_name=True)
     apply(monitor, step)
-    outcome, seconds, reached = wait_settled(monitor, step, options)
+    try:
+        outcome, seconds, reached = wait_settled(monitor, step, options)
+    except StillMoving as e:
+        # As for a device that stopped short (below): left asking, the guest keeps pressing.
+        apply(monitor, replace(step, value=e.reached))
+        raise GiveBackError(f"{e}; QEMU now asks for {mib(e.reached)}, where it stood") from None
     if outcome == "stopped":
         # Left asking for more, the guest's driver keeps pressing: the balloon retries its
         # allocations every 200 ms and virtio-mem its unplugs, which pushed a guest here into

@@ -59,6 +59,37 @@ def mglru_absence(enabled: str | None) -> Absent | None:
     )
 
 
+# lru_gen/enabled's bit for the page-table walk (Documentation/admin-guide/mm/multigen_lru.rst).
+MGLRU_MM_WALK = 0x0002
+
+
+def idle_ages_absence(enabled: str | None) -> Absent | None:
+    """The multi-gen LRU as the idle ages need it: on, and walking page tables when it ages.
+    Without the walk (the bit off, or a CPU that sets no accessed bit in hardware) aging
+    looks at no mapped page, so a hot one would keep the age it had when it was faulted in
+    and count as cold."""
+    absent = mglru_absence(enabled)
+    if absent is not None or enabled is None:
+        return absent
+    text = enabled.strip()
+    try:
+        walks = int(text, 16) & MGLRU_MM_WALK
+    except ValueError:
+        return None  # "y": all the CPU has.
+    if walks:
+        return None
+    return Absent(
+        MGLRU,
+        f"the multi-gen LRU's aging walks no page tables (lru_gen/enabled {text}: 0x0002 "
+        "off, or a CPU without a hardware accessed bit), so a mapped page's idle age would "
+        "be wrong: echo y > /sys/kernel/mm/lru_gen/enabled",
+    )
+
+
+def read_idle_ages_absence(fs: KernelFS) -> Absent | None:
+    return idle_ages_absence(fs.read_optional(fs.sys("kernel", "mm", "lru_gen", "enabled")))
+
+
 def read_psi_absence(fs: KernelFS) -> Absent | None:
     present = fs.exists(fs.proc("pressure", "memory"))
     return psi_absence(present, None if present else fs.read_optional(fs.proc("cmdline")))

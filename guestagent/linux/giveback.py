@@ -4,6 +4,8 @@ reporting takes, the cgroups' protections and the virtio-mem devices' blocks."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from guestagent.errors import AgentError
@@ -25,6 +27,15 @@ class DeviceBlocks:
 
 
 @dataclass(frozen=True)
+class Protection:
+    """A top-level cgroup's memory.min/memory.low as far as it uses it."""
+
+    path: str
+    current: int
+    protected: int
+
+
+@dataclass(frozen=True)
 class GuestFigures:
     """The system-wide kernel values the figures come from, in bytes."""
 
@@ -40,6 +51,7 @@ class GuestFigures:
     reporting_order: int
     page_size: int = PAGE_SIZE
     devices: tuple[DeviceBlocks, ...] = ()
+    protections: tuple[Protection, ...] = ()  # Those summed in `protected`, each.
 
     @property
     def lru(self) -> int:
@@ -56,11 +68,11 @@ def protection(current: int, low: str, min_: str) -> int:
     return min(current, max(value(low), value(min_)))
 
 
-def read_protected(fs: KernelFS) -> int:
-    """The protections of the cgroups under the root, summed: a deeper cgroup's protection
-    is bounded by its ancestors' (cgroup-v2.rst: memory.low), so the top level holds it all."""
+def read_protected(fs: KernelFS) -> tuple[Protection, ...]:
+    """The protected cgroups under the root: a deeper cgroup's protection is bounded by its
+    ancestors' (cgroup-v2.rst: memory.low), so the top level holds it all."""
     root = fs.cgroup_root
-    total = 0
+    found = []
     for name in fs.listdir(root) if fs.is_dir(root) else []:
         directory = root / name
         try:
@@ -72,8 +84,26 @@ def read_protected(fs: KernelFS) -> int:
         except AgentError:
             continue  # Not a directory, or gone meanwhile.
         if current is not None:
-            total += protection(int(current), low, min_)
-    return total
+            used = int(current)
+            found.append(Protection(name, used, protection(used, low, min_)))
+    return tuple(p for p in found if p.protected)
+
+
+def read_swap_barred(fs: KernelFS, paths: Iterable[str]) -> frozenset[str]:
+    """The memcg paths (as lru_gen prints them: "/pod/ctr") that may not swap: memory.swap.max
+    is 0 on the cgroup or an ancestor (kubelet's NoSwap, systemd's MemorySwapMax=0)."""
+    barred: dict[str, bool] = {"/": False, "": False}
+
+    def is_barred(path: str) -> bool:
+        if path not in barred:
+            parent = path.rsplit("/", 1)[0] or "/"
+            text = None
+            with contextlib.suppress(AgentError):  # Gone meanwhile: nothing to bar.
+                text = fs.read_optional(fs.cgroup_root / path.lstrip("/") / "memory.swap.max")
+            barred[path] = is_barred(parent) or (text is not None and text.strip() == "0")
+        return barred[path]
+
+    return frozenset(path for path in paths if is_barred(path.rstrip("/") or "/"))
 
 
 def read_reporting_order(fs: KernelFS, orders: int, page_size: int) -> int:
@@ -107,6 +137,7 @@ def read_guest_figures(
     """system: the report's own /proc/meminfo reading, so both describe the same moment."""
     free_blocks = read_free_blocks_optional(fs) or ()
     zoneinfo = fs.read_optional(fs.proc("zoneinfo"))
+    protections = read_protected(fs)
     return GuestFigures(
         mem_total=system.mem_total,
         mem_free=system.mem_free,
@@ -115,9 +146,10 @@ def read_guest_figures(
         reclaimable_slab=system.reclaimable_slab,
         swap_room=system.swap_free if system.swap_total else None,
         watermarks=zoneinfo_sum(zoneinfo, "high") * page_size if zoneinfo else 0,
-        protected=read_protected(fs),
+        protected=sum(p.protected for p in protections),
         free_blocks=free_blocks,
         reporting_order=read_reporting_order(fs, len(free_blocks), page_size),
         page_size=page_size,
         devices=devices_of(hotplug),
+        protections=protections,
     )

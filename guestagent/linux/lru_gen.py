@@ -22,7 +22,7 @@ from pathlib import Path
 
 from guestagent.errors import AgentError, KernelFormat, kernel_error
 from guestagent.linux import syscalls
-from guestagent.linux.features import MGLRU, Absent, read_mglru_absence
+from guestagent.linux.features import MGLRU, Absent, read_idle_ages_absence
 from guestagent.linux.fs import KernelFS
 
 DEBUGFS = "debugfs"
@@ -74,11 +74,13 @@ def parse_lru_gen(text: str) -> tuple[Lruvec, ...]:
             continue
         if fields[0] == "memcg":
             close()
-            if len(fields) not in (2, 3):
+            # The path is the rest of the line: a cgroup's name may hold spaces.
+            parts = line.split(maxsplit=2)
+            if len(parts) < 2:
                 raise KernelFormat(f"lru_gen line {line!r} is malformed")
             # A memcg whose path the kernel could not print (the root without CONFIG_MEMCG).
-            path = fields[2] if len(fields) == 3 else "/"
-            memcg, node, generations = (_number(fields[1], line), path), None, []
+            path = parts[2] if len(parts) == 3 else "/"
+            memcg, node, generations = (_number(parts[1], line), path), None, []
         elif fields[0] == "node":
             close()
             if memcg is None or len(fields) != 2:
@@ -105,8 +107,9 @@ def lru_gen_path(fs: KernelFS) -> Path:
 
 
 def debugfs_absence(fs: KernelFS) -> Absent | None:
-    """Why the generations cannot be read: the multi-gen LRU is off or missing, or debugfs."""
-    mglru = read_mglru_absence(fs)
+    """Why the generations cannot be read (or mean nothing): the multi-gen LRU is off,
+    missing or walks no page tables, or debugfs is missing."""
+    mglru = read_idle_ages_absence(fs)
     if mglru is not None:
         return mglru
     if fs.exists(lru_gen_path(fs)):

@@ -71,9 +71,23 @@ def free_figures(free_blocks: tuple[int, ...], order: int, page_size: int) -> tu
 
 
 def cold_figure(
+    cold_anon: int, cold_file: int, swap_room: int | None, cold_after_ms: int, barred: int = 0
+) -> Figure:
+    """Cold file always; cold anon as far as the swap room goes (None: no active swap area),
+    less `barred`: cold anon of cgroups that may not swap."""
+    figure = _cold_figure(max(0, cold_anon - barred), cold_file, swap_room, cold_after_ms)
+    if not barred:
+        return figure
+    return Figure(
+        figure.bytes,
+        f"{figure.reason}; {_mib(min(barred, cold_anon))} cold anon left out: "
+        "its cgroups may not swap (memory.swap.max 0)",
+    )
+
+
+def _cold_figure(
     cold_anon: int, cold_file: int, swap_room: int | None, cold_after_ms: int
 ) -> Figure:
-    """Cold file always; cold anon as far as the swap room goes (None: no active swap area)."""
     after = f"idle {cold_after_ms / 1000:g} s or more"
     if cold_anon == 0:
         return Figure(cold_file, f"file pages {after}")
@@ -116,16 +130,27 @@ def slack(working: int) -> int:
     return max(SLACK_MIN, working // SLACK_SHARE)
 
 
-def safe_balloon_target(g: GuestFigures, cold: int | None) -> Figure:
+def protected_cold(cold: int, current: int, protected: int) -> int:
+    """What of a protected cgroup's cold memory reclaim may not take: reclaim takes at most
+    its use above the protection (memory.min; memory.low only once nothing else is left)."""
+    return max(0, cold - max(0, current - protected))
+
+
+def safe_balloon_target(g: GuestFigures, cold: int | None, kept_cold: int = 0) -> Figure:
     """The smallest size the guest keeps its working set at (None cold: no idle ages, so all
-    LRU memory counts as in use)."""
+    LRU memory counts as in use). kept_cold: cold memory the cgroups' protections keep
+    (protected_cold), in use as far as the balloon is concerned."""
     kernel = unreclaimable_kernel(g)
     floor = g.protected + kernel + g.watermarks
+    kept_cold = min(kept_cold, cold or 0)
     working = max(0, g.lru - (cold or 0))
-    need = working + kernel + g.watermarks + slack(working)
+    need = working + kept_cold + kernel + g.watermarks + slack(working)
     target = min(g.mem_total, max(need, floor))
-    parts = (
-        f"in use within the threshold {_mib(working)} + unreclaimable kernel {_mib(kernel)} "
+    parts = f"in use within the threshold {_mib(working)}"
+    if kept_cold:
+        parts += f" + cold but protected {_mib(kept_cold)}"
+    parts += (
+        f" + unreclaimable kernel {_mib(kernel)} "
         f"+ high watermarks {_mib(g.watermarks)} + slack {_mib(slack(working))}"
     )
     if cold is None:
@@ -163,13 +188,20 @@ def safe_virtio_mem(g: GuestFigures, balloon_target: int) -> tuple[VirtioMemTarg
     return tuple(targets)
 
 
-def guest_giveback(g: GuestFigures, idle: IdleView | None, cold_after_ms: int) -> GiveBack:
+def guest_giveback(
+    g: GuestFigures,
+    idle: IdleView | None,
+    cold_after_ms: int,
+    kept_cold: int = 0,
+    barred: int = 0,
+) -> GiveBack:
+    """kept_cold: protected_cold summed; barred: cold anon of the cgroups that may not swap."""
     reportable, fragmented = free_figures(g.free_blocks, g.reporting_order, g.page_size)
     cold = None
     if idle is not None:
         anon, file = current_cold(idle, cold_after_ms, (g.lru_anon, g.lru_file), g.page_size)
-        cold = cold_figure(anon, file, g.swap_room, cold_after_ms)
-    target = safe_balloon_target(g, cold.bytes if cold else None)
+        cold = cold_figure(anon, file, g.swap_room, cold_after_ms, barred)
+    target = safe_balloon_target(g, cold.bytes if cold else None, kept_cold)
     return GiveBack(
         cold_after_ms,
         cold,
@@ -186,13 +218,15 @@ def cgroup_giveback(
     cold_after_ms: int,
     page_size: int,
     lru_now: tuple[int, int],
+    barred: int = 0,
 ) -> GiveBack:
     """A cgroup's: only cold (swap_room: the guest's, cut to the cgroup's memory.swap.max;
-    lru_now: its subtree's anon and file LRU bytes now)."""
+    lru_now: its subtree's anon and file LRU bytes now; barred: cold anon in it that may not
+    swap, its own or a descendant's memory.swap.max 0 or an ancestor's)."""
     if idle is None:
         return GiveBack(cold_after_ms, None)
     anon, file = current_cold(idle, cold_after_ms, lru_now, page_size)
-    return GiveBack(cold_after_ms, cold_figure(anon, file, swap_room, cold_after_ms))
+    return GiveBack(cold_after_ms, cold_figure(anon, file, swap_room, cold_after_ms, barred))
 
 
 @dataclass(frozen=True)
@@ -231,13 +265,46 @@ def idle_report(fs: KernelFS, report: MemoryReport, state: IdleState, spec: Idle
             CgroupIdle(
                 c.path,
                 view.histogram(spec.edges_ms, page) if view else None,
-                cgroup_giveback(view, room, spec.cold_after_ms, page, (c.lru_anon, c.lru_file)),
+                cgroup_giveback(
+                    view,
+                    room,
+                    spec.cold_after_ms,
+                    page,
+                    (c.lru_anon, c.lru_file),
+                    barred_anon(state, c.path, spec.cold_after_ms, page),
+                ),
             )
         )
     view = state.view("")
     return IdleReport(
         view.histogram(spec.edges_ms, page) if view else None,
-        guest_giveback(figures, view, spec.cold_after_ms),
+        guest_giveback(
+            figures,
+            view,
+            spec.cold_after_ms,
+            kept_cold(figures, state, spec),
+            barred_anon(state, "", spec.cold_after_ms, page),
+        ),
         tuple(cgroups),
         state.absent,
     )
+
+
+def barred_anon(state: IdleState, cgroup: str, cold_after_ms: int, page_size: int) -> int:
+    """Cold anon in the subtree's memcgs that may not swap (as of the last aging)."""
+    view = state.swap_barred_view(cgroup)
+    return view.idle_at_least(cold_after_ms, page_size)[0] if view else 0
+
+
+def kept_cold(figures: GuestFigures, state: IdleState, spec: IdleSpec) -> int:
+    """Cold memory the protected top-level cgroups keep from reclaim, summed. Their cold is
+    as of the last aging, not cut to their LRU now: erring toward kept, so toward in use."""
+    total = 0
+    for p in figures.protections:
+        view = state.view(p.path)
+        if view is None:
+            continue
+        anon, file = view.idle_at_least(spec.cold_after_ms, figures.page_size)
+        cold = cold_figure(anon, file, figures.swap_room, spec.cold_after_ms).bytes
+        total += protected_cold(cold, p.current, p.protected)
+    return total

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, replace
 from guestagent.errors import AgentError, InvalidArgument
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
-from guestagent.linux.features import MGLRU, Absent, read_mglru_absence
+from guestagent.linux.features import MGLRU, Absent, read_idle_ages_absence
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.giveback import read_swap_barred
 from guestagent.linux.lru_gen import (
     Lruvec,
     debugfs,
@@ -233,13 +234,26 @@ NOT_AGED = Absent(MGLRU, "the idle ages are not read yet: the first aging runs")
 
 @dataclass(frozen=True)
 class IdleState:
-    """The ager's last result: books by (memcg id, path, node), or why there are none."""
+    """The ager's last result: books by (memcg id, path, node), or why there are none. The
+    books keep the monotonic clock (a stepped wall clock, as after a snapshot's restore,
+    would age every layer by the step); unix_offset_ns turns their times into Unix time."""
 
     books: dict[tuple[int, str, int], Book] = field(default_factory=dict)
     absent: Absent | None = NOT_AGED
+    unix_offset_ns: int = 0
+    swap_barred: frozenset[str] = frozenset()  # Memcg paths that may not swap, at the aging.
 
     def view(self, cgroup: str) -> IdleView | None:
-        return None if self.absent is not None else view_of(self.books, cgroup)
+        """The subtree's layers, aged_ns in Unix time."""
+        view = None if self.absent is not None else view_of(self.books, cgroup)
+        return None if view is None else IdleView(view.aged_ns + self.unix_offset_ns, view.layers)
+
+    def swap_barred_view(self, cgroup: str) -> IdleView | None:
+        """The layers of the subtree's memcgs that may not swap: their anon cannot go."""
+        if self.absent is not None or not self.swap_barred:
+            return None
+        books = {k: b for k, b in self.books.items() if k[1] in self.swap_barred}
+        return view_of(books, cgroup)
 
 
 def next_books(
@@ -261,11 +275,13 @@ class IdleAger:
         self,
         fs: KernelFS,
         interval: float = DEFAULT_AGING_INTERVAL_S,
-        clock: Callable[[], int] = time.time_ns,
+        clock: Callable[[], int] = time.monotonic_ns,
+        wall: Callable[[], int] = time.time_ns,
     ) -> None:
         self.fs = fs
         self.interval = interval
         self._clock = clock
+        self._wall = wall
         self._state = (
             IdleState()
             if interval > 0
@@ -307,7 +323,7 @@ class IdleAger:
         """Age what the last reading listed, then read: the books are as of this aging."""
         # Once read, only the switch can change (debugfs does not leave the kernel): one read
         # instead of three opens, each a millisecond or more under TCG.
-        absent = read_mglru_absence(self.fs) if self._lruvecs else debugfs_absence(self.fs)
+        absent = read_idle_ages_absence(self.fs) if self._lruvecs else debugfs_absence(self.fs)
         if absent is not None:
             self._lruvecs = ()
             with self._lock:
@@ -320,6 +336,8 @@ class IdleAger:
                 write_aging(self.fs, path, self._lruvecs)
                 lruvecs = read_lruvecs(self.fs, path)
                 read_ns = self._clock()
+                unix_offset = self._wall() - read_ns
+            barred = read_swap_barred(self.fs, {v.path for v in lruvecs})
         except AgentError as e:
             self._lruvecs = ()
             with self._lock:
@@ -327,4 +345,5 @@ class IdleAger:
             return
         self._lruvecs = lruvecs
         with self._lock:
-            self._state = IdleState(next_books(self._state.books, lruvecs, read_ns), None)
+            books = next_books(self._state.books, lruvecs, read_ns)
+            self._state = IdleState(books, None, unix_offset, barred)

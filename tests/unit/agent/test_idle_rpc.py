@@ -36,6 +36,10 @@ memcg 5 /pod
 @pytest.fixture
 def aged(fake_root: FakeRoot) -> MemoryAgentServicer:
     fake_root.add_cgroup("pod")
+    return aged_servicer(fake_root)
+
+
+def aged_servicer(fake_root: FakeRoot) -> MemoryAgentServicer:
     # The LRU now holds what the books do: none of it has left since the aging.
     fake_root.write(
         "sys/fs/cgroup/pod/memory.stat",
@@ -53,7 +57,8 @@ def aged(fake_root: FakeRoot) -> MemoryAgentServicer:
             proceed(value)
 
     fake_root.kernel.on("write", kernel)
-    ager = IdleAger(fake_root.fs, clock=lambda: 1000 * S)
+    # Monotonic 1000 s, the wall clock a day later: reports say the wall clock's time.
+    ager = IdleAger(fake_root.fs, clock=lambda: 1000 * S, wall=lambda: (86_400 + 1000) * S)
     ager.cycle()
     assert aging == ["+ 1 0 2 1 1;+ 5 0 6 1 1"]
     return make_servicer(fake_root, ager)
@@ -63,7 +68,7 @@ async def test_report_carries_the_idle_histogram_and_cold(aged: MemoryAgentServi
     context: Any = FakeContext()
     info = await aged.GetMemoryInfo(pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
     (pod,) = info.cgroups
-    assert pod.idle.source == "mglru" and pod.idle.aged_at_unix_ns == 1000 * S
+    assert pod.idle.source == "mglru" and pod.idle.aged_at_unix_ns == (86_400 + 1000) * S
     assert [b.idle_at_least_ms for b in pod.idle.bins] == [0, 1000, 10000, 60000, 300000]
     # Generation 3 is as idle as 4 is old (90 s), 5 as idle as 6 (0 s).
     assert pod.idle.bins[3].anon_bytes == 100 << 20 and pod.idle.bins[0].anon_bytes == 1 << 20
@@ -133,3 +138,40 @@ async def test_a_watch_carries_the_figures(aged: MemoryAgentServicer) -> None:
     assert [b.idle_at_least_ms for b in first.cgroups[0].idle.bins] == [0, 60000]
     assert first.cgroups[0].giveback.cold.bytes > 0
     await stream.aclose()
+
+
+def test_a_wall_clock_step_ages_nothing(fake_root: FakeRoot) -> None:
+    """The books keep the monotonic clock: the wall clock stepping an hour between two agings
+    (an NTP step after a snapshot's restore) leaves the young pages young; on the wall clock
+    the 256 pages 10 s old at the first aging came out an hour idle, and cold."""
+    fake_root.add_cgroup("pod")
+    fake_root.write("sys/kernel/mm/lru_gen/enabled", "0x0007\n")
+    fake_root.write("sys/kernel/debug/lru_gen", "memcg 5 /pod\n node 0\n 5 10000 256 0\n 6 0 0 0\n")
+    fake_root.kernel.on("write", lambda path, value, proceed: None)  # No aging in the fake.
+    clocks = iter([(1000 * S, 5000 * S), (1010 * S, 5010 * S + 3600 * S)])
+    now = next(clocks)
+    ager = IdleAger(fake_root.fs, clock=lambda: now[0], wall=lambda: now[1])
+    ager.cycle()
+    # 10 s on, one aging later: generation 5's pages were not used since the first aging.
+    fake_root.write("sys/kernel/debug/lru_gen", "memcg 5 /pod\n node 0\n 6 10000 256 0\n 7 0 0 0\n")
+    now = next(clocks)
+    ager.cycle()
+    view = ager.state.view("pod")
+    assert view is not None and view.idle_at_least(60_000) == (0, 0)
+    assert view.idle_at_least(10_000) == (256 * 4096, 0)
+    assert view.aged_ns == 5010 * S + 3600 * S  # Unix time, from the wall clock.
+
+
+async def test_cold_anon_of_a_cgroup_that_may_not_swap_is_left_out(fake_root: FakeRoot) -> None:
+    """The pod's 100 MiB of cold anon cannot go with memory.swap.max 0 (kubelet's NoSwap):
+    neither its figure nor the guest's counts it, though the guest's swap has room."""
+    fake_root.add_cgroup("pod")
+    fake_root.write("sys/fs/cgroup/pod/memory.swap.max", "0\n")
+    servicer = aged_servicer(fake_root)
+    context: Any = FakeContext()
+    info = await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
+    (pod,) = info.cgroups
+    assert pod.giveback.cold.bytes == 1 << 20  # Its cold file only.
+    assert "100.0 MiB cold anon left out: its cgroups may not swap" in pod.giveback.cold.reason
+    assert info.giveback.cold.bytes < 100 << 20
+    assert "may not swap" in info.giveback.cold.reason

@@ -80,6 +80,25 @@ def test_balloon_value_is_the_safe_target_by_the_balloon_offset(
     assert balloon_value(guest, mem_total, actual) == value
 
 
+def test_a_balloon_value_is_a_whole_balloon_page_rounded_up() -> None:
+    """QEMU rounds a balloon value down to its 4 KiB page, so an unaligned one is never
+    reached exactly and the wait ended as "stopped" after 30 s; rounding up keeps it safe."""
+    assert balloon_value(600 * MIB + 1, 1000 * MIB, 1024 * MIB) == 624 * MIB + 4096
+    step = plan_balloon(report(safe_target=600 * MIB + 100), 1024 * MIB, 1024 * MIB, None, False)
+    assert step.value == 624 * MIB + 4096
+    asked = plan_balloon(report(), 1024 * MIB, 1024 * MIB, 700 * MIB + 1, False)
+    assert asked.value == 700 * MIB + 4096
+
+
+def test_virtio_mem_never_asks_for_more_than_qemu_has_plugged() -> None:
+    """The guest counts whole 128 MiB memory blocks added; with 2 MiB device blocks QEMU may
+    have plugged less (130 MiB of two 128 MiB blocks): the guest's figure of 256 MiB kept,
+    asked for, would plug 126 MiB more."""
+    partly = VirtioMemDevice("vmem0", ADDR, 2 * MIB, 2 * GIB, 130 * MIB, 130 * MIB)
+    step = plan_virtio_mem(report(vmem_safe=256 * MIB), partly, None, False)
+    assert step.value == 130 * MIB == step.current
+
+
 @pytest.mark.parametrize(
     ("to", "force", "expected"),
     [
@@ -269,6 +288,21 @@ def test_a_balloon_that_stops_short_has_settled(qemu: FakeQemu) -> None:
     assert "not pressed further" in giveback.result_text(result)
 
 
+def test_past_the_settle_timeout_qemu_is_left_asking_for_where_it_stood(qemu: FakeQemu) -> None:
+    qemu.balloon_shortfall = 8 * MIB  # Unmoved, but the timeout comes before the 5 s still.
+    qmp = monitor(qemu)
+    try:
+        with pytest.raises(
+            GiveBackError, match=r"still moving after 0\.5 s: .* asks for 632\.0 MiB"
+        ):
+            give_back(
+                FakeAgent(report()), qmp, options(still_seconds=5.0, settle_timeout=0.5), None
+            )
+    finally:
+        qmp.close()
+    assert [a["value"] for n, a in qemu.commands if n == "balloon"] == [624 * MIB, 632 * MIB]
+
+
 def test_dry_run_and_refusal_change_nothing(qemu: FakeQemu) -> None:
     agent = FakeAgent(report())
     qmp = monitor(qemu)
@@ -312,6 +346,20 @@ def test_the_command_prints_json(
     assert ctl.main([*argv, "--safe"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["step"]["value"] == 624 * MIB and result["settled"]["how"] == "reached"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--cold-after-ms", "-1"), ("--settle-timeout", "nan"), ("--settle-timeout", "inf")],
+)
+def test_a_negative_or_endless_flag_is_a_usage_error_not_a_traceback(
+    flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--target", "unix:///nowhere", "give-back", "--qmp", str(tmp_path), "--safe"]
+    with pytest.raises(SystemExit) as exited:
+        ctl.main([*argv, f"{flag}={value}"])
+    assert exited.value.code == 2
+    assert flag in capsys.readouterr().err
 
 
 def test_an_unreachable_monitor_is_one_line_and_exit_1(

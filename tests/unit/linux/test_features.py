@@ -10,6 +10,8 @@ import pytest
 from guestagent.linux.features import (
     MGLRU,
     PSI,
+    Absent,
+    idle_ages_absence,
     mglru_absence,
     psi_absence,
     read_absent,
@@ -51,11 +53,34 @@ def test_psi_absence(present: bool, cmdline: str | None, words: str | None) -> N
     ],
 )
 def test_mglru_absence(enabled: str | None, words: str | None) -> None:
-    absent = mglru_absence(enabled)
+    assert_mglru_absent(mglru_absence(enabled), words)
+
+
+def assert_mglru_absent(absent: Absent | None, words: str | None) -> None:
+    """None words: present; else absent, saying them."""
     if words is None:
         assert absent is None
     else:
         assert absent is not None and absent.feature == MGLRU and words in absent.reason
+
+
+@pytest.mark.parametrize(
+    ("enabled", "words"),
+    [
+        ("0x0007\n", None),
+        ("0x0003\n", None),
+        ("y\n", None),
+        # The core on, the page-table walk off (or a CPU with no hardware accessed bit): the
+        # reclaimer works, the idle ages would not.
+        ("0x0001\n", "walks no page tables (lru_gen/enabled 0x0001"),
+        ("0x0005\n", "0x0002 off"),
+        ("0x0000\n", "off (lru_gen/enabled 0x0000)"),
+        (None, "CONFIG_LRU_GEN"),
+    ],
+)
+def test_idle_ages_need_the_page_table_walk(enabled: str | None, words: str | None) -> None:
+    assert_mglru_absent(idle_ages_absence(enabled), words)
+    assert mglru_absence("0x0001\n") is None  # The multi-gen LRU itself is on.
 
 
 def test_read_absent_names_each_missing_feature(tmp_path: Path) -> None:

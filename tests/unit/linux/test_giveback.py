@@ -3,10 +3,12 @@ from __future__ import annotations
 import pytest
 
 from guestagent.linux.giveback import (
+    Protection,
     protection,
     read_guest_figures,
     read_protected,
     read_reporting_order,
+    read_swap_barred,
 )
 from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.mm import zoneinfo_sum
@@ -54,7 +56,14 @@ def test_protections_sum_the_top_level(fake_root: FakeRoot) -> None:
             ("memory.min", "0"),
         ):
             fake_root.write(f"sys/fs/cgroup/{name}/{file}", text + "\n")
-    assert read_protected(fake_root.fs) == 50 + 10
+    assert read_protected(fake_root.fs) == (Protection("a", 100, 50), Protection("b", 10, 10))
+
+
+def test_a_memcg_may_not_swap_when_it_or_an_ancestor_has_swap_max_0(fake_root: FakeRoot) -> None:
+    for name, swap_max in (("a", "0"), ("a/b", "max"), ("c", "max"), ("c/d", "0"), ("e", "64M")):
+        fake_root.write(f"sys/fs/cgroup/{name}/memory.swap.max", swap_max + "\n")
+    paths = {"/", "/a", "/a/b", "/c", "/c/d", "/c/d/gone", "/e"}
+    assert read_swap_barred(fake_root.fs, paths) == {"/a", "/a/b", "/c/d", "/c/d/gone"}
 
 
 def test_reporting_order_from_the_module_parameter_when_sane(fake_root: FakeRoot) -> None:

@@ -54,6 +54,13 @@ def test_full_mode_marks_are_read_as_numbers() -> None:
     assert one.generations[0] == Generation(3, 10, 5, 6)
 
 
+def test_a_cgroup_name_with_spaces_is_read_whole() -> None:
+    """A name may hold spaces (only "/" and newlines cannot be in one); it once made the line
+    malformed and every idle figure of the guest absent."""
+    (one,) = parse_lru_gen("memcg    12 /kubepods/my pod  x\n node 0\n 3 10 5 6\n")
+    assert (one.memcg_id, one.path) == (12, "/kubepods/my pod  x")
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guestagent.linux.giveback import DeviceBlocks, GuestFigures
+from guestagent.linux.giveback import DeviceBlocks, GuestFigures, Protection
 from guestagent.linux.meminfo import CgroupSwap
 from guestagent.ops.giveback import (
     cgroup_giveback,
@@ -15,11 +15,13 @@ from guestagent.ops.giveback import (
     cold_now,
     free_figures,
     guest_giveback,
+    kept_cold,
+    protected_cold,
     safe_balloon_target,
     safe_virtio_mem,
     unreclaimable_kernel,
 )
-from guestagent.ops.idle import IdleView, Layer
+from guestagent.ops.idle import Book, IdleSpec, IdleState, IdleView, Layer
 
 MIB = 1 << 20
 PAGE = 4096
@@ -101,6 +103,53 @@ def test_the_balloon_target_never_goes_below_the_protections() -> None:
     assert target.reason.startswith("the floor: cgroup protections 900.0 MiB")
 
 
+def test_cold_memory_under_a_protection_stays_in_use_for_the_balloon() -> None:
+    """500 MiB cold in a cgroup whose memory.min is 500M, 300 MiB hot elsewhere: reclaim may
+    take none of the cold, so the target must keep it (it came out 640 MiB, under the 800 MiB
+    the guest holds, before the protections' cold was counted)."""
+    g = replace(GUEST, mem_free=1048 * MIB, lru_anon=0, lru_file=800 * MIB, protected=500 * MIB)
+    kept = protected_cold(500 * MIB, current=500 * MIB, protected=500 * MIB)
+    assert kept == 500 * MIB
+    target = safe_balloon_target(g, 500 * MIB, kept)
+    kernel = unreclaimable_kernel(g)
+    assert target.bytes == 300 * MIB + 500 * MIB + kernel + 16 * MIB + 75 * MIB  # Slack: 1/4.
+    assert "cold but protected 500.0 MiB" in target.reason
+    assert safe_balloon_target(g, 500 * MIB).bytes < 800 * MIB  # What it was without.
+
+
+def test_kept_cold_reads_each_protected_cgroups_own_books() -> None:
+    """ "db" (memory.min covers all 300 MiB, 200 of it cold) keeps its cold; "web" (protected
+    100 MiB of 400, 300 cold) keeps none, since reclaim may take its 300 above the protection;
+    an unprotected cgroup's cold is not looked at."""
+    pages = MIB // PAGE
+    books = {
+        (1, "/db", 0): Book(1, {0: (Layer(90_000, 200 * pages, 0), Layer(0, 100 * pages, 0))}),
+        (2, "/web", 0): Book(1, {0: (Layer(90_000, 0, 300 * pages), Layer(0, 0, 100 * pages))}),
+        (3, "/idle", 0): Book(1, {0: (Layer(90_000, 0, 500 * pages),)}),
+    }
+    g = replace(
+        GUEST,
+        protections=(
+            Protection("db", 300 * MIB, 300 * MIB),
+            Protection("web", 400 * MIB, 100 * MIB),
+        ),
+    )
+    spec = IdleSpec(cold_after_ms=60_000)
+    assert kept_cold(g, IdleState(books, None), spec) == 200 * MIB
+    # Without swap room the cold anon is no cold at all: in use already, kept by nothing.
+    assert kept_cold(replace(g, swap_room=None), IdleState(books, None), spec) == 0
+
+
+@pytest.mark.parametrize(
+    ("cold", "current", "protected", "kept"),
+    [(0, 100, 100, 0), (100, 100, 0, 0), (100, 100, 60, 60), (30, 100, 60, 0), (80, 100, 60, 40)],
+)
+def test_reclaim_takes_a_protected_cgroup_only_above_its_protection(
+    cold: int, current: int, protected: int, kept: int
+) -> None:
+    assert protected_cold(cold, current, protected) == kept
+
+
 sizes = st.integers(0, 1 << 34)
 
 
@@ -130,6 +179,15 @@ def test_the_target_stays_between_the_floors_and_memtotal(
     target = safe_balloon_target(g, cold).bytes
     floor = g.protected + unreclaimable_kernel(g) + g.watermarks
     assert min(floor, g.mem_total) <= target <= g.mem_total
+
+
+@given(guests(), sizes, sizes, sizes)
+def test_protected_cold_never_lowers_the_target(
+    g: GuestFigures, cold: int, kept: int, more: int
+) -> None:
+    before = safe_balloon_target(g, cold, kept).bytes
+    assert safe_balloon_target(g, cold, kept + more).bytes >= before
+    assert before >= safe_balloon_target(g, cold).bytes
 
 
 @given(guests(), sizes, st.integers(0, 1 << 30))
@@ -210,3 +268,13 @@ def test_a_big_exit_since_the_last_aging_leaves_the_working_set_in_use() -> None
     assert giveback.cold is not None and giveback.cold.bytes == 20 * MIB
     assert giveback.safe_balloon_target is not None
     assert "in use within the threshold 100.0 MiB" in giveback.safe_balloon_target.reason
+
+
+def test_cold_anon_that_may_not_swap_is_left_out_and_named() -> None:
+    figure = cold_figure(300 * MIB, 50 * MIB, 1024 * MIB, 60_000, barred=200 * MIB)
+    assert figure.bytes == 150 * MIB
+    assert figure.reason.endswith(
+        "200.0 MiB cold anon left out: its cgroups may not swap (memory.swap.max 0)"
+    )
+    # Barred as of the last aging, more than is cold now: never below the cold file.
+    assert cold_figure(100 * MIB, 50 * MIB, 1024 * MIB, 60_000, barred=200 * MIB).bytes == 50 * MIB
