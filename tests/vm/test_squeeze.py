@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.ops.self_cgroup import MEMORY_MIN
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot, read_guest, start_filler, wait_until
@@ -68,7 +69,7 @@ def test_the_agent_answers_through_an_oom(vm: GuestVM, agent: AgentClient) -> No
     procs = read_guest(vm, "/sys/fs/cgroup/guestagent/cgroup.procs").split()
     pid = agent_pid(vm)
     assert pid in procs, (pid, procs)  # It moved itself into its own cgroup.
-    assert read_guest(vm, "/sys/fs/cgroup/guestagent/memory.min").strip() == str(48 * MIB)
+    assert read_guest(vm, "/sys/fs/cgroup/guestagent/memory.min").strip() == str(MEMORY_MIN)
     total = agent.info().system.mem_total_bytes
     limit = total - HEADROOM_MIB * MIB
     agent.set_limits(WORKLOAD, pb.LinuxMemory(limit=limit, swap=-1), create=True)

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.vm
 MIB = 1 << 20
 UNIT = "guestagent.service"
 UNIT_CGROUP = "/system.slice/guestagent.service"
-# The unit's MemoryMin=48M, MemoryHigh=64M, MemoryMax=80M.
-UNIT_MEMORY = {"memory.min": 48 * MIB, "memory.high": 64 * MIB, "memory.max": 80 * MIB}
+# The unit's MemoryMin=24M, MemoryHigh=64M, MemoryMax=80M.
+UNIT_MEMORY = {"memory.min": 24 * MIB, "memory.high": 64 * MIB, "memory.max": 80 * MIB}
 # CapabilityBoundingSet=CAP_SYS_ADMIN CAP_DAC_OVERRIDE (capability numbers 21 and 1).
 UNIT_CAPABILITIES = (1 << 21) | (1 << 1)
 RESULTS: dict[str, object] = {}

@@ -83,7 +83,7 @@ def test_moves_itself_and_sets_its_protection(
     assert decision.action is Action.MOVE
     assert agent_files(guest) == {
         "cgroup.procs": "4242",
-        "memory.min": str(48 << 20),
+        "memory.min": str(24 << 20),
         "memory.high": str(80 << 20),
     }
     assert (guest.root / "sys/fs/cgroup/cgroup.subtree_control").read_text() == "+memory"
