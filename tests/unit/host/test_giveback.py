@@ -81,8 +81,8 @@ def test_balloon_value_is_the_safe_target_by_the_balloon_offset(
 
 
 def test_a_balloon_value_is_a_whole_balloon_page_rounded_up() -> None:
-    """QEMU rounds a balloon value down to its 4 KiB page, so an unaligned one is never
-    reached exactly and the wait ended as "stopped" after 30 s; rounding up keeps it safe."""
+    """QEMU inflates by whole 4 KiB pages, rounding down, so an unaligned value is never
+    reached exactly and the wait would end as "stopped" after 30 s; rounding up keeps it safe."""
     assert balloon_value(600 * MIB + 1, 1000 * MIB, 1024 * MIB) == 624 * MIB + 4096
     step = plan_balloon(report(safe_target=600 * MIB + 100), 1024 * MIB, 1024 * MIB, None, False)
     assert step.value == 624 * MIB + 4096
