@@ -105,8 +105,8 @@ def _limit(text: str) -> int:
 
 
 def _count(text: str) -> int:
-    """A whole number >= 0 (milliseconds, a pid): a negative one would reach protobuf's
-    unsigned fields as a traceback."""
+    """A whole number >= 0 (milliseconds): a negative one would reach protobuf's unsigned
+    fields as a traceback."""
     try:
         value = int(text)
     except ValueError:

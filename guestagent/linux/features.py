@@ -41,26 +41,32 @@ def psi_absence(pressure_present: bool, cmdline: str | None) -> Absent | None:
     return Absent(PSI, why)
 
 
+# lru_gen/enabled's bits (Documentation/admin-guide/mm/multigen_lru.rst): the core switch and
+# the page-table walk.
+MGLRU_CORE = 0x0001
+MGLRU_MM_WALK = 0x0002
+
+
+def lru_gen_caps(text: str) -> int:
+    """The bits lru_gen/enabled shows; "y" is every one the CPU has, anything else none."""
+    try:
+        return int(text, 16)
+    except ValueError:
+        return -1 if text == "y" else 0
+
+
 def mglru_absence(enabled: str | None) -> Absent | None:
     """The multi-gen LRU from /sys/kernel/mm/lru_gen/enabled (None: no such file)."""
     if enabled is None:
         return Absent(MGLRU, "the kernel has no multi-gen LRU (CONFIG_LRU_GEN, Linux 6.1+)")
     text = enabled.strip()
-    try:
-        on = int(text, 16) & 1
-    except ValueError:
-        on = text == "y"
-    if on:
+    if lru_gen_caps(text) & MGLRU_CORE:
         return None
     return Absent(
         MGLRU,
         f"the multi-gen LRU is off (lru_gen/enabled {text}): "
         "echo y > /sys/kernel/mm/lru_gen/enabled (the bundle's tmpfiles line does)",
     )
-
-
-# lru_gen/enabled's bit for the page-table walk (Documentation/admin-guide/mm/multigen_lru.rst).
-MGLRU_MM_WALK = 0x0002
 
 
 def idle_ages_absence(enabled: str | None) -> Absent | None:
@@ -72,11 +78,7 @@ def idle_ages_absence(enabled: str | None) -> Absent | None:
     if absent is not None or enabled is None:
         return absent
     text = enabled.strip()
-    try:
-        walks = int(text, 16) & MGLRU_MM_WALK
-    except ValueError:
-        return None  # "y": all the CPU has.
-    if walks:
+    if lru_gen_caps(text) & MGLRU_MM_WALK:
         return None
     return Absent(
         MGLRU,
@@ -87,7 +89,7 @@ def idle_ages_absence(enabled: str | None) -> Absent | None:
 
 
 def read_idle_ages_absence(fs: KernelFS) -> Absent | None:
-    return idle_ages_absence(fs.read_optional(fs.sys("kernel", "mm", "lru_gen", "enabled")))
+    return idle_ages_absence(read_lru_gen_enabled(fs))
 
 
 def read_psi_absence(fs: KernelFS) -> Absent | None:
@@ -95,8 +97,12 @@ def read_psi_absence(fs: KernelFS) -> Absent | None:
     return psi_absence(present, None if present else fs.read_optional(fs.proc("cmdline")))
 
 
+def read_lru_gen_enabled(fs: KernelFS) -> str | None:
+    return fs.read_optional(fs.sys("kernel", "mm", "lru_gen", "enabled"))
+
+
 def read_mglru_absence(fs: KernelFS) -> Absent | None:
-    return mglru_absence(fs.read_optional(fs.sys("kernel", "mm", "lru_gen", "enabled")))
+    return mglru_absence(read_lru_gen_enabled(fs))
 
 
 def read_absent(fs: KernelFS) -> tuple[Absent, ...]:

@@ -46,16 +46,20 @@ class GuestFigures:
     reclaimable_slab: int  # SReclaimable.
     swap_room: int | None  # Free space in the active swap areas; None: there is none.
     watermarks: int  # The zones' high watermarks, summed (kswapd keeps free memory above).
-    protected: int  # The cgroups' memory.min/memory.low, as far as they use it.
     free_blocks: tuple[int, ...]  # Free blocks per order.
     reporting_order: int
     page_size: int = PAGE_SIZE
     devices: tuple[DeviceBlocks, ...] = ()
-    protections: tuple[Protection, ...] = ()  # Those summed in `protected`, each.
+    protections: tuple[Protection, ...] = ()  # The protected top-level cgroups.
 
     @property
     def lru(self) -> int:
         return self.lru_anon + self.lru_file
+
+    @property
+    def protected(self) -> int:
+        """The cgroups' memory.min/memory.low, as far as they use it."""
+        return sum(p.protected for p in self.protections)
 
 
 def protection(current: int, low: str, min_: str) -> int:
@@ -83,10 +87,10 @@ def read_protected(fs: KernelFS) -> tuple[Protection, ...]:
             current = fs.read_optional(directory / "memory.current")
         except AgentError:
             continue  # Not a directory, or gone meanwhile.
-        if current is not None:
-            used = int(current)
-            found.append(Protection(name, used, protection(used, low, min_)))
-    return tuple(p for p in found if p.protected)
+        used = int(current) if current is not None else 0
+        if protected := protection(used, low, min_):
+            found.append(Protection(name, used, protected))
+    return tuple(found)
 
 
 def read_swap_barred(fs: KernelFS, paths: Iterable[str]) -> frozenset[str]:
@@ -137,7 +141,6 @@ def read_guest_figures(
     """system: the report's own /proc/meminfo reading, so both describe the same moment."""
     free_blocks = read_free_blocks_optional(fs) or ()
     zoneinfo = fs.read_optional(fs.proc("zoneinfo"))
-    protections = read_protected(fs)
     return GuestFigures(
         mem_total=system.mem_total,
         mem_free=system.mem_free,
@@ -146,10 +149,9 @@ def read_guest_figures(
         reclaimable_slab=system.reclaimable_slab,
         swap_room=system.swap_free if system.swap_total else None,
         watermarks=zoneinfo_sum(zoneinfo, "high") * page_size if zoneinfo else 0,
-        protected=sum(p.protected for p in protections),
         free_blocks=free_blocks,
         reporting_order=read_reporting_order(fs, len(free_blocks), page_size),
         page_size=page_size,
         devices=devices_of(hotplug),
-        protections=protections,
+        protections=read_protected(fs),
     )

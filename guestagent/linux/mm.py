@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, KernelFormat
+from guestagent.linux.features import read_lru_gen_enabled
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.keyed import parse_flat_keyed
 
@@ -154,5 +155,4 @@ def drop_caches(fs: KernelFS, level: int) -> None:
 
 def read_lru_gen(fs: KernelFS) -> str:
     """The multi-gen LRU's switch (a bit mask such as 0x0007), "absent" without one."""
-    text = fs.read_optional(fs.sys("kernel", "mm", "lru_gen", "enabled"))
-    return (text or "absent").strip()
+    return (read_lru_gen_enabled(fs) or "absent").strip()

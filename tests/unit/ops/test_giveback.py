@@ -34,7 +34,6 @@ GUEST = GuestFigures(
     reclaimable_slab=48 * MIB,
     swap_room=1024 * MIB,
     watermarks=16 * MIB,
-    protected=0,
     free_blocks=(10, 0, 0, 0, 0, 0, 0, 0, 0, 100),
     reporting_order=9,
     page_size=PAGE,
@@ -98,7 +97,9 @@ def test_a_small_working_set_still_gets_the_minimum_slack() -> None:
 
 
 def test_the_balloon_target_never_goes_below_the_protections() -> None:
-    target = safe_balloon_target(replace(GUEST, protected=900 * MIB), 1300 * MIB)
+    target = safe_balloon_target(
+        replace(GUEST, protections=(Protection("pod", 900 * MIB, 900 * MIB),)), 1300 * MIB
+    )
     assert target.bytes == 900 * MIB + unreclaimable_kernel(GUEST) + 16 * MIB
     assert target.reason.startswith("the floor: cgroup protections 900.0 MiB")
 
@@ -107,7 +108,13 @@ def test_cold_memory_under_a_protection_stays_in_use_for_the_balloon() -> None:
     """500 MiB cold in a cgroup whose memory.min is 500M, 300 MiB hot elsewhere: reclaim may
     take none of the cold, so the target must keep it (it came out 640 MiB, under the 800 MiB
     the guest holds, before the protections' cold was counted)."""
-    g = replace(GUEST, mem_free=1048 * MIB, lru_anon=0, lru_file=800 * MIB, protected=500 * MIB)
+    g = replace(
+        GUEST,
+        mem_free=1048 * MIB,
+        lru_anon=0,
+        lru_file=800 * MIB,
+        protections=(Protection("db", 500 * MIB, 500 * MIB),),
+    )
     kept = protected_cold(500 * MIB, current=500 * MIB, protected=500 * MIB)
     assert kept == 500 * MIB
     target = safe_balloon_target(g, 500 * MIB, kept)
@@ -168,7 +175,7 @@ def guests(draw: st.DrawFn) -> GuestFigures:
         lru_file=lru - anon,
         reclaimable_slab=slab,
         watermarks=draw(st.integers(0, total // 8)),
-        protected=draw(st.integers(0, total)),
+        protections=(Protection("pod", total, draw(st.integers(0, total))),),
     )
 
 
