@@ -54,6 +54,12 @@ log = EventLog("guestagent.daemon")
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 BLOCKING_THREADS = 2
+# The server's keepalive: ping a silent host every 2 min, drop it after 20 s unanswered;
+# hosts may ping every 10 s.
+KEEPALIVE_TIME_MS = 120_000
+KEEPALIVE_TIMEOUT_MS = 20_000
+MIN_CLIENT_PING_INTERVAL_MS = 10_000
+
 # grpc-core cancels a call that waits over 30 s (its default) for the server to take it up.
 # A slow or overcommitted guest can queue that long under load; the caller's own deadline,
 # not a server-side timer it cannot see, should decide when to give up.
@@ -103,6 +109,14 @@ class Agent:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.server_max_unrequested_time_in_server", MAX_UNREQUESTED_SECONDS),
+                # Keepalive (docs/contract.md): a host that went away without closing (its
+                # end of the vsock never said so) is pinged, and dropped with its streams'
+                # watches when it does not answer; a host may ping as often as every 10 s,
+                # with or without calls, to keep a long stream's connection alive.
+                ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+                ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
                 # grpc sets SO_REUSEPORT by default: a second agent would then share the
                 # port and get half the calls. A taken port must fail the second start.
                 ("grpc.so_reuseport", 0),
@@ -189,7 +203,7 @@ class Agent:
             self._relay(listener, f"vsock-{address.port}", vsock_admitter(self.config.allowed_cids))
             self.bound.append(f"vsock://{listener.getsockname()[0]}:{address.port}")
         else:
-            raise errors.InvalidArgument(f"cannot listen on {address}")
+            raise errors.InvalidArgument(f"cannot listen on {address}", "OPTION_INVALID")
 
     def _relay(
         self,
@@ -208,7 +222,9 @@ class Agent:
         except RuntimeError:
             port = 0  # grpcio raises where older versions returned 0; neither gives the errno.
         if port == 0:
-            raise errors.FailedPrecondition(f"cannot bind {target} (grpc's log line says why)")
+            raise errors.FailedPrecondition(
+                f"cannot bind {target} (grpc's log line says why)", "ADDRESS_UNAVAILABLE"
+            )
         return port
 
     def _private_socket(self) -> str:

@@ -24,8 +24,10 @@ OTHER_AGENTS = (
 class AddressInUse(AgentError):
     """A listen address is taken: a second agent must fail loudly, never share the port."""
 
+    default_reason = "ADDRESS_IN_USE"
+
     def __init__(self, address: str) -> None:
-        super().__init__(f"{address} is in use: {OTHER_AGENTS}")
+        super().__init__(f"{address} is in use: {OTHER_AGENTS}", metadata={"address": address})
         self.address = address
 
 
@@ -98,7 +100,11 @@ def private_directory(parent: str, prefix: str) -> str:
 
 def _remove_stale_socket(path: str) -> None:
     if not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise InvalidArgument(f"unix://{path}: a file that is not a socket is in the way")
+        raise InvalidArgument(
+            f"unix://{path}: a file that is not a socket is in the way",
+            "ADDRESS_NOT_A_SOCKET",
+            metadata={"address": f"unix://{path}"},
+        )
     if unix_socket_answers(path):
         raise AddressInUse(f"unix://{path}")
     os.unlink(path)

@@ -21,6 +21,7 @@ from guestagent import errors
 from guestagent.agent import wire
 from guestagent.agent.audit import audit
 from guestagent.agent.peers import PeerTable
+from guestagent.agent.status import details_metadata
 from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
@@ -28,6 +29,7 @@ from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES, SignalHub
+from guestagent.ops.agent_info import AgentInfo, agent_info
 from guestagent.ops.compaction import Compactor, CompactResult
 from guestagent.ops.giveback import IdleReport, idle_report
 from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
@@ -126,6 +128,7 @@ def unary(
             # Looked up first: a relayed caller's connection may be gone when the call ends.
             peer = self.peers.caller(context.peer()) if audited else ""
             code, details = grpc.StatusCode.OK, ""
+            trailer: tuple[tuple[str, bytes], ...] = ()
             try:
                 return encode(await call(self, decode(request), context))
             except asyncio.CancelledError:
@@ -133,12 +136,13 @@ def unary(
                 raise
             except Exception as e:
                 code, details = status_for(e)
+                trailer = details_metadata(code, details, e)
                 if not isinstance(e, errors.AgentError):
                     log.error("rpc_failed", exc=True, method=method)
             finally:
                 if audited:
                     audit(method, peer, request, code, time.monotonic() - started, details)
-            await context.abort(code, details)
+            await context.abort(code, details, trailer)
 
         return rpc
 
@@ -168,7 +172,7 @@ def streaming(
                 code, details = status_for(e)
                 if not isinstance(e, errors.AgentError):
                     log.error("rpc_failed", exc=True, method=call.__name__)
-                await context.abort(code, details)
+                await context.abort(code, details, details_metadata(code, details, e))
 
         return rpc
 
@@ -211,15 +215,21 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         """Kernel reads on a reader thread, so the event loop answers other calls meanwhile."""
         return await run_on(self._readers, read, *args, **kwargs)
 
-    async def _watch_report(self, cgroups: tuple[str, ...]) -> MemoryReport:
+    async def _watch_report(self, cgroups: tuple[str, ...], removed_ok: bool) -> MemoryReport:
         return await run_on(
-            self._stream_readers, read_report, self.fs, cgroups, self.hotplug_reports
+            self._stream_readers, read_report, self.fs, cgroups, self.hotplug_reports, removed_ok
         )
 
     async def _idle_report(self, report: MemoryReport, spec: IdleSpec) -> IdleReport:
         return await run_on(
             self._stream_readers, idle_report, self.fs, report, self.ager.state, spec
         )
+
+    @unary(wire.agent_info_from_pb, wire.agent_info_pb)
+    async def GetAgentInfo(
+        self, _: None, context: Context[pb.GetAgentInfoRequest, pb.AgentInfo]
+    ) -> AgentInfo:
+        return await self._read(agent_info, self.fs)
 
     @unary(wire.memory_info_from_pb, wire.report_pb)
     async def GetMemoryInfo(

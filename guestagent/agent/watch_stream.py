@@ -7,6 +7,7 @@ on shutdown) is plain asyncio over domain values; wire.py turns each update into
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -62,7 +63,10 @@ def watch_interval_seconds(interval_ms: int) -> float:
         return DEFAULT_WATCH_INTERVAL_MS / 1000
     if interval_ms < MIN_WATCH_INTERVAL_MS:
         raise errors.InvalidArgument(
-            f"watch interval {interval_ms} ms is below the minimum {MIN_WATCH_INTERVAL_MS} ms"
+            f"watch interval {interval_ms} ms is below the minimum {MIN_WATCH_INTERVAL_MS} ms",
+            "WATCH_INTERVAL_TOO_SHORT",
+            field="interval_ms",
+            metadata={"minimumMs": MIN_WATCH_INTERVAL_MS},
         )
     return interval_ms / 1000
 
@@ -73,7 +77,11 @@ def trigger_to_arm(spec: WatchSpec, psi: Absent | None) -> PressureTriggerSpec |
     if psi is None:
         return spec.trigger
     if spec.trigger_asked:
-        raise errors.FailedPrecondition(f"pressure_trigger set, but there is no PSI: {psi.reason}")
+        raise errors.FailedPrecondition(
+            f"pressure_trigger set, but there is no PSI: {psi.reason}",
+            "STALL_SIGNAL_ABSENT",
+            metadata={"feature": psi.feature},
+        )
     return None
 
 
@@ -91,7 +99,10 @@ def watch_spec(
         raise errors.InvalidArgument(
             f"{len(cgroups)} cgroups every {interval_s * 1000:.0f} ms is {reads:.0f} cgroup "
             f"reads per second, over the bound of {MAX_CGROUP_READS_PER_SECOND}: watch fewer, "
-            "or less often"
+            "or less often",
+            "WATCH_TOO_MANY_CGROUPS",
+            field="cgroups",
+            metadata={"readsPerSecond": MAX_CGROUP_READS_PER_SECOND},
         )
     return WatchSpec(cgroups, interval_s, trigger, trigger_asked, idle or IdleSpec())
 
@@ -107,7 +118,8 @@ def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, 
     return WatchReason.INTERVAL, ()
 
 
-ReadReport = Callable[[tuple[str, ...]], Awaitable[MemoryReport]]
+# A report of the given cgroups; after the first, one that does not exist is listed as removed.
+ReadReport = Callable[[tuple[str, ...], bool], Awaitable[MemoryReport]]
 # A report's idle histograms and give-back figures, read off the event loop's thread.
 ReadIdle = Callable[[MemoryReport, IdleSpec], Awaitable[IdleReport]]
 
@@ -128,15 +140,16 @@ async def watch_memory(
     report's idle figures; None leaves them out."""
     hub = hub or SignalHub(fs)
 
-    async def report() -> MemoryReport:
+    async def report(removed_ok: bool = True) -> MemoryReport:
         if read is None:
-            return read_report(fs, spec.cgroups, hotplug)
-        return await read(spec.cgroups)
+            return read_report(fs, spec.cgroups, hotplug, removed_ok)
+        return await read(spec.cgroups, removed_ok)
 
     async def figures(report: MemoryReport) -> IdleReport | None:
         return await idle(report, spec.idle) if idle is not None else None
 
-    first = await report()  # Checks every name before anything is armed.
+    # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
+    first = await report(removed_ok=False)
     events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
     trigger = trigger_to_arm(spec, read_psi_absence(fs))
     with hub.subscribe(events, trigger) as signals:
@@ -149,9 +162,20 @@ async def watch_memory(
                 return
             reason, changed = reason_for(woke)
             now = await report()
+            follow_cgroups(fs, signals, now.removed)
             yield WatchUpdate(
                 now, reason, changed, reclaim_status(spec.cgroups), await figures(now)
             )
+
+
+def follow_cgroups(fs: KernelFS, signals: KernelSignals, removed: tuple[str, ...]) -> None:
+    """Keep a stream's watches on its cgroups as they come and go: a removed one loses its
+    watch, and one created again under its name is watched again."""
+    signals.hub.forget(signals, removed)
+    for name in signals.unwatched():
+        if name not in removed:
+            with contextlib.suppress(errors.NotFound):  # Gone again meanwhile.
+                signals.hub.watch(signals, name, cgroup_dir(fs, name) / "memory.events")
 
 
 async def _next_signals(

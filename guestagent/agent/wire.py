@@ -23,6 +23,7 @@ from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
 from guestagent.linux.vmstat import VmStat
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
+from guestagent.ops.agent_info import AgentInfo
 from guestagent.ops.compaction import CompactResult
 from guestagent.ops.giveback import Figure, GiveBack, IdleReport
 from guestagent.ops.hotplug import OnlineResult
@@ -86,7 +87,11 @@ def cgroup_names(names: Sequence[str], field: str = "cgroups") -> tuple[str, ...
     """Names in their canonical form, each once, in the order given; bounded in number."""
     if len(names) > MAX_NAMES_PER_REQUEST:
         raise InvalidArgument(
-            f"{field} has {len(names)} names, over the bound of {MAX_NAMES_PER_REQUEST} per request"
+            f"{field} has {len(names)} names, over the bound of {MAX_NAMES_PER_REQUEST} "
+            "per request",
+            "TOO_MANY_NAMES",
+            field=field,
+            metadata={"bound": MAX_NAMES_PER_REQUEST},
         )
     return tuple(dict.fromkeys(canonical_cgroup_name(name) for name in names))
 
@@ -271,6 +276,7 @@ def memory_info_pb(
         cgroups=[cgroup_pb(c) for c in report.cgroups],
         reason=reason,
         changed_cgroups=changed,
+        removed_cgroups=report.removed,
     )
     if report.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(report.pressure))
@@ -287,6 +293,22 @@ def memory_info_pb(
 
 def absent_pb(absent: Absent) -> pb.Absent:
     return pb.Absent(feature=absent.feature, reason=absent.reason)
+
+
+def agent_info_from_pb(_: pb.GetAgentInfoRequest) -> None:
+    return None
+
+
+def agent_info_pb(info: AgentInfo) -> pb.AgentInfo:
+    return pb.AgentInfo(
+        version=info.version,
+        contract_revision=info.contract_revision,
+        features=[
+            pb.Feature(name=name, present=absent is None, reason=absent.reason if absent else "")
+            for name, absent in info.features
+        ],
+        error_domain=info.error_domain,
+    )
 
 
 def report_pb(answer: Report) -> pb.MemoryInfo:
@@ -317,17 +339,23 @@ def selector_from_pb(message: pb.DeviceSelector) -> DeviceSelector:
         return DeviceSelector(path=message.path)
     if which == "serial":
         return DeviceSelector(serial=message.serial)
-    raise InvalidArgument("no device given: set device.path or device.serial")
+    raise InvalidArgument(
+        "no device given: set device.path or device.serial", "DEVICE_INVALID", field="device"
+    )
 
 
 def enable_swap_spec_from_pb(request: pb.EnableSwapRequest) -> EnableSwapSpec:
     if request.discard not in DISCARD_FROM_PB:
         raise InvalidArgument(
-            f"discard policy {request.discard} is not one of {sorted(DISCARD_FROM_PB)}"
+            f"discard policy {request.discard} is not one of {sorted(DISCARD_FROM_PB)}",
+            "ENUM_VALUE_UNKNOWN",
+            field="discard",
         )
     if request.encryption not in ENCRYPTION_FROM_PB:
         raise InvalidArgument(
-            f"swap encryption {request.encryption} is not one of {sorted(ENCRYPTION_FROM_PB)}"
+            f"swap encryption {request.encryption} is not one of {sorted(ENCRYPTION_FROM_PB)}",
+            "ENUM_VALUE_UNKNOWN",
+            field="encryption",
         )
     return EnableSwapSpec(
         selector=selector_from_pb(request.device),
@@ -382,7 +410,9 @@ def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
     if given:
         values = ", ".join(f"{name}={getattr(memory, name)}" for name in given)
         raise InvalidArgument(
-            f"{values}: cgroup v1 settings that cgroup v2 has no file for; leave them unset"
+            f"{values}: cgroup v1 settings that cgroup v2 has no file for; leave them unset",
+            "CGROUP_V1_SETTING",
+            field="memory",
         )
     return MemorySpec(
         limit=memory.limit if memory.HasField("limit") else None,

@@ -46,6 +46,11 @@ def channel_options(timeout: float) -> list[tuple[str, int]]:
         # most 1.2 s with jitter), so a guest too busy to send SETTINGS within that was never
         # reached. An attempt may now last as long as a call may.
         ("grpc.min_reconnect_backoff_ms", max(1, round(timeout * 1000))),
+        # The contract's keepalive guidance for long streams: ping every 30 s (the agent
+        # takes pings down to every 10 s), give up on the connection after 10 s unanswered.
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
     ]
 
 
@@ -85,6 +90,10 @@ class AgentClient:
         )
         self._relay = SocketRelay(listener, dial=dial, name="client-relay").start()
         return UnixAddress(path)
+
+    def agent_info(self) -> pb.AgentInfo:
+        info: pb.AgentInfo = self.stub.GetAgentInfo(pb.GetAgentInfoRequest(), timeout=self.timeout)
+        return info
 
     def info(
         self,

@@ -48,18 +48,34 @@ class DeviceSelector:
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.serial is None):
-            raise InvalidArgument("name the device by exactly one of path or serial")
+            raise InvalidArgument(
+                "name the device by exactly one of path or serial", "DEVICE_INVALID", field="device"
+            )
         if self.path is not None:
             if not self.path.startswith("/dev/") or "/../" in self.path + "/":
-                raise InvalidArgument(f"device path {quoted(self.path)} is not under /dev")
+                raise InvalidArgument(
+                    f"device path {quoted(self.path)} is not under /dev",
+                    "DEVICE_INVALID",
+                    field="device.path",
+                )
             if len(self.path.encode()) > 255 or "\x00" in self.path:
-                raise InvalidArgument(f"device path {self.path[:64]!r} is too long or has NUL")
+                raise InvalidArgument(
+                    f"device path {self.path[:64]!r} is too long or has NUL",
+                    "DEVICE_INVALID",
+                    field="device.path",
+                )
         elif not self.serial or "/" in self.serial or "\x00" in self.serial:
             raise InvalidArgument(
-                f"device serial {quoted(self.serial or '')} is empty or has '/' or NUL"
+                f"device serial {quoted(self.serial or '')} is empty or has '/' or NUL",
+                "DEVICE_INVALID",
+                field="device.serial",
             )
         elif len(self.serial) > 64:
-            raise InvalidArgument(f"device serial {self.serial[:64]!r}... is over 64 characters")
+            raise InvalidArgument(
+                f"device serial {self.serial[:64]!r}... is over 64 characters",
+                "DEVICE_INVALID",
+                field="device.serial",
+            )
 
     def __str__(self) -> str:
         return self.path if self.path is not None else f"serial {quoted(self.serial or '')}"
@@ -222,7 +238,7 @@ def holders_of(fs: KernelFS, device: BlockDevice) -> list[str]:
 
 def size_bytes(fs: KernelFS, device: BlockDevice) -> int:
     # sysfs counts 512-byte sectors whatever the device's block size.
-    return int(fs.read(block_dir(fs, device) / "size")) * 512
+    return fs.read_int(block_dir(fs, device) / "size") * 512
 
 
 def queue_value(fs: KernelFS, device: BlockDevice, name: str) -> str | None:
@@ -237,17 +253,30 @@ def write_queue_value(fs: KernelFS, device: BlockDevice, name: str, value: str) 
 def refuse_unsafe_device(fs: KernelFS, device: BlockDevice) -> None:
     """Refuse a device that is not a whole, unused disk: these checks never format data."""
     node = fs.host_path(device.devnode)
+    where = {"device": device.devnode}
     try:
         mode = os.stat(node).st_mode
     except FileNotFoundError:
-        raise NotFound(f"{device.devnode} does not exist") from None
+        raise NotFound(
+            f"{device.devnode} does not exist", "DEVICE_NOT_FOUND", metadata=where
+        ) from None
     if not stat.S_ISBLK(mode):
-        raise FailedPrecondition(f"{device.devnode} is not a block device")
+        raise FailedPrecondition(
+            f"{device.devnode} is not a block device", "DEVICE_UNSUITABLE", metadata=where
+        )
     if device.devtype != "disk":
-        raise FailedPrecondition(f"{device.devnode} is a {device.devtype}, not a whole disk")
+        raise FailedPrecondition(
+            f"{device.devnode} is a {device.devtype}, not a whole disk",
+            "DEVICE_UNSUITABLE",
+            metadata=where,
+        )
     partitions = partitions_of(fs, device)
     if partitions:
-        raise FailedPrecondition(f"{device.devnode} has partitions: {', '.join(partitions)}")
+        raise FailedPrecondition(
+            f"{device.devnode} has partitions: {', '.join(partitions)}",
+            "DEVICE_HOLDS_DATA",
+            metadata={**where, "partitions": ",".join(partitions)},
+        )
     mounts = [
         m
         for m in parse_mountinfo(fs.read(fs.proc("self", "mountinfo")))
@@ -255,10 +284,18 @@ def refuse_unsafe_device(fs: KernelFS, device: BlockDevice) -> None:
     ]
     if mounts:
         points = ", ".join(f"{m.mount_point} ({m.fstype})" for m in mounts)
-        raise FailedPrecondition(f"{device.devnode} is mounted on {points}")
+        raise FailedPrecondition(
+            f"{device.devnode} is mounted on {points}",
+            "DEVICE_IN_USE",
+            metadata={**where, "mountPoints": ",".join(m.mount_point for m in mounts)},
+        )
     holders = holders_of(fs, device)
     if holders:
-        raise FailedPrecondition(f"{device.devnode} is held by {', '.join(holders)}")
+        raise FailedPrecondition(
+            f"{device.devnode} is held by {', '.join(holders)}",
+            "DEVICE_IN_USE",
+            metadata={**where, "holders": ",".join(holders)},
+        )
 
 
 def open_exclusive(fs: KernelFS, device: BlockDevice) -> int:
@@ -267,7 +304,11 @@ def open_exclusive(fs: KernelFS, device: BlockDevice) -> int:
         return fs.open(fs.host_path(device.devnode), os.O_RDWR | os.O_EXCL, "open exclusively")
     except AgentError as e:
         if e.errno == errno.EBUSY:
-            raise FailedPrecondition(f"{e}: something holds it open") from e
+            raise FailedPrecondition(
+                f"{e}: something holds it open",
+                "DEVICE_IN_USE",
+                metadata={"device": device.devnode},
+            ) from e
         raise
 
 
@@ -296,7 +337,9 @@ class UdevDevices:
             )
         # Not an assert: the daemon may run with -O, which strips asserts.
         if selector.path is None:
-            raise InvalidArgument("a device selector needs a path or a serial")
+            raise InvalidArgument(
+                "a device selector needs a path or a serial", "DEVICE_INVALID", field="device"
+            )
         return bool(device.device_node == os.path.realpath(selector.path))
 
     def find(self, selector: DeviceSelector) -> BlockDevice | None:
@@ -304,7 +347,11 @@ class UdevDevices:
             if not os.path.exists(selector.path):
                 return None
             if not stat.S_ISBLK(os.stat(selector.path).st_mode):
-                raise FailedPrecondition(f"{selector.path} is not a block device")
+                raise FailedPrecondition(
+                    f"{selector.path} is not a block device",
+                    "DEVICE_UNSUITABLE",
+                    metadata={"device": selector.path},
+                )
         for device in self._udev.context.list_devices(subsystem="block"):
             if self._matches(device, selector):
                 return self._convert(device)
@@ -334,9 +381,17 @@ def resolve_device(finder: DeviceFinder, selector: DeviceSelector, wait_ms: int)
     if device is None and wait_ms > 0:
         device = finder.wait(selector, wait_ms / 1000)
         if device is None:
-            raise DeadlineExceeded(f"no block device with {selector} appeared within {wait_ms} ms")
+            raise DeadlineExceeded(
+                f"no block device with {selector} appeared within {wait_ms} ms",
+                "DEVICE_WAIT_TIMED_OUT",
+                metadata={"device": str(selector), "waitMs": wait_ms},
+            )
     if device is None:
-        raise NotFound(f"no block device with {selector}")
+        raise NotFound(
+            f"no block device with {selector}",
+            "DEVICE_NOT_FOUND",
+            metadata={"device": str(selector)},
+        )
     return device
 
 

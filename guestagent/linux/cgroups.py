@@ -13,11 +13,13 @@ from itertools import pairwise
 from pathlib import Path
 
 from guestagent.errors import (
+    QUOTE_MAX,
     Aborted,
     AgentError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    caused_by,
     quoted,
 )
 from guestagent.linux.fs import KernelFS
@@ -35,27 +37,36 @@ def validate_cgroup_name(name: str) -> tuple[str, ...]:
     dropped here (canonical_cgroup_name joins what is left): 'pod/ctr/' is 'pod/ctr'.
     """
     if not name:
-        raise InvalidArgument("cgroup path is empty; name a cgroup below the cgroup2 mount")
+        raise InvalidArgument(
+            "cgroup path is empty; name a cgroup below the cgroup2 mount", "CGROUP_PATH_INVALID"
+        )
     if "\x00" in name:
-        raise InvalidArgument(f"cgroup path {quoted(name)} contains a NUL byte")
+        raise InvalidArgument(
+            f"cgroup path {quoted(name)} contains a NUL byte", "CGROUP_PATH_INVALID"
+        )
     if len(name.encode(errors="surrogatepass")) > PATH_MAX:
         raise InvalidArgument(
-            f"cgroup path of {len(name.encode(errors='surrogatepass'))} bytes is over {PATH_MAX}"
+            f"cgroup path of {len(name.encode(errors='surrogatepass'))} bytes is over {PATH_MAX}",
+            "CGROUP_PATH_INVALID",
         )
     if name.startswith("/"):
         raise InvalidArgument(
-            f"cgroup path {quoted(name)} is absolute; give it relative to the mount"
+            f"cgroup path {quoted(name)} is absolute; give it relative to the mount",
+            "CGROUP_PATH_INVALID",
         )
     parts = tuple(part for part in name.split("/") if part)
     if not parts:
-        raise InvalidArgument(f"cgroup path {quoted(name)} names no cgroup")
+        raise InvalidArgument(f"cgroup path {quoted(name)} names no cgroup", "CGROUP_PATH_INVALID")
     for part in parts:
         if part in (".", ".."):
-            raise InvalidArgument(f"cgroup path {quoted(name)} has a {part!r} component")
+            raise InvalidArgument(
+                f"cgroup path {quoted(name)} has a {part!r} component", "CGROUP_PATH_INVALID"
+            )
         if len(part.encode(errors="surrogatepass")) > NAME_MAX:
             raise InvalidArgument(
                 f"cgroup path component {quoted(part, 32)} is "
-                f"{len(part.encode(errors='surrogatepass'))} bytes, over {NAME_MAX}"
+                f"{len(part.encode(errors='surrogatepass'))} bytes, over {NAME_MAX}",
+                "CGROUP_PATH_INVALID",
             )
     return parts
 
@@ -69,7 +80,11 @@ def cgroup_dir(fs: KernelFS, name: str) -> Path:
     """The directory of an existing cgroup; the lookup itself refuses an escape from the mount."""
     path = fs.cgroup_root.joinpath(*validate_cgroup_name(name))
     if not fs.is_dir(path):
-        raise NotFound(f"cgroup {quoted(name)} does not exist under {fs.cgroup_root}")
+        raise NotFound(
+            f"cgroup {quoted(name)} does not exist under {fs.cgroup_root}",
+            "CGROUP_NOT_FOUND",
+            metadata={"cgroup": name[:QUOTE_MAX]},
+        )
     return path
 
 
@@ -104,11 +119,18 @@ def create_cgroup(fs: KernelFS, name: str, controller: str = "memory") -> Create
     levels = [fs.cgroup_root.joinpath(*parts[:depth]) for depth in range(len(parts) + 1)]
     for level in levels[1:]:
         if fs.exists(level) and not fs.is_dir(level):
-            raise FailedPrecondition(f"cgroup path {quoted(name)}: {level} is a file, not a cgroup")
+            raise FailedPrecondition(
+                f"cgroup path {quoted(name)}: {level} is a file, not a cgroup",
+                "NOT_A_CGROUP",
+                metadata={"cgroup": name, "path": level},
+            )
     for level in levels[:-1]:
         if fs.is_dir(level) and not fs.exists(level / SUBTREE_CONTROL):
             raise FailedPrecondition(
-                f"cgroup path {quoted(name)}: {level} has no {SUBTREE_CONTROL}; it is not cgroup v2"
+                f"cgroup path {quoted(name)}: {level} has no {SUBTREE_CONTROL}; "
+                "it is not cgroup v2",
+                "NOT_A_CGROUP",
+                metadata={"cgroup": name, "path": level},
             )
 
     made: list[Path] = []
@@ -124,7 +146,11 @@ def create_cgroup(fs: KernelFS, name: str, controller: str = "memory") -> Create
                 made.append(child)
     except AgentError as e:
         undone = undo_create(fs, CreatedCgroup(path, tuple(made), tuple(enabled), controller))
-        raise Aborted(f"creating cgroup {quoted(name)} failed: {e}; {undone}") from e
+        raise Aborted(
+            f"creating cgroup {quoted(name)} failed: {e}; {undone}",
+            "CGROUP_CREATE_FAILED",
+            metadata={**caused_by(e), "cgroup": name},
+        ) from e
     return CreatedCgroup(path, tuple(made), tuple(enabled), controller)
 
 

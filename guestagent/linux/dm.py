@@ -138,10 +138,16 @@ def crypt_table(size_bytes: int, logical_block_size: int, major: int, minor: int
     if logical_block_size > CRYPT_SECTOR or size_bytes % logical_block_size:
         raise FailedPrecondition(
             f"a disk of {size_bytes} bytes with {logical_block_size}-byte logical blocks cannot "
-            "be mapped through dm-crypt"
+            "be mapped through dm-crypt",
+            "DEVICE_UNSUITABLE",
+            metadata={"sizeBytes": size_bytes, "logicalBlockSize": logical_block_size},
         )
     if size_bytes < CRYPT_SECTOR:
-        raise FailedPrecondition(f"a disk of {size_bytes} bytes is too small for swap")
+        raise FailedPrecondition(
+            f"a disk of {size_bytes} bytes is too small for swap",
+            "DEVICE_UNSUITABLE",
+            metadata={"sizeBytes": size_bytes},
+        )
     sector = CRYPT_SECTOR if size_bytes % CRYPT_SECTOR == 0 else SECTOR
     return CryptTable(size_bytes // SECTOR, major, minor, sector)
 
@@ -267,7 +273,9 @@ class DeviceMapper:
         except AgentError as e:
             if e.errno == errno.ENOENT:
                 raise FailedPrecondition(
-                    f"the kernel has no device-mapper ({control} is missing): load dm_mod"
+                    f"the kernel has no device-mapper ({control} is missing): load dm_mod",
+                    "ENCRYPTION_UNAVAILABLE",
+                    metadata={"path": control},
                 ) from e
             raise
         try:

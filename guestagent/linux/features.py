@@ -1,20 +1,28 @@
-"""Kernel features the agent reads but a guest kernel may lack: PSI and the multi-gen LRU.
+"""Kernel features the agent reads or uses but a guest kernel may lack: PSI, the multi-gen
+LRU and the idle ages built on it, dm-crypt for encrypted swap, virtio-mem.
 
 Absence is a value, `Absent` (the feature and why, with how to turn it on), never a zero
 figure: a stall of 0 from a kernel without PSI would read as "no stall". Each feature has a
-pure rule (what the kernel shows in, Absent or None out) and one read.
+pure rule (what the kernel shows in, Absent or None out) and one read; FEATURE_READERS holds
+every read by name, which is what GetAgentInfo lists, so a feature added there is listed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from guestagent.linux.dm import DeviceMapper, has_crypt_target
 from guestagent.linux.fs import KernelFS
 
 # The features a report or a status may list as absent.
 PSI = "psi"
 MGLRU = "mglru"
+# Listed by GetAgentInfo only.
+IDLE_AGES = "idle_ages"
+SWAP_ENCRYPTION = "swap_encryption"
+VIRTIO_MEM = "virtio_mem"
 
 
 @dataclass(frozen=True)
@@ -105,10 +113,53 @@ def read_mglru_absence(fs: KernelFS) -> Absent | None:
     return mglru_absence(read_lru_gen_enabled(fs))
 
 
+def virtio_mem_absence(driver_present: bool) -> Absent | None:
+    """virtio-mem from whether its driver is bound into the virtio bus."""
+    if driver_present:
+        return None
+    return Absent(
+        VIRTIO_MEM,
+        "no virtio_mem driver (CONFIG_VIRTIO_MEM off, or its module not loaded: it loads "
+        "when the VM has a virtio-mem device)",
+    )
+
+
+def read_virtio_mem_absence(fs: KernelFS) -> Absent | None:
+    return virtio_mem_absence(fs.is_dir(fs.sys("bus", "virtio", "drivers", "virtio_mem")))
+
+
+def read_swap_encryption_absence(fs: KernelFS) -> Absent | None:
+    """Encrypted swap needs device-mapper with the dm-crypt target."""
+    missing = has_crypt_target(DeviceMapper(fs))
+    return Absent(SWAP_ENCRYPTION, missing) if missing is not None else None
+
+
+def read_idle_ages_feature(fs: KernelFS) -> Absent | None:
+    absent = read_idle_ages_absence(fs)
+    return Absent(IDLE_AGES, absent.reason) if absent is not None else None
+
+
+# Every optional feature by name, with its read: what GetAgentInfo lists, present or absent.
+FEATURE_READERS: dict[str, Callable[[KernelFS], Absent | None]] = {
+    PSI: read_psi_absence,
+    MGLRU: read_mglru_absence,
+    IDLE_AGES: read_idle_ages_feature,
+    SWAP_ENCRYPTION: read_swap_encryption_absence,
+    VIRTIO_MEM: read_virtio_mem_absence,
+}
+# The features a memory report's `absent` lists: those its figures depend on.
+REPORTED = (PSI, MGLRU)
+
+
 def read_absent(fs: KernelFS) -> tuple[Absent, ...]:
-    """Every feature this kernel lacks (PSI, then the multi-gen LRU), each with why."""
-    found = (read_psi_absence(fs), read_mglru_absence(fs))
+    """Every feature of a report this kernel lacks (PSI, then the multi-gen LRU), with why."""
+    found = (FEATURE_READERS[name](fs) for name in REPORTED)
     return tuple(a for a in found if a is not None)
+
+
+def read_features(fs: KernelFS) -> tuple[tuple[str, Absent | None], ...]:
+    """Each optional feature's name and, when the kernel lacks it, why."""
+    return tuple((name, read(fs)) for name, read in FEATURE_READERS.items())
 
 
 def read_cgroup_psi_absence(fs: KernelFS, directory: Path) -> Absent | None:

@@ -17,10 +17,19 @@ import contextlib
 import errno
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from guestagent.errors import AgentError, InvalidArgument, kernel_error
+from guestagent.errors import (
+    QUOTE_MAX,
+    AgentError,
+    InvalidArgument,
+    KernelFormat,
+    kernel_error,
+    quoted,
+)
 from guestagent.linux import syscalls
 
 _BENEATH = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
@@ -28,6 +37,25 @@ _DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 # openat2 answers EAGAIN when a concurrent rename may have let '..' escape; the man page
 # invites a retry, and a few suffice unless someone keeps renaming on purpose.
 _OPENAT2_TRIES = 3
+
+
+Parsed = TypeVar("Parsed")
+
+
+def parsed(path: Path, text: str, parse: Callable[[str], Parsed]) -> Parsed:
+    """A kernel file's text parsed; a value the parser does not know (its KernelFormat, or
+    int()'s ValueError) is a KernelFormat naming the file and the text, so the caller hears
+    where, not a Python exception's name."""
+    try:
+        return parse(text)
+    except (KernelFormat, ValueError) as e:
+        # A parser's own error quotes the line; int()'s names only Python's view of it.
+        why = str(e) if isinstance(e, KernelFormat) else "not the format this agent knows"
+        raise KernelFormat(
+            f"{path} holds {quoted(text.strip())}: {why}",
+            "KERNEL_FORMAT",
+            metadata={"path": path, "value": text[:QUOTE_MAX]},
+        ) from e
 
 
 @functools.cache
@@ -96,7 +124,11 @@ class KernelFS:
                 return base, text[len(prefix) :], resolve
             if text == base:
                 return base, ".", resolve
-        raise InvalidArgument(f"{path} is in none of the kernel's mounts under {self.root}")
+        raise InvalidArgument(
+            f"{path} is in none of the kernel's mounts under {self.root}",
+            "PATH_OUTSIDE_MOUNT",
+            metadata={"path": path},
+        )
 
     def open(self, path: Path, flags: int, op: str = "open", value: str | None = None) -> int:
         """A file descriptor (always O_CLOEXEC) for a path opened beneath its mount.
@@ -129,6 +161,13 @@ class KernelFS:
         # os-level calls: kernel files are small, and a text-mode file object costs several
         # times the read itself on the memory report's hot path.
         return self.read_bytes(path).decode("ascii", errors="replace")
+
+    def read_parsed(self, path: Path, parse: Callable[[str], Parsed]) -> Parsed:
+        return parsed(path, self.read(path), parse)
+
+    def read_int(self, path: Path) -> int:
+        """A file that holds one decimal number (memory.current, a block device's size)."""
+        return parsed(path, self.read(path), int)
 
     def read_optional(self, path: Path) -> str | None:
         """Read a file whose absence means a kernel feature is off (PSI, swap accounting)."""

@@ -149,7 +149,7 @@ def debugfs(fs: KernelFS) -> Iterator[Path]:
 
 
 def read_lruvecs(fs: KernelFS, path: Path) -> tuple[Lruvec, ...]:
-    return parse_lru_gen(fs.read(path))
+    return fs.read_parsed(path, parse_lru_gen)
 
 
 def write_aging(fs: KernelFS, path: Path, lruvecs: tuple[Lruvec, ...]) -> None:

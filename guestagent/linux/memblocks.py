@@ -146,7 +146,7 @@ def memory_root(fs: KernelFS) -> Path:
 
 def block_size_bytes(fs: KernelFS) -> int:
     # The kernel prints it in hex without a 0x prefix.
-    return int(fs.read(memory_root(fs) / "block_size_bytes").strip(), 16)
+    return fs.read_parsed(memory_root(fs) / "block_size_bytes", lambda text: int(text, 16))
 
 
 def memory_blocks(fs: KernelFS) -> dict[str, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from guestagent.errors import AgentError
 from guestagent.linux.abi import LONG_MAX
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.fs import KernelFS, parsed
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.meminfo import parse_pressure
 
@@ -65,27 +65,29 @@ def refault_pages_from(stat: dict[str, int]) -> int:
 
 
 def read_reclaim_reading(fs: KernelFS, directory: Path) -> ReclaimReading:
-    pressure = parse_pressure(fs.read(directory / MEMORY_PRESSURE))
-    stat = parse_flat_keyed(fs.read(directory / "memory.stat"))
+    pressure = fs.read_parsed(directory / MEMORY_PRESSURE, parse_pressure)
+    stat = fs.read_parsed(directory / "memory.stat", parse_flat_keyed)
     protected = max(
-        int(fs.read_optional(directory / name) or 0) for name in ("memory.min", "memory.low")
+        parsed(directory / name, fs.read_optional(directory / name) or "0", int)
+        for name in ("memory.min", "memory.low")
     )
     return ReclaimReading(
         pressure.some.total_us,
         refault_pages_from(stat),
-        int(fs.read(directory / "memory.current")),
+        fs.read_int(directory / "memory.current"),
         protected,
     )
 
 
 def read_reclaim_counters(fs: KernelFS, directory: Path) -> ReclaimCounters:
-    stat = parse_flat_keyed(fs.read(directory / "memory.stat"))
+    stat = fs.read_parsed(directory / "memory.stat", parse_flat_keyed)
     return ReclaimCounters(stat.get("pgscan"), stat.get("pgsteal"), refault_pages_from(stat))
 
 
 def read_current_optional(fs: KernelFS, directory: Path) -> int:
     """memory.current, 0 when it cannot be read (the cgroup went away)."""
-    return int(fs.read_optional(directory / "memory.current") or 0)
+    path = directory / "memory.current"
+    return parsed(path, fs.read_optional(path) or "0", int)
 
 
 def reclaim_control(directory: Path) -> Path:

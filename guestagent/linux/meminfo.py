@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from guestagent.errors import FailedPrecondition, KernelFormat, quoted
+from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, NotFound, quoted
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.features import Absent, read_absent
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.fs import KernelFS, parsed
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.memblocks import HotplugReport, HotplugReportCache, read_hotplug_report
 from guestagent.linux.vmstat import VmStat, read_vmstat
@@ -95,6 +95,8 @@ class MemoryReport:
     hotplug: HotplugReport | None = None  # None: the kernel has no memory hotplug
     vmstat: VmStat | None = None  # None without /proc/vmstat (a test tree).
     absent: tuple[Absent, ...] = ()  # Kernel features this guest lacks, each with why.
+    # Cgroups asked for that do not exist now (a watch stream's, which outlive containers).
+    removed: tuple[str, ...] = ()
 
 
 _MEMINFO_FIELDS = {
@@ -128,7 +130,11 @@ def parse_meminfo(text: str) -> dict[str, int]:
 def system_memory_from(values: dict[str, int]) -> SystemMemory:
     missing = [key for key in _MEMINFO_FIELDS if key not in values]
     if missing:
-        raise FailedPrecondition(f"/proc/meminfo lacks {', '.join(missing)}")
+        raise FailedPrecondition(
+            f"/proc/meminfo lacks {', '.join(missing)}",
+            "KERNEL_FILE_MISSING",
+            metadata={"path": "/proc/meminfo", "missing": ",".join(missing)},
+        )
     return SystemMemory(
         **{attr: values[key] for key, attr in _MEMINFO_FIELDS.items()},
         lru_anon=values.get("Active(anon)", 0) + values.get("Inactive(anon)", 0),
@@ -183,12 +189,12 @@ def memory_events_from(values: dict[str, int]) -> MemoryEvents:
 
 
 def read_system_memory(fs: KernelFS) -> SystemMemory:
-    return system_memory_from(parse_meminfo(fs.read(fs.proc("meminfo"))))
+    return system_memory_from(fs.read_parsed(fs.proc("meminfo"), parse_meminfo))
 
 
 def read_pressure(fs: KernelFS, path: Path) -> Pressure | None:
     text = fs.read_optional(path)
-    return parse_pressure(text) if text is not None else None
+    return parsed(path, text, parse_pressure) if text is not None else None
 
 
 def read_system_pressure(fs: KernelFS) -> Pressure | None:
@@ -202,26 +208,31 @@ def read_current(fs: KernelFS, directory: Path, name: str) -> int:
     if current is None:
         raise FailedPrecondition(
             f"cgroup {quoted(name)} has no memory.current: the memory controller is not enabled "
-            "in its parent's cgroup.subtree_control"
+            "in its parent's cgroup.subtree_control",
+            "MEMORY_CONTROLLER_OFF",
+            metadata={"cgroup": name},
         )
-    return int(current)
+    return parsed(directory / "memory.current", current, int)
 
 
 def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
     current = read_current(fs, directory, name)
     swap_current = fs.read_optional(directory / "memory.swap.current")
     swap_max = fs.read_optional(directory / "memory.swap.max")
-    stat = parse_flat_keyed(fs.read(directory / "memory.stat"))
+    stat = fs.read_parsed(directory / "memory.stat", parse_flat_keyed)
     return CgroupMemory(
         path=name,
         current=current,
-        max=parse_limit(fs.read(directory / "memory.max")),
-        high=parse_limit(fs.read(directory / "memory.high")),
-        low=int(fs.read(directory / "memory.low")),
-        swap=CgroupSwap(int(swap_current), parse_limit(swap_max))
+        max=fs.read_parsed(directory / "memory.max", parse_limit),
+        high=fs.read_parsed(directory / "memory.high", parse_limit),
+        low=fs.read_int(directory / "memory.low"),
+        swap=CgroupSwap(
+            parsed(directory / "memory.swap.current", swap_current, int),
+            parsed(directory / "memory.swap.max", swap_max, parse_limit),
+        )
         if swap_current is not None and swap_max is not None
         else None,
-        events=memory_events_from(parse_flat_keyed(fs.read(directory / "memory.events"))),
+        events=memory_events_from(fs.read_parsed(directory / "memory.events", parse_flat_keyed)),
         pressure=read_pressure(fs, directory / "memory.pressure"),
         anon=stat.get("anon", 0),
         file=stat.get("file", 0),
@@ -230,20 +241,50 @@ def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
     )
 
 
+def read_present_cgroups(
+    fs: KernelFS, cgroups: tuple[str, ...]
+) -> tuple[tuple[CgroupMemory, ...], tuple[str, ...]]:
+    """The cgroups that exist, read, and the names of those that do not: missing, or removed
+    while their files were read (rmdir takes them all at once, so a directory that is gone
+    afterwards is what tells the two apart from a missing file)."""
+    found: list[CgroupMemory] = []
+    removed: list[str] = []
+    for name in cgroups:
+        try:
+            found.append(read_cgroup_dir(fs, cgroup_dir(fs, name), name))
+        except NotFound:
+            removed.append(name)
+        except AgentError:
+            if fs.is_dir(fs.cgroup_root / name):
+                raise
+            removed.append(name)
+    return tuple(found), tuple(removed)
+
+
 def read_report(
-    fs: KernelFS, cgroups: tuple[str, ...] = (), hotplug: HotplugReportCache | None = None
+    fs: KernelFS,
+    cgroups: tuple[str, ...] = (),
+    hotplug: HotplugReportCache | None = None,
+    removed_ok: bool = False,
 ) -> MemoryReport:
-    """hotplug: the cache that spares re-reading the hotplug section; None reads it afresh."""
-    directories = [cgroup_dir(fs, name) for name in cgroups]  # Refuse bad names first.
+    """hotplug: the cache that spares re-reading the hotplug section; None reads it afresh.
+    removed_ok lists a cgroup that does not exist in `removed` instead of refusing it."""
+    if removed_ok:
+        read, removed = read_present_cgroups(fs, cgroups)
+    else:
+        directories = [cgroup_dir(fs, name) for name in cgroups]  # Refuse bad names first.
+        read = tuple(
+            read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
+        )
+        removed = ()
     system = read_system_memory(fs)
     return MemoryReport(
         collected_at_unix_ns=time.time_ns(),
         system=system,
         pressure=read_system_pressure(fs),
-        cgroups=tuple(
-            read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
-        ),
+        cgroups=read,
         hotplug=hotplug.report(fs, system.mem_total) if hotplug else read_hotplug_report(fs),
         vmstat=read_vmstat(fs),
         absent=read_absent(fs),
+        removed=removed,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from guestagent.errors import FailedPrecondition, InvalidArgument, KernelFormat
+from guestagent.errors import FailedPrecondition, InvalidArgument, KernelFormat, NotFound
 from guestagent.linux.features import read_lru_gen_enabled
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.keyed import parse_flat_keyed
@@ -104,7 +104,7 @@ def jit_code_rss_bytes(mappings: list[Mapping]) -> int:
 
 
 def read_free_blocks(fs: KernelFS, node: int | None = None) -> tuple[int, ...]:
-    return parse_buddyinfo(fs.read(fs.proc("buddyinfo")), node)
+    return fs.read_parsed(fs.proc("buddyinfo"), lambda text: parse_buddyinfo(text, node))
 
 
 def read_free_blocks_optional(fs: KernelFS) -> tuple[int, ...] | None:
@@ -115,7 +115,7 @@ def read_free_blocks_optional(fs: KernelFS) -> tuple[int, ...] | None:
 
 def read_compaction_counters(fs: KernelFS) -> dict[str, int]:
     """/proc/vmstat's compact_* counters."""
-    return parse_flat_keyed(fs.read(fs.proc("vmstat")), "compact_")
+    return fs.read_parsed(fs.proc("vmstat"), lambda text: parse_flat_keyed(text, "compact_"))
 
 
 def compaction_trigger(fs: KernelFS, node: int | None) -> Path:
@@ -124,13 +124,19 @@ def compaction_trigger(fs: KernelFS, node: int | None) -> Path:
         path = fs.proc("sys", "vm", "compact_memory")
     else:
         if node < 0:
-            raise InvalidArgument(f"NUMA node {node} is negative")
+            raise InvalidArgument(f"NUMA node {node} is negative", "NODE_INVALID", field="node")
         directory = fs.sys("devices", "system", "node", f"node{node}")
         if not fs.is_dir(directory):
-            raise InvalidArgument(f"NUMA node {node} does not exist")
+            raise NotFound(
+                f"NUMA node {node} does not exist", "NODE_NOT_FOUND", metadata={"node": node}
+            )
         path = directory / "compact"
     if not fs.exists(path):
-        raise FailedPrecondition(f"{path} is missing: the kernel has no CONFIG_COMPACTION")
+        raise FailedPrecondition(
+            f"{path} is missing: the kernel has no CONFIG_COMPACTION",
+            "COMPACTION_ABSENT",
+            metadata={"path": path},
+        )
     return path
 
 

@@ -57,6 +57,8 @@ _refused_lock = threading.Lock()
 class StateFileError(FailedPrecondition):
     """A state file, or its directory, that cannot be read or written as one of ours."""
 
+    default_reason = "STATE_UNUSABLE"
+
 
 @dataclass(frozen=True)
 class StateFile:

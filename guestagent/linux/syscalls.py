@@ -9,6 +9,8 @@ import os
 from typing import Any
 
 IN_MODIFY = 0x00000002
+# The watch is gone: its file was removed (a cgroup's rmdir), or the watch was removed.
+IN_IGNORED = 0x00008000
 # mount(2) flags, from <linux/mount.h>.
 MS_NOSUID = 0x2
 MS_NODEV = 0x4

@@ -19,6 +19,8 @@ from guestagent.linux.blockdev import SWAP_SIGNATURE
 class ToolMissing(FailedPrecondition):
     """A program the agent needs is not installed where it looks."""
 
+    default_reason = "TOOL_MISSING"
+
 
 def own_tool(name: str, prefix: str | None = None) -> str | None:
     """The runtime's own copy of a tool, beside its interpreter."""

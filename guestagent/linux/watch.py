@@ -65,24 +65,28 @@ def pressure_trigger_spec(stall_us: int, window_us: int, full: bool) -> Pressure
     if not PSI_MIN_WINDOW_US <= window_us <= PSI_MAX_WINDOW_US:
         raise InvalidArgument(
             f"pressure trigger window {window_us} us is outside "
-            f"{PSI_MIN_WINDOW_US}..{PSI_MAX_WINDOW_US} us"
+            f"{PSI_MIN_WINDOW_US}..{PSI_MAX_WINDOW_US} us",
+            "PRESSURE_TRIGGER_INVALID",
+            field="pressure_trigger.window_us",
         )
     if not 0 < stall_us < window_us:
         raise InvalidArgument(
-            f"pressure trigger stall {stall_us} us must be above 0 and below window {window_us} us"
+            f"pressure trigger stall {stall_us} us must be above 0 and below window {window_us} us",
+            "PRESSURE_TRIGGER_INVALID",
+            field="pressure_trigger.stall_us",
         )
     return PressureTriggerSpec(stall_us, window_us, full)
 
 
-def parse_inotify_events(data: bytes) -> list[int]:
-    """The watch descriptors named in a read() of an inotify fd."""
-    descriptors: list[int] = []
+def parse_inotify_events(data: bytes) -> list[tuple[int, int]]:
+    """(watch descriptor, event mask) of each event in a read() of an inotify fd."""
+    events: list[tuple[int, int]] = []
     offset = 0
     while offset + _EVENT_HEADER.size <= len(data):
-        wd, _mask, _cookie, name_len = _EVENT_HEADER.unpack_from(data, offset)
-        descriptors.append(wd)
+        wd, mask, _cookie, name_len = _EVENT_HEADER.unpack_from(data, offset)
+        events.append((wd, mask))
         offset += _EVENT_HEADER.size + name_len
-    return descriptors
+    return events
 
 
 # Caps on what streams may watch: inotify watches and queue entries are kernel memory the
@@ -104,7 +108,9 @@ class _Inotify:
         except OSError as e:
             if e.errno == errno.ENOSPC:  # fs.inotify.max_user_watches reached.
                 raise ResourceExhausted(
-                    f"inotify watch on {path}: {errno_text(e)} (fs.inotify.max_user_watches)"
+                    f"inotify watch on {path}: {errno_text(e)} (fs.inotify.max_user_watches)",
+                    "INOTIFY_WATCHES_EXHAUSTED",
+                    metadata={"path": path},
                 ) from None
             raise kernel_error("watch", path, None, e) from None
 
@@ -113,7 +119,7 @@ class _Inotify:
         with contextlib.suppress(OSError):
             syscalls.inotify_rm_watch(self.fd, wd)
 
-    def read_descriptors(self) -> list[int]:
+    def read_events(self) -> list[tuple[int, int]]:
         try:
             return parse_inotify_events(os.read(self.fd, 64 * 1024))
         except BlockingIOError:
@@ -165,19 +171,25 @@ class SignalHub:
         """A stream's signals; ResourceExhausted names the cap a stream would go over."""
         wanted = len(memory_events)
         if wanted > self.max_per_stream:
-            raise ResourceExhausted(
+            raise InvalidArgument(
                 f"a stream watches at most {self.max_per_stream} cgroups per stream; "
-                f"this one asks {wanted}"
+                f"this one asks {wanted}",
+                "WATCH_TOO_MANY_CGROUPS",
+                field="cgroups",
+                metadata={"bound": self.max_per_stream},
             )
         if self.watched + wanted > self.max_watches:
             raise ResourceExhausted(
                 f"{self.watched} of the agent's {self.max_watches} watched cgroups are in use "
-                f"(--max-watches); this stream asks {wanted} more"
+                f"(--max-watches); this stream asks {wanted} more",
+                "WATCHES_EXHAUSTED",
+                metadata={"bound": self.max_watches},
             )
-        signals = KernelSignals(self)
+        signals = KernelSignals(self, tuple(memory_events))
+        self.watched += wanted
         try:
             for name, path in memory_events.items():
-                self._watch(signals, name, path)
+                self.watch(signals, name, path)
             if trigger is not None:
                 self._subscribe_trigger(signals, trigger)
         except BaseException:
@@ -185,14 +197,20 @@ class SignalHub:
             raise
         return signals
 
-    def _watch(self, signals: KernelSignals, name: str, path: Path) -> None:
+    def watch(self, signals: KernelSignals, name: str, path: Path) -> None:
+        """Watch one of a stream's cgroups (again, once a removed one is back). A cgroup that
+        is gone meanwhile stays unwatched: the stream reports it removed."""
         if self._inotify is None:
             self._inotify = _Inotify()
             asyncio.get_running_loop().add_reader(self._inotify.fd, self._on_inotify)
-        wd = self._inotify.add_watch(path)
+        try:
+            wd = self._inotify.add_watch(path)
+        except AgentError as e:
+            if e.errno == errno.ENOENT:
+                return
+            raise
         self._by_wd.setdefault(wd, set()).add(signals)
         signals.names_by_wd[wd] = name
-        self.watched += 1
 
     def _subscribe_trigger(self, signals: KernelSignals, spec: PressureTriggerSpec) -> None:
         armed = self._triggers.get(spec)
@@ -236,9 +254,12 @@ class SignalHub:
     def _on_inotify(self) -> None:
         if self._inotify is None:  # Closed while the callback was queued.
             return
-        for wd in self._inotify.read_descriptors():
-            for signals in self._by_wd.get(wd, ()):
-                name = signals.names_by_wd.get(wd)
+        for wd, mask in self._inotify.read_events():
+            # IN_IGNORED: the cgroup was removed and the kernel dropped the watch; its stream
+            # hears of it now, and watches the cgroup again if it comes back.
+            gone = bool(mask & syscalls.IN_IGNORED)
+            for signals in self._by_wd.pop(wd, set()) if gone else self._by_wd.get(wd, ()):
+                name = signals.names_by_wd.pop(wd, None) if gone else signals.names_by_wd.get(wd)
                 if name is not None:
                     signals.queue.put_nowait((Signal.MEMORY_EVENTS, name))
 
@@ -250,17 +271,28 @@ class SignalHub:
             for signals in armed.subscribers:
                 signals.queue.put_nowait((Signal.PRESSURE, None))
 
+    def _release(self, signals: KernelSignals, wd: int) -> None:
+        subscribers = self._by_wd.get(wd)
+        if subscribers is None:
+            return
+        subscribers.discard(signals)
+        if not subscribers:
+            del self._by_wd[wd]
+            if self._inotify is not None:
+                self._inotify.remove_watch(wd)
+
+    def forget(self, signals: KernelSignals, names: tuple[str, ...]) -> None:
+        """Drop a stream's watches on cgroups found removed (in case no IN_IGNORED came), so
+        it watches them afresh when they are back."""
+        for wd, name in list(signals.names_by_wd.items()):
+            if name in names:
+                del signals.names_by_wd[wd]
+                self._release(signals, wd)
+
     def unsubscribe(self, signals: KernelSignals) -> None:
+        self.watched -= len(signals.names)
         for wd in signals.names_by_wd:
-            self.watched -= 1
-            subscribers = self._by_wd.get(wd)
-            if subscribers is None:
-                continue
-            subscribers.discard(signals)
-            if not subscribers:
-                del self._by_wd[wd]
-                if self._inotify is not None:
-                    self._inotify.remove_watch(wd)
+            self._release(signals, wd)
         signals.names_by_wd.clear()
         if not self._by_wd and self._inotify is not None:
             asyncio.get_running_loop().remove_reader(self._inotify.fd)
@@ -279,12 +311,18 @@ class SignalHub:
 class KernelSignals:
     """One stream's share of the hub: (Signal, cgroup name) on its own queue."""
 
-    def __init__(self, hub: SignalHub) -> None:
+    def __init__(self, hub: SignalHub, names: tuple[str, ...] = ()) -> None:
         self.hub = hub
+        self.names = names  # The cgroups it watches, each counted against the caps.
         self.queue: asyncio.Queue[tuple[Signal, str | None]] = asyncio.Queue()
-        self.names_by_wd: dict[int, str] = {}
+        self.names_by_wd: dict[int, str] = {}  # Those with a live watch.
         self.trigger: PressureTriggerSpec | None = None
         self._closed = False
+
+    def unwatched(self) -> tuple[str, ...]:
+        """Its cgroups without a live watch: removed, and perhaps created again since."""
+        live = set(self.names_by_wd.values())
+        return tuple(name for name in self.names if name not in live)
 
     def close(self) -> None:
         if not self._closed:

@@ -95,7 +95,9 @@ class Compactor:
         except TimeoutError:
             raise DeadlineExceeded(
                 f"compaction {'of node ' + str(node) if node is not None else ''} still running "
-                f"after {timeout_s:.2f} s; it goes on in the kernel and the next call shares it"
+                f"after {timeout_s:.2f} s; it goes on in the kernel and the next call shares it",
+                "COMPACTION_STILL_RUNNING",
+                metadata={"timeoutSeconds": f"{timeout_s:.2f}"},
             ) from None
         if shared:
             return dataclasses.replace(result, shared=True)

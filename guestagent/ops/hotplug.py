@@ -52,10 +52,16 @@ class OnlinePolicy:
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
             raise InvalidArgument(
-                f"online policy {self.mode!r} is not one of {', '.join(POLICIES)}"
+                f"online policy {self.mode!r} is not one of {', '.join(POLICIES)}",
+                "OPTION_INVALID",
+                metadata={"option": "online-memory", "value": self.mode},
             )
         if self.movable_ratio < 0:
-            raise InvalidArgument(f"movable ratio {self.movable_ratio} % is negative")
+            raise InvalidArgument(
+                f"movable ratio {self.movable_ratio} % is negative",
+                "OPTION_INVALID",
+                metadata={"option": "movable-ratio", "value": self.movable_ratio},
+            )
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,8 @@ class HotplugWatcher:
     def online_now(self) -> OnlineResult:
         if self.policy is None:
             raise FailedPrecondition(
-                "onlining hot-plugged memory is off in this agent (--online-memory off)"
+                "onlining hot-plugged memory is off in this agent (--online-memory off)",
+                "ONLINE_MEMORY_OFF",
             )
         with self._lock:
             return online_memory(self.fs, self.policy)

@@ -68,12 +68,22 @@ def idle_spec(edges_ms: Iterable[int], cold_after_ms: int) -> IdleSpec:
     edges = tuple(edges_ms) or DEFAULT_EDGES_MS
     if len(edges) > MAX_EDGES:
         raise InvalidArgument(
-            f"idle_edges_ms has {len(edges)} edges: at most {MAX_EDGES} (16 bins)"
+            f"idle_edges_ms has {len(edges)} edges: at most {MAX_EDGES} (16 bins)",
+            "IDLE_EDGES_INVALID",
+            field="idle_edges_ms",
         )
     if edges[0] == 0:
-        raise InvalidArgument(f"idle_edges_ms {list(edges)}: an edge of 0 ms makes an empty bin")
+        raise InvalidArgument(
+            f"idle_edges_ms {list(edges)}: an edge of 0 ms makes an empty bin",
+            "IDLE_EDGES_INVALID",
+            field="idle_edges_ms",
+        )
     if any(b <= a for a, b in itertools.pairwise(edges)):
-        raise InvalidArgument(f"idle_edges_ms {list(edges)} are not strictly ascending")
+        raise InvalidArgument(
+            f"idle_edges_ms {list(edges)} are not strictly ascending",
+            "IDLE_EDGES_INVALID",
+            field="idle_edges_ms",
+        )
     return IdleSpec(edges, cold_after_ms or DEFAULT_COLD_AFTER_MS)
 
 

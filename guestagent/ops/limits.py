@@ -19,6 +19,7 @@ from guestagent.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    caused_by,
     quoted,
 )
 from guestagent.jsonlog import EventLog
@@ -77,14 +78,25 @@ def _given(value: int | None) -> int | None:
     return None if value is None or value == 0 else value
 
 
-def _bytes_or_max(value: int, what: str) -> str:
+def _bytes_or_max(value: int, what: str, field: str) -> str:
     if value == OCI_UNLIMITED:
         return "max"
+    metadata = {"value": value}
     if value < 0:
-        raise InvalidArgument(f"{what} {value} is neither bytes nor -1")
+        raise InvalidArgument(
+            f"{what} {value} is neither bytes nor -1",
+            "LIMIT_VALUE_INVALID",
+            field=field,
+            metadata=metadata,
+        )
     # OCI values are int64; the kernel parses u64 and would wrap anything bigger without a word.
     if value > LONG_MAX:
-        raise InvalidArgument(f"{what} {value} is larger than the int64 the OCI spec allows")
+        raise InvalidArgument(
+            f"{what} {value} is larger than the int64 the OCI spec allows",
+            "LIMIT_VALUE_INVALID",
+            field=field,
+            metadata=metadata,
+        )
     return str(value)
 
 
@@ -101,7 +113,10 @@ def _swap_max(limit: int | None, total: int | None) -> str | None:
     if limit is None:
         raise InvalidArgument(
             f"swap total {total} needs a memory limit to be worked out: memory.swap.max is "
-            "the total minus the memory limit"
+            "the total minus the memory limit",
+            "SWAP_TOTAL_WITHOUT_LIMIT",
+            field="memory.swap",
+            metadata={"swap": total},
         )
     if limit == OCI_UNLIMITED:
         # Nothing to subtract from: swap is capped at the total as given, not made unlimited.
@@ -109,7 +124,10 @@ def _swap_max(limit: int | None, total: int | None) -> str | None:
     if total < limit:
         raise InvalidArgument(
             f"swap total {total} is less than memory limit {limit}; the total counts memory "
-            "and swap together, so it must be at least the limit"
+            "and swap together, so it must be at least the limit",
+            "SWAP_TOTAL_BELOW_LIMIT",
+            field="memory.swap",
+            metadata={"swap": total, "limit": limit},
         )
     return str(total - limit)
 
@@ -117,11 +135,13 @@ def _swap_max(limit: int | None, total: int | None) -> str | None:
 def cgroup_values(spec: MemorySpec) -> CgroupMemoryValues:
     """What to write to memory.max, memory.swap.max and memory.low for an OCI memory spec."""
     limit, total, reservation = _given(spec.limit), _given(spec.swap), _given(spec.reservation)
-    memory_max = _bytes_or_max(limit, "memory limit") if limit is not None else None
+    memory_max = _bytes_or_max(limit, "memory limit", "memory.limit") if limit is not None else None
     if total is not None:
-        _bytes_or_max(total, "swap total")
+        _bytes_or_max(total, "swap total", "memory.swap")
     memory_low = (
-        _bytes_or_max(reservation, "memory reservation") if reservation is not None else None
+        _bytes_or_max(reservation, "memory reservation", "memory.reservation")
+        if reservation is not None
+        else None
     )
     return CgroupMemoryValues(memory_max, _swap_max(limit, total), memory_low)
 
@@ -160,7 +180,7 @@ def apply_memory_limits(fs: KernelFS, spec: SetLimitsSpec) -> AppliedLimits:
         except AgentError as e:
             if journaling.journal is None:
                 raise
-            raise type(e)(f"{e}; {roll_back(fs, journaling.journal).describe()}") from e
+            raise e.reworded(f"{e}; {roll_back(fs, journaling.journal).describe()}") from e
     log.info(
         "memory_limits_applied",
         cgroup=cgroup,
@@ -192,7 +212,9 @@ class _Journaling:
         except StateFileError as e:
             raise FailedPrecondition(
                 "cannot write the limits journal before changing cgroup "
-                f"{quoted(journal.cgroup)}: {e}"
+                f"{quoted(journal.cgroup)}: {e}",
+                "STATE_UNWRITABLE",
+                metadata={**caused_by(e), "cgroup": journal.cgroup},
             ) from e
         self.journal = journal
 
@@ -331,7 +353,9 @@ def _plan(
     if not fs.exists(directory / MEMORY_MAX):
         raise FailedPrecondition(
             f"cgroup {quoted(cgroup)} has no {MEMORY_MAX}: the memory controller is not enabled in "
-            f"{directory.parent / SUBTREE_CONTROL}"
+            f"{directory.parent / SUBTREE_CONTROL}",
+            "MEMORY_CONTROLLER_OFF",
+            metadata={"cgroup": cgroup},
         )
     writes: list[FileChange] = []
     untouched: list[str] = []
@@ -357,10 +381,16 @@ def _plan(
         elif file == SWAP_MAX:
             raise FailedPrecondition(
                 f"kernel has no swap accounting; cannot set {file} to {value} "
-                f"for cgroup {quoted(cgroup)}"
+                f"for cgroup {quoted(cgroup)}",
+                "SWAP_ACCOUNTING_ABSENT",
+                metadata={"cgroup": cgroup, "file": file, "value": value},
             )
         else:
-            raise FailedPrecondition(f"cgroup {quoted(cgroup)} has {MEMORY_MAX} but no {file}")
+            raise FailedPrecondition(
+                f"cgroup {quoted(cgroup)} has {MEMORY_MAX} but no {file}",
+                "LIMIT_FILE_MISSING",
+                metadata={"cgroup": cgroup, "file": file},
+            )
     return tuple(writes), untouched
 
 
@@ -369,7 +399,11 @@ def _write_all(fs: KernelFS, directory: Path, cgroup: str, writes: tuple[FileCha
         try:
             fs.write(directory / write.file, write.new)
         except AgentError as e:
-            raise Aborted(f"setting limits of cgroup {quoted(cgroup)} failed: {e}") from e
+            raise Aborted(
+                f"setting limits of cgroup {quoted(cgroup)} failed: {e}",
+                "LIMIT_WRITE_FAILED",
+                metadata={**caused_by(e), "cgroup": cgroup, "file": write.file, "value": write.new},
+            ) from e
 
 
 def _check_read_back(cgroup: str, writes: tuple[FileChange, ...], applied: AppliedLimits) -> None:
@@ -385,7 +419,9 @@ def _check_read_back(cgroup: str, writes: tuple[FileChange, ...], applied: Appli
         if now is None or not same_limit(now, write.new, PAGE_SIZE):
             raise Aborted(
                 f"{write.file} of cgroup {quoted(cgroup)} reads back {now} "
-                f"after writing {write.new}"
+                f"after writing {write.new}",
+                "LIMIT_CHANGED_MEANWHILE",
+                metadata={"cgroup": cgroup, "file": write.file, "value": write.new, "read": now},
             )
 
 

@@ -40,9 +40,17 @@ class ReclaimResult:
 
 def validate_reclaim(bytes_: int, drop_caches: int) -> None:
     if bytes_ <= 0:
-        raise InvalidArgument(f"reclaim size {bytes_} must be a positive number of bytes")
+        raise InvalidArgument(
+            f"reclaim size {bytes_} must be a positive number of bytes",
+            "RECLAIM_SIZE_INVALID",
+            field="bytes",
+        )
     if drop_caches not in (0, 1, 2, 3):
-        raise InvalidArgument(f"drop_caches level {drop_caches} is not 0, 1, 2 or 3")
+        raise InvalidArgument(
+            f"drop_caches level {drop_caches} is not 0, 1, 2 or 3",
+            "DROP_CACHES_INVALID",
+            field="drop_caches",
+        )
 
 
 def reclaim(fs: KernelFS, spec: ReclaimSpec) -> ReclaimResult:
@@ -51,7 +59,11 @@ def reclaim(fs: KernelFS, spec: ReclaimSpec) -> ReclaimResult:
     directory = cgroup_dir(fs, cgroup)
     control = directory / MEMORY_RECLAIM
     if not fs.exists(control):
-        raise FailedPrecondition(f"{control} is missing: memory.reclaim needs Linux 5.19 or later")
+        raise FailedPrecondition(
+            f"{control} is missing: memory.reclaim needs Linux 5.19 or later",
+            "MEMORY_RECLAIM_ABSENT",
+            metadata={"path": control},
+        )
     before = read_current(fs, directory, cgroup)
     if drop_caches:
         drop_caches_now(fs, drop_caches)

@@ -15,6 +15,7 @@ run on the raw disk first. In a confidential guest it is the default and the onl
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import threading
 from dataclasses import asdict, dataclass, replace
@@ -25,6 +26,7 @@ from guestagent.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    caused_by,
     errno_text,
 )
 from guestagent.jsonlog import EventLog
@@ -102,7 +104,10 @@ def choose_encryption(asked: SwapEncryption, confidential: Confidential) -> Swap
         raise FailedPrecondition(
             f"encryption NONE refused: this is a confidential guest ({confidential.platform}, "
             f"from {confidential.evidence}), and swap in the clear hands its memory to the "
-            "host; ask for EPHEMERAL or leave encryption unset"
+            "host; ask for EPHEMERAL or leave encryption unset",
+            "CLEAR_SWAP_IN_CONFIDENTIAL_GUEST",
+            field="encryption",
+            metadata={"platform": confidential.platform},
         )
     return asked
 
@@ -119,7 +124,9 @@ def refuse_other_encryption(
     have = "encrypted" if encrypted else "in the clear"
     want = "encrypted" if chosen is SwapEncryption.EPHEMERAL else "in the clear"
     raise FailedPrecondition(
-        f"{devnode} is already active swap {have}; disable it before enabling it {want}"
+        f"{devnode} is already active swap {have}; disable it before enabling it {want}",
+        "SWAP_ACTIVE_OTHERWISE",
+        metadata={"device": devnode, "encrypted": encrypted},
     )
 
 
@@ -143,9 +150,17 @@ class EnableSwapSpec:
 
     def __post_init__(self) -> None:
         if self.priority is not None and not 0 <= self.priority <= SWAP_FLAG_PRIO_MASK:
-            raise InvalidArgument(f"swap priority {self.priority} is outside 0..32767")
+            raise InvalidArgument(
+                f"swap priority {self.priority} is outside 0..32767",
+                "SWAP_PRIORITY_INVALID",
+                field="priority",
+            )
         if len(self.label.encode()) > 16:
-            raise InvalidArgument(f"swap label {self.label!r} is longer than 16 bytes")
+            raise InvalidArgument(
+                f"swap label {self.label!r} is longer than 16 bytes",
+                "SWAP_LABEL_TOO_LONG",
+                field="label",
+            )
 
 
 @dataclass(frozen=True)
@@ -213,7 +228,8 @@ class SwapManager:
             if not self.fs.is_real:
                 # libudev knows the live system's disks, not a test tree's.
                 raise FailedPrecondition(
-                    f"finding block devices needs udev; this agent runs over {self.fs.root}"
+                    f"finding block devices needs udev; this agent runs over {self.fs.root}",
+                    "UDEV_UNAVAILABLE",
                 )
             self._finder = UdevDevices(self.fs)
         return self._finder
@@ -257,7 +273,9 @@ class SwapManager:
     def active(self) -> list[ActiveSwap]:
         areas = active_swaps(self.fs)
         if areas is None:
-            raise FailedPrecondition("the kernel has no swap support (no /proc/swaps)")
+            raise FailedPrecondition(
+                "the kernel has no swap support (no /proc/swaps)", "SWAP_UNSUPPORTED"
+            )
         return areas
 
     def _active_entry(self, device: BlockDevice) -> ActiveSwap | None:
@@ -329,7 +347,9 @@ class SwapManager:
                 except Exception as e:
                     restored = self._restore(device, head, rotational_before)
                     raise Aborted(
-                        f"enabling swap on {device.devnode} failed: {e}; {restored}"
+                        f"enabling swap on {device.devnode} failed: {e}; {restored}",
+                        "SWAP_ENABLE_FAILED",
+                        metadata={**caused_by(e), "device": device.devnode},
                     ) from e
             state = self._read_state()
             state[swap_device.devnode] = {"discard": spec.discard.value}
@@ -337,7 +357,9 @@ class SwapManager:
             entry = self._active_entry(swap_device)
             if entry is None:
                 raise FailedPrecondition(
-                    f"{swap_device.devnode} was enabled but is not in /proc/swaps"
+                    f"{swap_device.devnode} was enabled but is not in /proc/swaps",
+                    "SWAP_NOT_LISTED",
+                    metadata={"device": swap_device.devnode},
                 )
             formatted = mapping is not None or reusable is None
             area = self._area(swap_device, entry, mapping, formatted=formatted)
@@ -352,7 +374,11 @@ class SwapManager:
         mapper = DeviceMapper(self.fs)
         missing = has_crypt_target(mapper)
         if missing is not None:
-            raise FailedPrecondition(f"cannot encrypt swap on {device.devnode}: {missing}")
+            raise FailedPrecondition(
+                f"cannot encrypt swap on {device.devnode}: {missing}",
+                "ENCRYPTION_UNAVAILABLE",
+                metadata={"device": device.devnode},
+            )
         logical_block = queue_value(self.fs, device, "logical_block_size")
         table = crypt_table(
             size_bytes(self.fs, device), int(logical_block or 512), device.major, device.minor
@@ -367,7 +393,11 @@ class SwapManager:
             mapper.resume(name)
             mapping = mapping_named(self.fs, name)
             if mapping is None:
-                raise FailedPrecondition(f"mapping {name} is not in /sys/block after its resume")
+                raise FailedPrecondition(
+                    f"mapping {name} is not in /sys/block after its resume",
+                    "ENCRYPTION_UNAVAILABLE",
+                    metadata={"device": device.devnode, "mapping": name},
+                )
             # The mapping stacks the disk's rotational flag; written anyway, and checked. Always
             # formatted, with force: it holds ciphertext of what the checked disk held, never data.
             self._prepare_and_swapon(mapped_device(mapping), replace(spec, force=True), None)
@@ -381,14 +411,20 @@ class SwapManager:
                     undone.append(f"removing mapping {name} failed: {removing}")
             undone.append(self._restore(device, head, rotational))
             raise Aborted(
-                f"enabling encrypted swap on {device.devnode} failed: {e}; {'; '.join(undone)}"
+                f"enabling encrypted swap on {device.devnode} failed: {e}; {'; '.join(undone)}",
+                "SWAP_ENABLE_FAILED",
+                metadata={**caused_by(e), "device": device.devnode},
             ) from e
         return mapping
 
     def _set_nonrotational(self, device: BlockDevice) -> None:
         write_queue_value(self.fs, device, "rotational", "0")
         if queue_value(self.fs, device, "rotational") != "0":
-            raise FailedPrecondition(f"{device.devnode} still reads rotational=1 after writing 0")
+            raise FailedPrecondition(
+                f"{device.devnode} still reads rotational=1 after writing 0",
+                "DEVICE_STAYS_ROTATIONAL",
+                metadata={"device": device.devnode},
+            )
 
     def _read_head(self, device: BlockDevice) -> bytes:
         fd = open_exclusive(self.fs, device)
@@ -404,7 +440,9 @@ class SwapManager:
         if data and not force:
             raise FailedPrecondition(
                 f"{device.devnode} holds {', '.join(data)}; refusing to format it as swap "
-                "(pass force to overwrite)"
+                "(pass force to overwrite)",
+                "DEVICE_HOLDS_DATA",
+                metadata={"device": device.devnode, "signatures": ",".join(data)},
             )
         if SWAP_SIGNATURE in contents.signatures and not data:
             return contents.swap_header
@@ -420,14 +458,18 @@ class SwapManager:
             offset = first_data_offset(fd)
         except OSError as e:
             raise FailedPrecondition(
-                f"reading {device.devnode} to check that it is blank failed: {errno_text(e)}"
+                f"reading {device.devnode} to check that it is blank failed: {errno_text(e)}",
+                "DEVICE_UNREADABLE",
+                metadata={"device": device.devnode, "errno": errno.errorcode.get(e.errno or 0)},
             ) from e
         finally:
             os.close(fd)
         if offset is not None:
             raise FailedPrecondition(
                 f"{device.devnode} is neither blank nor swap: it has data at byte offset "
-                f"{offset}; pass force to format it anyway"
+                f"{offset}; pass force to format it anyway",
+                "DEVICE_HOLDS_DATA",
+                metadata={"device": device.devnode, "offset": offset},
             )
 
     def _prepare_and_swapon(
@@ -467,7 +509,7 @@ class SwapManager:
             if not orphans:
                 raise
             # swapoff(2) takes a path, and these areas have none left to give it.
-            raise NotFound(
+            raise e.reworded(
                 f"{e}; still active with their device nodes gone: {', '.join(orphans)}"
             ) from e
         with self._lock:
@@ -475,13 +517,21 @@ class SwapManager:
             swap_device = mapped_device(mapping) if mapping is not None else device
             entry = self._active_entry(swap_device)
             if entry is None:
-                raise NotFound(f"{device.devnode} is not an active swap area")
+                raise NotFound(
+                    f"{device.devnode} is not an active swap area",
+                    "SWAP_NOT_ACTIVE",
+                    metadata={"device": device.devnode},
+                )
             area = self._area(swap_device, entry, mapping)
             try:
                 syscalls.swapoff(entry.filename)
             except OSError as e:
                 # ENOMEM: the pages in swap do not fit back in memory.
-                raise FailedPrecondition(f"swapoff {entry.filename} failed: {errno_text(e)}") from e
+                raise FailedPrecondition(
+                    f"swapoff {entry.filename} failed: {errno_text(e)}",
+                    "SWAPOFF_FAILED",
+                    metadata={"device": entry.filename, "errno": errno.errorcode.get(e.errno or 0)},
+                ) from e
             state = self._read_state()
             state.pop(swap_device.devnode, None)
             self._write_state(state)
@@ -510,7 +560,9 @@ class SwapManager:
             why = errno_text(e) if isinstance(e, OSError) else str(e)
             raise FailedPrecondition(
                 f"swap on {mapping.devnode} is off, but removing mapping {mapping.name} "
-                f"failed: {why}"
+                f"failed: {why}",
+                "MAPPING_NOT_REMOVED",
+                metadata={"mapping": mapping.name},
             ) from e
 
     def list(self) -> list[SwapArea]:

@@ -17,7 +17,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
 
 # Modules at the top of the package that both sides of the vsock use.
 SHARED = {"errors", "jsonlog", "transport"}
-GRPC_OR_CONTRACT = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "guestagent.v1")
+GRPC_OR_CONTRACT = (
+    "grpc",
+    "grpc_health",
+    "grpc_reflection",
+    "google.protobuf",
+    "google.rpc",
+    "guestagent.v1",
+)
 
 
 def module_name(path: Path) -> str:

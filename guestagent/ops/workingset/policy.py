@@ -75,23 +75,41 @@ REFAULT_GUARD_RANGE = (0.0, 1.0)
 def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
     low, high = INTERVAL_MS_RANGE
     if not low <= policy.interval_ms <= high:
-        raise InvalidArgument(f"interval_ms {policy.interval_ms} is outside [{low}, {high}]")
+        raise InvalidArgument(
+            f"interval_ms {policy.interval_ms} is outside [{low}, {high}]",
+            "RECLAIM_POLICY_INVALID",
+            field="policy.interval_ms",
+        )
     interval_us = policy.interval_ms * 1000
     if not 1 <= policy.stall_target_us < interval_us:
         raise InvalidArgument(
             f"stall_target_us {policy.stall_target_us} is outside [1, {interval_us - 1}] "
-            f"(below the interval of {policy.interval_ms} ms)"
+            f"(below the interval of {policy.interval_ms} ms)",
+            "RECLAIM_POLICY_INVALID",
+            field="policy.stall_target_us",
         )
     low_f, high_f = MAX_STEP_RANGE
     step = policy.max_step_fraction
     if not (math.isfinite(step) and low_f <= step <= high_f):
-        raise InvalidArgument(f"max_step_fraction {step} is outside [{low_f}, {high_f}]")
+        raise InvalidArgument(
+            f"max_step_fraction {step} is outside [{low_f}, {high_f}]",
+            "RECLAIM_POLICY_INVALID",
+            field="policy.max_step_fraction",
+        )
     low_g, high_g = REFAULT_GUARD_RANGE
     guard = policy.refault_guard_fraction
     if not (math.isfinite(guard) and low_g <= guard <= high_g):
-        raise InvalidArgument(f"refault_guard_fraction {guard} is outside [{low_g}, {high_g}]")
+        raise InvalidArgument(
+            f"refault_guard_fraction {guard} is outside [{low_g}, {high_g}]",
+            "RECLAIM_POLICY_INVALID",
+            field="policy.refault_guard_fraction",
+        )
     if not 0 <= policy.floor_bytes <= LONG_MAX:
-        raise InvalidArgument(f"floor_bytes {policy.floor_bytes} is outside [0, {LONG_MAX}]")
+        raise InvalidArgument(
+            f"floor_bytes {policy.floor_bytes} is outside [0, {LONG_MAX}]",
+            "RECLAIM_POLICY_INVALID",
+            field="policy.floor_bytes",
+        )
     return policy
 
 

@@ -252,19 +252,26 @@ class Reclaimer:
         """Refuse what cannot run; return the features it runs without."""
         if not self.fs.exists(directory / MEMORY_RECLAIM):
             raise FailedPrecondition(
-                f"{directory / MEMORY_RECLAIM} is missing: memory.reclaim needs Linux 5.19 or later"
+                f"{directory / MEMORY_RECLAIM} is missing: memory.reclaim needs Linux 5.19 "
+                "or later",
+                "MEMORY_RECLAIM_ABSENT",
+                metadata={"path": directory / MEMORY_RECLAIM},
             )
         psi = read_cgroup_psi_absence(self.fs, directory)
         if psi is not None:
             # Measured: without its stall budget it slowed a hot set past the bound
             # (docs/design-reclaimer.md: Without PSI).
             raise FailedPrecondition(
-                f"the working-set reclaimer needs PSI for its stall budget: {psi.reason}"
+                f"the working-set reclaimer needs PSI for its stall budget: {psi.reason}",
+                "STALL_SIGNAL_ABSENT",
+                metadata={"feature": psi.feature},
             )
         if policy.anon and not active_swaps(self.fs):
             raise FailedPrecondition(
                 "anon reclaim asked with no active swap area (/proc/swaps lists none): "
-                "enable swap first, or leave anon off"
+                "enable swap first, or leave anon off",
+                "NO_ACTIVE_SWAP",
+                field="policy.anon",
             )
         mglru = read_mglru_absence(self.fs)
         return (mglru,) if mglru is not None else ()
@@ -275,7 +282,11 @@ class Reclaimer:
         with self._lock:
             missing = [name for name in names if name not in self._targets]
             if missing:
-                raise NotFound(f"the reclaimer has no policy for cgroup(s) {', '.join(missing)}")
+                raise NotFound(
+                    f"the reclaimer has no policy for cgroup(s) {', '.join(missing)}",
+                    "NO_RECLAIM_POLICY",
+                    metadata={"cgroups": ",".join(missing)},
+                )
             chosen = names or tuple(sorted(self._targets))
             return tuple(self._targets[name].status() for name in chosen)
 

@@ -17,6 +17,7 @@ from guestagent import errors
 from guestagent.agent.peers import PeerTable
 from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_for
 from guestagent.errors import kernel_error
+from guestagent.host.refusal import refusal_from
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import IdleAger
 from guestagent.ops.swap import SwapManager
@@ -35,6 +36,7 @@ class FakeContext:
         self._peer = peer
         self.code: grpc.StatusCode | None = None
         self.details = ""
+        self.trailer: tuple[tuple[str, bytes], ...] = ()
 
     def peer(self) -> str:
         return self._peer
@@ -42,9 +44,19 @@ class FakeContext:
     def time_remaining(self) -> float | None:
         return None
 
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
-        self.code, self.details = code, details
+    async def abort(
+        self,
+        code: grpc.StatusCode,
+        details: str = "",
+        trailing_metadata: tuple[tuple[str, bytes], ...] = (),
+    ) -> NoReturn:
+        self.code, self.details, self.trailer = code, details, trailing_metadata
         raise Aborted
+
+    @property
+    def reason(self) -> str:
+        """The refusal's ErrorInfo.reason, from the Status in the trailer."""
+        return refusal_from(self.code or grpc.StatusCode.OK, self.details, self.trailer).reason
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,11 @@ from guestagent.agent.watch_stream import (
     watch_memory,
 )
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
+from guestagent.linux import meminfo
 from guestagent.linux.features import PSI, Absent
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.watch import PressureTriggerSpec, Signal
-from tests.fakes.root import FakeRoot, make_fake_root
+from guestagent.linux.watch import PressureTriggerSpec, Signal, SignalHub
+from tests.fakes.root import MEMORY_EVENTS, FakeRoot, make_fake_root
 
 NO_PSI = Absent(PSI, "the kernel was booted with psi=0; boot with psi=1 instead")
 ASKED = PressureTriggerSpec(100_000, 1_000_000)
@@ -111,3 +113,49 @@ async def test_a_missing_cgroup_fails_before_anything_is_sent(fake_root: FakeRoo
     stream = watch_memory(fake_root.fs, WatchSpec(("gone",)), asyncio.Event())
     with pytest.raises(NotFound, match="gone"):
         await anext(stream)
+
+
+async def test_a_removed_cgroup_is_reported_and_the_stream_goes_on(fake_root: FakeRoot) -> None:
+    fake_root.add_cgroup("pod/a")
+    fake_root.add_cgroup("pod/b")
+    cgroups = fake_root.root / "sys/fs/cgroup/pod"
+    hub = SignalHub(fake_root.fs)
+    stopping = asyncio.Event()
+    # A long interval: every message after the first is woken by a kernel signal.
+    stream = watch_memory(fake_root.fs, WatchSpec(("pod/a", "pod/b"), 60), stopping, hub=hub)
+    first = await anext(stream)
+    assert first.report.removed == ()
+    shutil.rmtree(cgroups / "a")  # The container exits.
+    gone = await asyncio.wait_for(anext(stream), 5)  # The dropped inotify watch woke it.
+    assert (gone.reason, gone.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
+    assert gone.report.removed == ("pod/a",)
+    assert [c.path for c in gone.report.cgroups] == ["pod/b"]
+    assert hub.watched == 2  # Still counted against the caps.
+    fake_root.add_cgroup("pod/a")  # Created again under the same name.
+    (cgroups / "b/memory.events").write_text(MEMORY_EVENTS)
+    back = await asyncio.wait_for(anext(stream), 5)
+    assert back.report.removed == ()
+    assert [c.path for c in back.report.cgroups] == ["pod/a", "pod/b"]
+    (cgroups / "a/memory.events").write_text(MEMORY_EVENTS)  # Watched again.
+    again = await asyncio.wait_for(anext(stream), 5)
+    assert (again.reason, again.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
+    stopping.set()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(stream), 5)
+    assert hub.watched == 0
+
+
+async def test_a_cgroup_gone_between_reads_is_removed_not_an_error(
+    fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_root.add_cgroup("pod")
+    directory = fake_root.root / "sys/fs/cgroup/pod"
+    real = meminfo.read_cgroup_dir
+
+    def removed_meanwhile(fs: KernelFS, where: Path, name: str) -> object:
+        shutil.rmtree(directory)  # rmdir after the lookup, before the files are read.
+        return real(fs, where, name)
+
+    monkeypatch.setattr(meminfo, "read_cgroup_dir", removed_meanwhile)
+    report = meminfo.read_report(fake_root.fs, ("pod",), removed_ok=True)
+    assert (report.cgroups, report.removed) == ((), ("pod",))

@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from guestagent.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from guestagent.errors import DeadlineExceeded, FailedPrecondition, NotFound
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.mm import parse_buddyinfo
 from guestagent.ops.compaction import (
@@ -54,8 +54,9 @@ async def test_no_compaction_in_kernel(fake_root: FakeRoot) -> None:
 
 async def test_unknown_node(fake_root: FakeRoot) -> None:
     setup_compaction(fake_root)
-    with pytest.raises(InvalidArgument, match="node 3 does not exist"):
+    with pytest.raises(NotFound, match="node 3 does not exist") as raised:
         await Compactor(fake_root.fs).compact(3, None)
+    assert raised.value.reason == "NODE_NOT_FOUND"
 
 
 async def test_concurrent_calls_share_one_run_and_deadlines_are_reported(

@@ -1,0 +1,31 @@
+"""GetAgentInfo's answer: what this agent is and what it can do here, asked once by a host.
+
+The contract revision counts changes a host may need to know of beyond new fields (which an
+older agent ignores and leaves unset): docs/contract.md lists each revision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from guestagent import __version__
+from guestagent.errors import ERROR_DOMAIN
+from guestagent.linux.features import Absent, read_features
+from guestagent.linux.fs import KernelFS
+
+# 1: the contract before GetAgentInfo. 2: GetAgentInfo, refusal reasons (ErrorInfo), watch
+# streams that report a removed cgroup and go on.
+CONTRACT_REVISION = 2
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    version: str
+    contract_revision: int
+    # Each optional feature by name, with why the kernel lacks it (None: present).
+    features: tuple[tuple[str, Absent | None], ...]
+    error_domain: str = ERROR_DOMAIN
+
+
+def agent_info(fs: KernelFS) -> AgentInfo:
+    return AgentInfo(__version__, CONTRACT_REVISION, read_features(fs))
