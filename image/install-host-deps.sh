@@ -6,7 +6,7 @@ packages="make qemu-system-x86 qemu-utils mmdebstrap debian-archive-keyring e2fs
     kmod busybox-static python3 python3-pip python3-venv apt coreutils patchelf xz-utils binutils
     erofs-utils cryptsetup-bin fdisk qemu-system-arm qemu-user-static arch-test
     golang-go protobuf-compiler protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev
-    golang-google-protobuf-dev golang-google-genproto-dev"
+    golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev golang-google-genproto-dev"
 # The Go packages build the Go client test (tests/go) from Debian's sources alone: no module
 # downloads, as a runtime author's CI without a proxy would.
 # The arm64 build takes its runtime, kernel and guest root from Debian's arm64 packages.

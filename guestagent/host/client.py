@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from guestagent.host.refusal import refusal_of
 from guestagent.transport.address import (
     HybridVsockAddress,
     UnixAddress,
@@ -222,7 +223,9 @@ class AgentClient:
 
 
 def describe_error(error: Any) -> str:
-    """One line for a failed call: 'INVALID_ARGUMENT: cgroup path ... is absolute'."""
+    """One line for a failed call, with the refusal's reason when it has one:
+    'INVALID_ARGUMENT (CGROUP_PATH_INVALID): cgroup path ... is absolute'."""
     if isinstance(error, grpc.RpcError):
-        return f"{error.code().name}: {error.details()}"
+        reason = refusal_of(error).reason
+        return f"{error.code().name}{f' ({reason})' if reason else ''}: {error.details()}"
     return str(error)

@@ -52,4 +52,5 @@ def refusal_from(
 
 def refusal_of(error: Any) -> Refusal:
     """The refusal a failed call (a grpc.RpcError that is also a grpc.Call) carries."""
-    return refusal_from(error.code(), error.details() or "", error.trailing_metadata() or ())
+    trailer = getattr(error, "trailing_metadata", None)  # Not on a channel's own errors.
+    return refusal_from(error.code(), error.details() or "", (trailer and trailer()) or ())

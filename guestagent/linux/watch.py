@@ -255,8 +255,9 @@ class SignalHub:
         if self._inotify is None:  # Closed while the callback was queued.
             return
         for wd, mask in self._inotify.read_events():
-            # IN_IGNORED: the cgroup was removed and the kernel dropped the watch; its stream
-            # hears of it now, and watches the cgroup again if it comes back.
+            # IN_IGNORED: the kernel dropped the watch, its file gone. cgroupfs sends it only
+            # when the inode goes, which may be long after the rmdir: the stream's next report
+            # is what finds a cgroup removed (follow_cgroups), this only keeps the books.
             gone = bool(mask & syscalls.IN_IGNORED)
             for signals in self._by_wd.pop(wd, set()) if gone else self._by_wd.get(wd, ()):
                 name = signals.names_by_wd.pop(wd, None) if gone else signals.names_by_wd.get(wd)

@@ -51,9 +51,9 @@ def test_guestctl_info_text_and_json(agent: AgentProcess) -> None:
 @pytest.mark.parametrize(
     ("cgroup", "code", "words"),
     [
-        ("../../etc", "INVALID_ARGUMENT", "'..'"),
-        ("/pod", "INVALID_ARGUMENT", "absolute"),
-        ("pod/missing", "NOT_FOUND", "'pod/missing'"),
+        ("../../etc", "INVALID_ARGUMENT (CGROUP_PATH_INVALID)", "'..'"),
+        ("/pod", "INVALID_ARGUMENT (CGROUP_PATH_INVALID)", "absolute"),
+        ("pod/missing", "NOT_FOUND (CGROUP_NOT_FOUND)", "'pod/missing'"),
     ],
 )
 def test_bad_cgroups_get_clear_errors(
@@ -61,7 +61,7 @@ def test_bad_cgroups_get_clear_errors(
 ) -> None:
     result = guestctl("--target", agent.unix_target, "info", "--cgroup", cgroup)
     assert result.returncode == 1
-    assert f"{code}: " in result.stderr and words in result.stderr
+    assert f"guestctl: {code}: " in result.stderr and words in result.stderr
 
 
 def test_missing_psi_is_absent(agent: AgentProcess, fake_root: FakeRoot) -> None:

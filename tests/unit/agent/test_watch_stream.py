@@ -126,7 +126,9 @@ async def test_a_removed_cgroup_is_reported_and_the_stream_goes_on(fake_root: Fa
     first = await anext(stream)
     assert first.report.removed == ()
     shutil.rmtree(cgroups / "a")  # The container exits.
-    gone = await asyncio.wait_for(anext(stream), 5)  # The dropped inotify watch woke it.
+    # On a plain filesystem the dropped watch (IN_IGNORED) wakes the stream; cgroupfs sends
+    # it late, and there the interval's report finds the cgroup gone.
+    gone = await asyncio.wait_for(anext(stream), 5)
     assert (gone.reason, gone.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
     assert gone.report.removed == ("pod/a",)
     assert [c.path for c in gone.report.cgroups] == ["pod/b"]
@@ -159,3 +161,33 @@ async def test_a_cgroup_gone_between_reads_is_removed_not_an_error(
     monkeypatch.setattr(meminfo, "read_cgroup_dir", removed_meanwhile)
     report = meminfo.read_report(fake_root.fs, ("pod",), removed_ok=True)
     assert (report.cgroups, report.removed) == ((), ("pod",))
+
+
+async def test_without_ignored_events_the_interval_finds_the_removal(fake_root: FakeRoot) -> None:
+    """As on cgroupfs: an open file keeps the inode, so no IN_IGNORED comes on removal."""
+    fake_root.add_cgroup("pod/a")
+    directory = fake_root.root / "sys/fs/cgroup/pod/a"
+    hub = SignalHub(fake_root.fs)
+    stopping = asyncio.Event()
+    stream = watch_memory(fake_root.fs, WatchSpec(("pod/a",), 0.1), stopping, hub=hub)
+    await anext(stream)
+    with (directory / "memory.events").open() as held:
+        shutil.rmtree(directory)
+        gone = await asyncio.wait_for(anext(stream), 5)
+        assert (gone.reason, gone.report.removed) == (WatchReason.INTERVAL, ("pod/a",))
+        fake_root.add_cgroup("pod/a")
+        back = await asyncio.wait_for(anext(stream), 5)
+        assert [c.path for c in back.report.cgroups] == ["pod/a"]
+        (directory / "memory.events").write_text(MEMORY_EVENTS)  # The new file is watched.
+
+        async def woken() -> tuple[str, ...]:
+            while (update := await anext(stream)).reason is not WatchReason.MEMORY_EVENTS:
+                pass  # An interval's message may come first on a busy host.
+            return update.changed
+
+        assert await asyncio.wait_for(woken(), 5) == ("pod/a",)
+        assert held.readable()
+    stopping.set()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(stream), 5)
+    assert hub.watched == 0
