@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from guestagent.errors import AgentError
 from guestagent.linux.abi import PAGE_SIZE, reporting_order
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.fs import KernelFS, parsed
 from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.meminfo import SystemMemory
 from guestagent.linux.mm import read_free_blocks_optional, zoneinfo_sum
@@ -87,7 +87,7 @@ def read_protected(fs: KernelFS) -> tuple[Protection, ...]:
             current = fs.read_optional(directory / "memory.current")
         except AgentError:
             continue  # Not a directory, or gone meanwhile.
-        used = int(current) if current is not None else 0
+        used = parsed(directory / "memory.current", current, int) if current is not None else 0
         if protected := protection(used, low, min_):
             found.append(Protection(name, used, protected))
     return tuple(found)
