@@ -18,6 +18,7 @@ from guestagent.agent.watch_stream import (
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.cgroups import canonical_cgroup_name
+from guestagent.linux.delayacct import DELAYACCT_STALL
 from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
@@ -172,7 +173,13 @@ def cgroup_pb(cgroup: CgroupMemory) -> pb.CgroupMemory:
         message.swap_max.CopyFrom(limit_pb(cgroup.swap.max))
     if cgroup.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(cgroup.pressure))
+    if cgroup.delay_stall_us is not None:
+        message.delay_stall.CopyFrom(delay_stall_pb(cgroup.delay_stall_us))
     return message
+
+
+def delay_stall_pb(total_us: int) -> pb.MemoryStall:
+    return pb.MemoryStall(source=DELAYACCT_STALL, total_us=total_us)
 
 
 def hotplug_pb(report: HotplugReport) -> pb.MemoryHotplug:
@@ -274,6 +281,8 @@ def memory_info_pb(
     )
     if report.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(report.pressure))
+    if report.delay_stall_us is not None:
+        message.delay_stall.CopyFrom(delay_stall_pb(report.delay_stall_us))
     if report.hotplug is not None:
         message.hotplug.CopyFrom(hotplug_pb(report.hotplug))
     if report.vmstat is not None:

@@ -1,4 +1,5 @@
-"""Kernel features the agent reads but a guest kernel may lack: PSI and the multi-gen LRU.
+"""Kernel features the agent reads but a guest kernel may lack: PSI, delay accounting and the
+multi-gen LRU.
 
 Absence is a value, `Absent` (the feature and why, with how to turn it on), never a zero
 figure: a stall of 0 from a kernel without PSI would read as "no stall". Each feature has a
@@ -15,6 +16,7 @@ from guestagent.linux.fs import KernelFS
 # The features a report or a status may list as absent.
 PSI = "psi"
 MGLRU = "mglru"
+DELAYACCT = "delayacct"
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,10 @@ def read_psi_absence(fs: KernelFS) -> Absent | None:
 
 def read_lru_gen_enabled(fs: KernelFS) -> str | None:
     return fs.read_optional(fs.sys("kernel", "mm", "lru_gen", "enabled"))
+
+
+def write_lru_gen_enabled(fs: KernelFS, value: str) -> None:
+    fs.write(fs.sys("kernel", "mm", "lru_gen", "enabled"), value)
 
 
 def read_mglru_absence(fs: KernelFS) -> Absent | None:

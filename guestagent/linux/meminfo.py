@@ -1,4 +1,5 @@
-"""The memory report: /proc/meminfo, PSI, and per-cgroup memory files.
+"""The memory report: /proc/meminfo, PSI (or delay accounting's stall), and per-cgroup memory
+files.
 
 Parsing is pure (text in, frozen values out) and kept apart from the reads. A kernel
 feature that is off (PSI, swap accounting) is reported as None, never as zero.
@@ -7,11 +8,12 @@ feature that is off (PSI, swap accounting) is reported as None, never as zero.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from guestagent.errors import FailedPrecondition, KernelFormat, quoted
 from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import Absent, read_absent
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.keyed import parse_flat_keyed
@@ -84,6 +86,8 @@ class CgroupMemory:
     # it), for the give-back figures.
     lru_anon: int = 0
     lru_file: int = 0
+    # Delay accounting's stall total (delayacct.py), where there is no PSI; else None.
+    delay_stall_us: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class MemoryReport:
     hotplug: HotplugReport | None = None  # None: the kernel has no memory hotplug
     vmstat: VmStat | None = None  # None without /proc/vmstat (a test tree).
     absent: tuple[Absent, ...] = ()  # Kernel features this guest lacks, each with why.
+    delay_stall_us: int | None = None  # As CgroupMemory's, for every process in the guest.
 
 
 _MEMINFO_FIELDS = {
@@ -231,19 +236,39 @@ def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
 
 
 def read_report(
-    fs: KernelFS, cgroups: tuple[str, ...] = (), hotplug: HotplugReportCache | None = None
+    fs: KernelFS,
+    cgroups: tuple[str, ...] = (),
+    hotplug: HotplugReportCache | None = None,
+    stall: DelayStallMeter | None = None,
 ) -> MemoryReport:
-    """hotplug: the cache that spares re-reading the hotplug section; None reads it afresh."""
+    """hotplug: the cache that spares re-reading the hotplug section; None reads it afresh.
+    stall: delay accounting's meter, read where PSI is not (or is, when it is preferred)."""
     directories = [cgroup_dir(fs, name) for name in cgroups]  # Refuse bad names first.
     system = read_system_memory(fs)
+    pressure = read_system_pressure(fs)
+    found = [read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)]
+    absent = read_absent(fs)
+    delay_stall_us = None
+    if stall is not None:
+        delay_absent = stall.absence()
+        if delay_absent is not None:
+            absent = (*absent, delay_absent)
+        else:
+            if pressure is None or stall.preferred:
+                delay_stall_us = stall.total_us(fs.cgroup_root)
+            found = [
+                replace(c, delay_stall_us=stall.total_us(d))
+                if c.pressure is None or stall.preferred
+                else c
+                for c, d in zip(found, directories, strict=True)
+            ]
     return MemoryReport(
         collected_at_unix_ns=time.time_ns(),
         system=system,
-        pressure=read_system_pressure(fs),
-        cgroups=tuple(
-            read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
-        ),
+        pressure=pressure,
+        cgroups=tuple(found),
         hotplug=hotplug.report(fs, system.mem_total) if hotplug else read_hotplug_report(fs),
         vmstat=read_vmstat(fs),
-        absent=read_absent(fs),
+        absent=absent,
+        delay_stall_us=delay_stall_us,
     )
