@@ -209,7 +209,7 @@ class Reclaimer:
         self._clock = clock
         self._page_size = PAGE_SIZE
         self._writer = StepWriter(fs, clock, PAGE_SIZE, write)
-        self._compaction = CompactionTrigger(fs, clock, PAGE_SIZE, compaction_rule)
+        self._compaction = CompactionTrigger(fs, clock, PAGE_SIZE, compaction_rule, stall)
         self._store = state_file(fs, RECLAIM_POLICIES)
         self._targets: dict[str, _Target] = {}
         self._lock = threading.Lock()
