@@ -133,6 +133,6 @@ def platform_model(platform: str) -> OverheadModel:
 
 
 def platform_block_size(platform: str) -> int:
-    """Confidential guests cannot hotplug memory, so Kata sizes their VM once, at creation
-    (static_sandbox_resource_mgmt): default_memory plus the limits, not rounded to blocks."""
+    """Kata hotplugs no memory into a confidential guest: it sizes the VM once, at creation
+    (static_sandbox_resource_mgmt), to default_memory plus the limits, not rounded to blocks."""
     return 0 if platform in CONFIDENTIAL_MODELS else DEFAULT_BLOCK_SIZE
