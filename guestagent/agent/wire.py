@@ -448,7 +448,7 @@ def online_result_pb(result: OnlineResult) -> pb.OnlineMemoryResult:
 
 
 def overhead_pb(overhead: GuestOverhead) -> pb.GuestOverhead:
-    return pb.GuestOverhead(
+    message = pb.GuestOverhead(
         present_bytes=overhead.present,
         mem_total_bytes=overhead.mem_total,
         kernel_reserved_bytes=overhead.kernel_reserved,
@@ -456,6 +456,13 @@ def overhead_pb(overhead: GuestOverhead) -> pb.GuestOverhead:
         agent_rss_bytes=overhead.agent_rss,
         workloads_bytes=overhead.workloads,
     )
+    if isinstance(overhead.swiotlb, Absent):
+        message.swiotlb_absent.CopyFrom(absent_pb(overhead.swiotlb))
+    else:
+        message.swiotlb_size.CopyFrom(
+            pb.SwiotlbSize(bytes=overhead.swiotlb.size, source=overhead.swiotlb.source)
+        )
+    return message
 
 
 RECLAIM_STATE_TO_PB = {
