@@ -15,6 +15,10 @@ What the kernel lets a reader see, and so what is counted:
   and its past belongs to another cgroup).
 - A process that exits between two reads loses what it stalled since the first: the kernel
   hands a dead process's delays only to a listener registered for every exit in the guest.
+- The agent itself is left out: its memory.reclaim writes sit in direct reclaim, which delay
+  accounting counts as its stall, while PSI has not counted proactive reclaim as pressure
+  since 5.8 ("don't count limit-setting reclaim as memory pressure"). Counted, the guest's
+  stall would rise with every step the reclaimer takes.
 
 `DelayStallMeter.total_us` keeps one monotonic total per cgroup, shared by every reader (the
 reclaimer, reports, watch streams), as PSI's total is: each reader takes differences.
@@ -22,6 +26,7 @@ reclaimer, reports, watch streams), as PSI's total is: each reader takes differe
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -144,6 +149,7 @@ class DelayStallMeter:
         self.preferred = preferred
         self._source = source if source is not None else TaskstatsClient()
         self._clock = clock
+        self._own = os.getpid()
         self._lock = threading.Lock()
         self._books: dict[Path, _Books] = {}
 
@@ -169,6 +175,8 @@ class DelayStallMeter:
                 raise
             samples: dict[int, TaskSample] = {}
             for tgid in tgids:
+                if tgid == self._own:
+                    continue
                 delays = self._source.delays(tgid)
                 if delays is not None:
                     samples[tgid] = TaskSample(delays.memory_ns, delays.elapsed_us)

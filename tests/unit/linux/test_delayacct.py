@@ -4,6 +4,7 @@ why it is absent, and the polled stand-in for a PSI trigger."""
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,18 @@ def test_the_stall_window_fires_at_most_once_a_window(steps: list[tuple[int, int
         if window.add(at, total):
             fired.append(at)
     assert all(b - a >= 1_000_000 for a, b in itertools.pairwise(fired))
+
+
+def test_the_agents_own_reclaim_is_no_stall_of_the_guest(tmp_path: Path) -> None:
+    """Its memory.reclaim writes are direct reclaim to delay accounting, not to PSI."""
+    own = os.getpid()
+    put_procs(tmp_path / "sys/fs/cgroup", 1)
+    put_procs(tmp_path / "sys/fs/cgroup/guestagent", own)
+    kernel, clock = FakeTaskstats({1: 0, own: 0}), Clock()
+    meter = DelayStallMeter(KernelFS(tmp_path), kernel, clock)
+    root = tmp_path / "sys/fs/cgroup"
+    assert meter.total_us(root) == 0
+    kernel.stall(own, 80_000)
+    kernel.stall(1, 300)
+    clock.now += 1
+    assert meter.total_us(root) == 300
