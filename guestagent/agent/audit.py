@@ -77,3 +77,17 @@ def audit_undecodable(method: str, peer: str, size: int, details: str, started: 
         duration_ms=round((time.monotonic() - started) * 1000, 3),
         error=details,
     )
+
+
+def audit_kernel_switch(setting: str, before: str, after: str, left_because: str) -> None:
+    """The audit line for a kernel setting the agent changed (or meant to) as it started:
+    a change to the whole guest, made by no caller, is on record as much as a call's."""
+    fields: dict[str, Value] = {
+        "method": "serve",
+        "peer": "guestagent",
+        "request": {"setting": setting, "before": before, "after": after},
+        "code": grpc.StatusCode.OK.name if before != after else "UNCHANGED",
+    }
+    if left_because:
+        fields["error"] = left_because
+    log.info("audit", **fields)

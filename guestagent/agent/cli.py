@@ -18,6 +18,7 @@ from guestagent.errors import AgentError
 from guestagent.linux.confidential import SETTINGS
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.syscalls import limit_malloc_arenas
+from guestagent.ops import kernel_switches
 from guestagent.ops.hotplug import AUTO_MOVABLE, DEFAULT_MOVABLE_RATIO, POLICIES, OnlinePolicy
 from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, MIN_AGING_INTERVAL_S
 from guestagent.ops.self_cgroup import protect_self
@@ -120,6 +121,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"give-back figures (default {DEFAULT_AGING_INTERVAL_S:g}; at least "
         f"{MIN_AGING_INTERVAL_S:g}; 0 turns the aging off and the figures absent)",
     )
+    serve_cmd.add_argument(
+        "--delayacct",
+        choices=kernel_switches.MODES,
+        default=kernel_switches.ON,
+        help="turn delay accounting (kernel.task_delayacct) on at start, the stall signal "
+        "where the guest has no PSI (on, the default), or leave it as found (keep)",
+    )
+    serve_cmd.add_argument(
+        "--mglru",
+        choices=kernel_switches.MODES,
+        default=kernel_switches.ON,
+        help="turn the multi-gen LRU (/sys/kernel/mm/lru_gen/enabled) on at start where the "
+        "kernel has it (on, the default), or leave it as found (keep)",
+    )
+    serve_cmd.add_argument(
+        "--stall-signal",
+        choices=("auto", "delayacct"),
+        default="auto",
+        help="the reclaimer's stall signal: PSI where the cgroup has memory.pressure, else "
+        "delay accounting (auto); delayacct uses delay accounting everywhere, and reports "
+        "show it beside PSI (for comparing the two)",
+    )
     serve_cmd.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     if 0 < args.idle_aging < MIN_AGING_INTERVAL_S or args.idle_aging < 0:
@@ -151,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_watches=args.max_watches,
             confidential=args.confidential,
             idle_aging_s=args.idle_aging,
+            delayacct=args.delayacct,
+            mglru=args.mglru,
+            stall_signal=args.stall_signal,
         )
         asyncio.run(serve(config))
     except (AgentError, OSError) as e:

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from guestagent import errors
+from guestagent.agent.audit import audit_kernel_switch
 from guestagent.agent.listen import (
     AddressInUse,
     open_unix_listener,
@@ -32,9 +33,10 @@ from guestagent.agent.undecodable import UndecodableRequests
 from guestagent.jsonlog import EventLog
 from guestagent.linux import statefile
 from guestagent.linux.confidential import decide, read_facts
+from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES
-from guestagent.ops import limits
+from guestagent.ops import kernel_switches, limits
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, IdleAger
 from guestagent.ops.swap import SwapManager
@@ -51,6 +53,8 @@ from guestagent.transport.relay import FDS_PER_CONNECTION, ConnectionBudget
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
 log = EventLog("guestagent.daemon")
+
+DELAYACCT_SIGNAL = "delayacct"
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 BLOCKING_THREADS = 2
@@ -92,6 +96,11 @@ class ServerConfig:
     confidential: str = "auto"
     # How often the one aging loop ages the multi-gen LRU (0: never; the idle figures absent).
     idle_aging_s: float = DEFAULT_AGING_INTERVAL_S
+    # --delayacct and --mglru: turn each on at start ("on") or leave it as found ("keep").
+    delayacct: str = kernel_switches.ON
+    mglru: str = kernel_switches.ON
+    # --stall-signal: "auto" (PSI where there is PSI, else delay accounting) or "delayacct".
+    stall_signal: str = "auto"
 
 
 class Agent:
@@ -130,7 +139,13 @@ class Agent:
         self.hotplug = HotplugWatcher(config.fs, config.online_memory)
         self.confidential = decide(config.confidential, read_facts(config.fs))
         self.swaps = SwapManager(config.fs, confidential=self.confidential)
-        self.reclaimer = Reclaimer(config.fs)
+        # Delay accounting's stall where the guest has no PSI; a test tree has no tasks.
+        self.stall = (
+            DelayStallMeter(config.fs, preferred=config.stall_signal == DELAYACCT_SIGNAL)
+            if config.fs.is_real
+            else None
+        )
+        self.reclaimer = Reclaimer(config.fs, stall=self.stall)
         self.ager = IdleAger(config.fs, config.idle_aging_s)
         pb_grpc.add_MemoryAgentServicer_to_server(
             MemoryAgentServicer(
@@ -142,6 +157,7 @@ class Agent:
                 peers=self.peers,
                 ager=self.ager,
                 max_watches=config.max_watches,
+                stall=self.stall,
             ),
             self.server,
         )
@@ -266,6 +282,25 @@ class Agent:
         log.info("stopped")
 
 
+def switch_kernel_features(config: ServerConfig) -> None:
+    """Delay accounting and the multi-gen LRU on, unless kept as found; logged and audited."""
+    if not config.fs.is_real:
+        return
+    for switch in (
+        kernel_switches.switch_delayacct(config.fs, config.delayacct),
+        kernel_switches.switch_mglru(config.fs, config.mglru),
+    ):
+        log.info(
+            "kernel_setting",
+            setting=switch.setting,
+            before=switch.before,
+            after=switch.after,
+            left_because=switch.left_because or None,
+        )
+        if switch.changed or switch.left_because:
+            audit_kernel_switch(switch.setting, switch.before, switch.after, switch.left_because)
+
+
 def tcp_port_in_use(host: str, port: int) -> bool:
     """Whether a listener holds host:port. Asked before grpc binds, because grpc neither
     says why a bind failed nor keeps its own log line about it off stderr."""
@@ -315,6 +350,8 @@ async def serve(config: ServerConfig) -> None:
     # Before any listener: a limits change a dead agent left half done is rolled back
     # before a caller can see or change that cgroup.
     limits.recover(config.fs)
+    # Before the reclaimer reloads its policies: on a kernel without PSI they need one on.
+    switch_kernel_features(config)
     # Blocking kernel work (mkswap, a memory.max write reclaiming, Compact) runs in threads;
     # asyncio's default pool grows to cpus + 4 under load, and each thread is paid for in
     # every guest. Two keep one slow write from holding up the others.

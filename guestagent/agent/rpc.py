@@ -25,6 +25,7 @@ from guestagent.agent.status import details_metadata
 from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
+from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
@@ -193,9 +194,12 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         peers: PeerTable | None = None,
         ager: IdleAger | None = None,
         max_watches: int = DEFAULT_MAX_WATCHES,
+        stall: DelayStallMeter | None = None,
     ) -> None:
         self.fs = fs
-        self.reclaimer = reclaimer or Reclaimer(fs)
+        # Delay accounting's stall, read where the guest has no PSI; None reads PSI only.
+        self.stall = stall
+        self.reclaimer = reclaimer or Reclaimer(fs, stall=stall)
         # Not started here: the daemon runs the one aging loop (its idle figures are absent
         # until it has aged once).
         self.ager = ager or IdleAger(fs)
@@ -217,7 +221,13 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
 
     async def _watch_report(self, cgroups: tuple[str, ...], removed_ok: bool) -> MemoryReport:
         return await run_on(
-            self._stream_readers, read_report, self.fs, cgroups, self.hotplug_reports, removed_ok
+            self._stream_readers,
+            read_report,
+            self.fs,
+            cgroups,
+            self.hotplug_reports,
+            self.stall,
+            removed_ok,
         )
 
     async def _idle_report(self, report: MemoryReport, spec: IdleSpec) -> IdleReport:
@@ -229,7 +239,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     async def GetAgentInfo(
         self, _: None, context: Context[pb.GetAgentInfoRequest, pb.AgentInfo]
     ) -> AgentInfo:
-        return await self._read(agent_info, self.fs)
+        return await self._read(agent_info, self.fs, self.stall)
 
     @unary(wire.memory_info_from_pb, wire.report_pb)
     async def GetMemoryInfo(
@@ -243,6 +253,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
             self.hotplug_reports,
             self.swaps.confidential,
             self.ager.state,
+            self.stall,
         )
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
@@ -256,6 +267,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
             hub=self.signals,
             read=self._watch_report,
             idle=self._idle_report,
+            stall=self.stall,
         )
 
     @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)

@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from guestagent import errors
+from guestagent.jsonlog import EventLog, Repeats
 from guestagent.linux.cgroups import cgroup_dir
-from guestagent.linux.features import Absent, read_psi_absence
+from guestagent.linux.delayacct import DelayStallMeter, StallWindow
+from guestagent.linux.features import DELAYACCT, Absent, read_psi_absence
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
@@ -22,6 +25,9 @@ from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, S
 from guestagent.ops.giveback import IdleReport
 from guestagent.ops.idle import IdleSpec
 from guestagent.ops.workingset.reclaimer import TargetStatus
+
+log = EventLog("guestagent.watch")
+repeats = Repeats(log)
 
 DEFAULT_WATCH_INTERVAL_MS = 1000
 MIN_WATCH_INTERVAL_MS = 100
@@ -71,18 +77,42 @@ def watch_interval_seconds(interval_ms: int) -> float:
     return interval_ms / 1000
 
 
-def trigger_to_arm(spec: WatchSpec, psi: Absent | None) -> PressureTriggerSpec | None:
-    """The trigger to arm: none without PSI, and a trigger asked for without PSI is refused
-    (the caller would wait for signals that never come)."""
+# A delay-accounting trigger is polled this many times per window.
+POLLS_PER_WINDOW = 4
+
+
+@dataclass(frozen=True)
+class Triggers:
+    """What a stream arms: a PSI trigger, or the same rule polled over delay accounting."""
+
+    psi: PressureTriggerSpec | None = None
+    delayacct: PressureTriggerSpec | None = None
+
+
+def triggers_to_arm(spec: WatchSpec, psi: Absent | None, delay: Absent | None) -> Triggers:
+    """PSI's trigger where the kernel has PSI. Without it, the default trigger is left off
+    (the interval and memory.events still wake the stream) and one the caller asked for is
+    served by polling delay accounting; with neither, or asked for `full` (all tasks stalled,
+    which only PSI knows), it is refused: the caller would wait for signals that never come."""
     if psi is None:
-        return spec.trigger
-    if spec.trigger_asked:
+        return Triggers(psi=spec.trigger)
+    if not spec.trigger_asked:
+        return Triggers()
+    if spec.trigger.full:
         raise errors.FailedPrecondition(
-            f"pressure_trigger set, but there is no PSI: {psi.reason}",
-            "STALL_SIGNAL_ABSENT",
+            f"pressure_trigger asks for full stalls, which only PSI measures: {psi.reason}",
+            "FULL_STALL_NEEDS_PSI",
+            field="pressure_trigger.full",
             metadata={"feature": psi.feature},
         )
-    return None
+    if delay is not None:
+        raise errors.FailedPrecondition(
+            f"pressure_trigger set, but there is no stall signal: no PSI: {psi.reason}; "
+            f"no delay accounting: {delay.reason}",
+            "STALL_SIGNAL_ABSENT",
+            metadata={"features": f"{psi.feature},{delay.feature}"},
+        )
+    return Triggers(delayacct=spec.trigger)
 
 
 def watch_spec(
@@ -133,16 +163,18 @@ async def watch_memory(
     hub: SignalHub | None = None,
     read: ReadReport | None = None,
     idle: ReadIdle | None = None,
+    stall: DelayStallMeter | None = None,
 ) -> AsyncIterator[WatchUpdate]:
     """Updates until `stopping` is set or the caller stops iterating (which frees its share
     of the hub's inotify watches and PSI trigger). `read` reads a report off the event loop's
     thread (the servicer's reader threads); None reads it in place. `idle` adds each
-    report's idle figures; None leaves them out."""
+    report's idle figures; None leaves them out. `stall` is delay accounting's meter, which
+    serves a trigger asked for where there is no PSI."""
     hub = hub or SignalHub(fs)
 
     async def report(removed_ok: bool = True) -> MemoryReport:
         if read is None:
-            return read_report(fs, spec.cgroups, hotplug, removed_ok)
+            return read_report(fs, spec.cgroups, hotplug, stall, removed_ok)
         return await read(spec.cgroups, removed_ok)
 
     async def figures(report: MemoryReport) -> IdleReport | None:
@@ -151,21 +183,59 @@ async def watch_memory(
     # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
     first = await report(removed_ok=False)
     events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
-    trigger = trigger_to_arm(spec, read_psi_absence(fs))
-    with hub.subscribe(events, trigger) as signals:
-        yield WatchUpdate(
-            first, WatchReason.INITIAL, (), reclaim_status(spec.cgroups), await figures(first)
+    psi = read_psi_absence(fs)
+    delay = None
+    if psi is not None and spec.trigger_asked:
+        delay = (
+            await asyncio.to_thread(stall.absence)
+            if stall is not None
+            else Absent(DELAYACCT, "this agent reads no delay accounting")
         )
-        while True:
-            woke = await _next_signals(signals, spec.interval_s, stopping)
-            if woke is None:
-                return
-            reason, changed = reason_for(woke)
-            now = await report()
-            follow_cgroups(fs, signals, now.removed)
-            yield WatchUpdate(
-                now, reason, changed, reclaim_status(spec.cgroups), await figures(now)
+    triggers = triggers_to_arm(spec, psi, delay)
+    with hub.subscribe(events, triggers.psi) as signals:
+        poller = None
+        if triggers.delayacct is not None and stall is not None:
+            poller = asyncio.ensure_future(
+                _poll_delay_stall(stall, fs, triggers.delayacct, signals)
             )
+        try:
+            yield WatchUpdate(
+                first, WatchReason.INITIAL, (), reclaim_status(spec.cgroups), await figures(first)
+            )
+            while True:
+                woke = await _next_signals(signals, spec.interval_s, stopping)
+                if woke is None:
+                    return
+                reason, changed = reason_for(woke)
+                now = await report()
+                follow_cgroups(fs, signals, now.removed)
+                yield WatchUpdate(
+                    now, reason, changed, reclaim_status(spec.cgroups), await figures(now)
+                )
+        finally:
+            if poller is not None:
+                poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await poller
+
+
+async def _poll_delay_stall(
+    stall: DelayStallMeter, fs: KernelFS, trigger: PressureTriggerSpec, signals: KernelSignals
+) -> None:
+    """The guest's stall from delay accounting, polled through the trigger's window; a
+    PRESSURE signal whenever the trigger's rule fires (StallWindow)."""
+    window = StallWindow(trigger.stall_us, trigger.window_us)
+    period_s = trigger.window_us / POLLS_PER_WINDOW / 1_000_000
+    while True:
+        try:
+            total = await asyncio.to_thread(stall.total_us, fs.cgroup_root)
+        except errors.AgentError as e:
+            # The stream goes on with its interval and memory.events; the next poll may work.
+            repeats.warning("delay_stall_unread", error=str(e))
+        else:
+            if window.add(time.monotonic_ns() // 1000, total):
+                signals.queue.put_nowait((Signal.PRESSURE, None))
+        await asyncio.sleep(period_s)
 
 
 def follow_cgroups(fs: KernelFS, signals: KernelSignals, removed: tuple[str, ...]) -> None:

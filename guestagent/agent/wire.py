@@ -18,6 +18,7 @@ from guestagent.agent.watch_stream import (
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.cgroups import canonical_cgroup_name
+from guestagent.linux.delayacct import DELAYACCT_STALL
 from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
@@ -177,7 +178,13 @@ def cgroup_pb(cgroup: CgroupMemory) -> pb.CgroupMemory:
         message.swap_max.CopyFrom(limit_pb(cgroup.swap.max))
     if cgroup.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(cgroup.pressure))
+    if cgroup.delay_stall_us is not None:
+        message.delay_stall.CopyFrom(delay_stall_pb(cgroup.delay_stall_us))
     return message
+
+
+def delay_stall_pb(total_us: int) -> pb.MemoryStall:
+    return pb.MemoryStall(source=DELAYACCT_STALL, total_us=total_us)
 
 
 def hotplug_pb(report: HotplugReport) -> pb.MemoryHotplug:
@@ -280,6 +287,8 @@ def memory_info_pb(
     )
     if report.pressure is not None:
         message.pressure.CopyFrom(pressure_pb(report.pressure))
+    if report.delay_stall_us is not None:
+        message.delay_stall.CopyFrom(delay_stall_pb(report.delay_stall_us))
     if report.hotplug is not None:
         message.hotplug.CopyFrom(hotplug_pb(report.hotplug))
     if report.vmstat is not None:
@@ -469,7 +478,7 @@ def online_result_pb(result: OnlineResult) -> pb.OnlineMemoryResult:
 
 
 def overhead_pb(overhead: GuestOverhead) -> pb.GuestOverhead:
-    return pb.GuestOverhead(
+    message = pb.GuestOverhead(
         present_bytes=overhead.present,
         mem_total_bytes=overhead.mem_total,
         kernel_reserved_bytes=overhead.kernel_reserved,
@@ -477,6 +486,13 @@ def overhead_pb(overhead: GuestOverhead) -> pb.GuestOverhead:
         agent_rss_bytes=overhead.agent_rss,
         workloads_bytes=overhead.workloads,
     )
+    if isinstance(overhead.swiotlb, Absent):
+        message.swiotlb_absent.CopyFrom(absent_pb(overhead.swiotlb))
+    else:
+        message.swiotlb_size.CopyFrom(
+            pb.SwiotlbSize(bytes=overhead.swiotlb.size, source=overhead.swiotlb.source)
+        )
+    return message
 
 
 RECLAIM_STATE_TO_PB = {

@@ -425,23 +425,39 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", type=Path, help="overhead model from measure-overhead --out (default: built in)"
     )
+    parser.add_argument(
+        "--platform",
+        choices=("plain", "sev-snp", "tdx"),
+        default="plain",
+        help="the built-in model: plain, or a confidential guest's, fitted to a published "
+        "survey (docs/sizing.md); confidential VMs are sized exactly, without blocks",
+    )
 
 
 def _plan(args: argparse.Namespace) -> int:
     """Exit 0 when the pod fits, 1 when the preflight fails, 2 on bad input."""
     from guestagent.host.sizing import (
-        DEFAULT_BLOCK_SIZE,
-        DEFAULT_MODEL,
+        PLAIN,
         Container,
         PodSizing,
         model_from_dict,
         plan,
         plan_text,
         plan_to_dict,
+        platform_block_size,
+        platform_model,
     )
 
+    if args.model is not None and args.platform != PLAIN:
+        # measure-overhead boots plain guests only: a model file is not a confidential one's.
+        print(
+            f"guestctl: plan: --model and --platform {args.platform} both give the overheads; "
+            "use one",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        model = DEFAULT_MODEL
+        model = platform_model(args.platform)
         if args.model is not None:
             model = model_from_dict(json.loads(args.model.read_text()))
     except (AgentError, OSError, ValueError) as e:
@@ -461,7 +477,9 @@ def _plan(args: argparse.Namespace) -> int:
             default_maxmemory=args.default_maxmemory * MIB,
             containers=containers,
             pod_limit=args.pod_limit,
-            block_size=args.block_size or DEFAULT_BLOCK_SIZE,
+            block_size=(
+                platform_block_size(args.platform) if args.block_size is None else args.block_size
+            ),
         )
         result = plan(sizing, model)
     except (AgentError, OSError) as e:

@@ -224,10 +224,19 @@ def online_text(result: pb.OnlineMemoryResult) -> str:
     )
 
 
+def swiotlb_text(result: pb.GuestOverhead) -> str:
+    which = result.WhichOneof("swiotlb")
+    if which == "swiotlb_size":
+        return f"swiotlb {mib(result.swiotlb_size.bytes)} (from {result.swiotlb_size.source})"
+    if which == "swiotlb_absent":
+        return f"swiotlb unknown: {result.swiotlb_absent.reason}"
+    return "swiotlb not reported (an older agent)"
+
+
 def overhead_text(result: pb.GuestOverhead) -> str:
     return (
         f"present {mib(result.present_bytes)}  MemTotal {mib(result.mem_total_bytes)}  "
-        f"kernel reserved {mib(result.kernel_reserved_bytes)}\n"
+        f"kernel reserved {mib(result.kernel_reserved_bytes)}, of which {swiotlb_text(result)}\n"
         f"used outside workloads {mib(result.outside_workloads_bytes)} (agent RSS "
         f"{mib(result.agent_rss_bytes)})  workloads {mib(result.workloads_bytes)}"
     )

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from guestagent.host.client import AgentClient
-from guestagent.host.sizing import MIB, OverheadModel, OverheadSample
+from guestagent.host.sizing import MIB, OverheadModel, OverheadSample, overhead_formula
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.mm import Mapping, parse_smaps
 from guestagent.vm.qemu import GuestVM, GuestVMError, VMConfig, accelerator
@@ -110,7 +110,7 @@ def table_text(model: OverheadModel) -> str:
     ]
 
     fits = [
-        f"{name + ' overhead':<16} = {_mib(fit.intercept)} MiB + {fit.slope:.4f} x VM size"
+        f"{name + ' overhead':<16} = {overhead_formula(fit)}"
         for name, fit in (("kernel", model.kernel), ("daemons", model.daemons), ("VMM", model.vmm))
     ]
     return "\n".join([header, *rows, "", f"fitted model ({model.source}):", *fits])

@@ -1,5 +1,5 @@
-"""Kernel features the agent reads or uses but a guest kernel may lack: PSI, the multi-gen
-LRU and the idle ages built on it, dm-crypt for encrypted swap, virtio-mem.
+"""Kernel features the agent reads or uses but a guest kernel may lack: PSI, delay accounting,
+the multi-gen LRU and the idle ages built on it, dm-crypt for encrypted swap, virtio-mem.
 
 Absence is a value, `Absent` (the feature and why, with how to turn it on), never a zero
 figure: a stall of 0 from a kernel without PSI would read as "no stall". Each feature has a
@@ -19,6 +19,7 @@ from guestagent.linux.fs import KernelFS
 # The features a report or a status may list as absent.
 PSI = "psi"
 MGLRU = "mglru"
+DELAYACCT = "delayacct"
 # Listed by GetAgentInfo only.
 IDLE_AGES = "idle_ages"
 SWAP_ENCRYPTION = "swap_encryption"
@@ -107,6 +108,10 @@ def read_psi_absence(fs: KernelFS) -> Absent | None:
 
 def read_lru_gen_enabled(fs: KernelFS) -> str | None:
     return fs.read_optional(fs.sys("kernel", "mm", "lru_gen", "enabled"))
+
+
+def write_lru_gen_enabled(fs: KernelFS, value: str) -> None:
+    fs.write(fs.sys("kernel", "mm", "lru_gen", "enabled"), value)
 
 
 def read_mglru_absence(fs: KernelFS) -> Absent | None:

@@ -125,18 +125,20 @@ def debugfs_absence(fs: KernelFS) -> Absent | None:
 
 
 @contextmanager
-def debugfs(fs: KernelFS) -> Iterator[Path]:
-    """lru_gen's path, with debugfs mounted for the duration if it was not (then unmounted).
-    AgentError naming the mount when it cannot be mounted (e.g. kernel lockdown)."""
-    path = lru_gen_path(fs)
+def debugfs(fs: KernelFS, path: Path | None = None) -> Iterator[Path]:
+    """A debugfs path (lru_gen's unless given), with debugfs mounted for the duration if the
+    path is not there (then unmounted). AgentError naming the mount when it cannot be
+    mounted (e.g. kernel lockdown)."""
+    path = lru_gen_path(fs) if path is None else path
     if fs.exists(path) or not fs.is_real:
         yield path
         return
-    mountpoint = os.fspath(path.parent)
+    where = fs.sys("kernel", "debug")
+    mountpoint = os.fspath(where)
     try:
         syscalls.mount(DEBUGFS, mountpoint, DEBUGFS, syscalls.MS_NOSUID | syscalls.MS_NODEV)
     except OSError as e:
-        raise kernel_error("mount debugfs on", path.parent, None, e) from e
+        raise kernel_error("mount debugfs on", where, None, e) from e
     try:
         yield path
     finally:

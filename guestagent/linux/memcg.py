@@ -4,6 +4,7 @@ them), memory.reclaim, and what the reclaimer reads of a cgroup."""
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def same_limit(a: str, b: str, page_size: int) -> bool:
 class ReclaimReading:
     """What the reclaimer reads of a cgroup each interval."""
 
-    stall_total_us: int  # memory.pressure `some` total.
+    stall_total_us: int  # memory.pressure `some` total, or delay accounting's (delayacct.py).
     refault_pages: int
     current: int
     protected: int  # max(memory.min, memory.low): the kernel's own floor for the cgroup.
@@ -64,15 +65,25 @@ def refault_pages_from(stat: dict[str, int]) -> int:
     return stat.get("workingset_refault", 0)
 
 
-def read_reclaim_reading(fs: KernelFS, directory: Path) -> ReclaimReading:
-    pressure = fs.read_parsed(directory / MEMORY_PRESSURE, parse_pressure)
+def read_psi_stall_total_us(fs: KernelFS, directory: Path) -> int:
+    """memory.pressure's `some` total: the wall time any of the cgroup's tasks stalled."""
+    return fs.read_parsed(directory / MEMORY_PRESSURE, parse_pressure).some.total_us
+
+
+def read_reclaim_reading(
+    fs: KernelFS, directory: Path, stall_total_us: Callable[[], int] | None = None
+) -> ReclaimReading:
+    """`stall_total_us` reads the stall where it is not PSI's (delay accounting)."""
+    stall = (
+        stall_total_us() if stall_total_us is not None else read_psi_stall_total_us(fs, directory)
+    )
     stat = fs.read_parsed(directory / "memory.stat", parse_flat_keyed)
     protected = max(
         parsed(directory / name, fs.read_optional(directory / name) or "0", int)
         for name in ("memory.min", "memory.low")
     )
     return ReclaimReading(
-        pressure.some.total_us,
+        stall,
         refault_pages_from(stat),
         fs.read_int(directory / "memory.current"),
         protected,

@@ -1,4 +1,5 @@
-"""The memory report: /proc/meminfo, PSI, and per-cgroup memory files.
+"""The memory report: /proc/meminfo, PSI (or delay accounting's stall), and per-cgroup memory
+files.
 
 Parsing is pure (text in, frozen values out) and kept apart from the reads. A kernel
 feature that is off (PSI, swap accounting) is reported as None, never as zero.
@@ -7,11 +8,12 @@ feature that is off (PSI, swap accounting) is reported as None, never as zero.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, NotFound, quoted
 from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import Absent, read_absent
 from guestagent.linux.fs import KernelFS, parsed
 from guestagent.linux.keyed import parse_flat_keyed
@@ -84,6 +86,8 @@ class CgroupMemory:
     # it), for the give-back figures.
     lru_anon: int = 0
     lru_file: int = 0
+    # Delay accounting's stall total (delayacct.py), where there is no PSI; else None.
+    delay_stall_us: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class MemoryReport:
     hotplug: HotplugReport | None = None  # None: the kernel has no memory hotplug
     vmstat: VmStat | None = None  # None without /proc/vmstat (a test tree).
     absent: tuple[Absent, ...] = ()  # Kernel features this guest lacks, each with why.
+    delay_stall_us: int | None = None  # As CgroupMemory's, for every process in the guest.
     # Cgroups asked for that do not exist now (a watch stream's, which outlive containers).
     removed: tuple[str, ...] = ()
 
@@ -243,48 +248,73 @@ def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
 
 def read_present_cgroups(
     fs: KernelFS, cgroups: tuple[str, ...]
-) -> tuple[tuple[CgroupMemory, ...], tuple[str, ...]]:
-    """The cgroups that exist, read, and the names of those that do not: missing, or removed
-    while their files were read (rmdir takes them all at once, so a directory that is gone
-    afterwards is what tells the two apart from a missing file)."""
-    found: list[CgroupMemory] = []
+) -> tuple[list[tuple[CgroupMemory, Path]], tuple[str, ...]]:
+    """The cgroups that exist, read, with their directories, and the names of those that do
+    not: missing, or removed while their files were read (rmdir takes them all at once, so a
+    directory that is gone afterwards is what tells the two apart from a missing file)."""
+    found: list[tuple[CgroupMemory, Path]] = []
     removed: list[str] = []
     for name in cgroups:
         try:
-            found.append(read_cgroup_dir(fs, cgroup_dir(fs, name), name))
+            directory = cgroup_dir(fs, name)
+            found.append((read_cgroup_dir(fs, directory, name), directory))
         except NotFound:
             removed.append(name)
         except AgentError:
             if fs.is_dir(fs.cgroup_root / name):
                 raise
             removed.append(name)
-    return tuple(found), tuple(removed)
+    return found, tuple(removed)
 
 
 def read_report(
     fs: KernelFS,
     cgroups: tuple[str, ...] = (),
     hotplug: HotplugReportCache | None = None,
+    stall: DelayStallMeter | None = None,
     removed_ok: bool = False,
 ) -> MemoryReport:
     """hotplug: the cache that spares re-reading the hotplug section; None reads it afresh.
+    stall: delay accounting's meter, read where PSI is not (or is, when it is preferred).
     removed_ok lists a cgroup that does not exist in `removed` instead of refusing it."""
     if removed_ok:
-        read, removed = read_present_cgroups(fs, cgroups)
+        present, removed = read_present_cgroups(fs, cgroups)
     else:
-        directories = [cgroup_dir(fs, name) for name in cgroups]  # Refuse bad names first.
-        read = tuple(
-            read_cgroup_dir(fs, d, name) for d, name in zip(directories, cgroups, strict=True)
-        )
-        removed = ()
+        named = [(cgroup_dir(fs, name), name) for name in cgroups]  # Refuse bad names first.
+        present, removed = [(read_cgroup_dir(fs, d, name), d) for d, name in named], ()
+    found = [cgroup for cgroup, _ in present]
+    directories = [directory for _, directory in present]
     system = read_system_memory(fs)
+    pressure = read_system_pressure(fs)
+    absent = read_absent(fs)
+    delay_stall_us = None
+    if stall is not None:
+        delay_absent = stall.absence()
+        if delay_absent is not None:
+            absent = (*absent, delay_absent)
+        else:
+            if pressure is None or stall.preferred:
+                delay_stall_us = stall.total_us(fs.cgroup_root)
+            measured = []
+            for cgroup, directory in zip(found, directories, strict=True):
+                if cgroup.pressure is None or stall.preferred:
+                    try:
+                        cgroup = replace(cgroup, delay_stall_us=stall.total_us(directory))
+                    except AgentError:
+                        if not removed_ok or fs.is_dir(directory):
+                            raise
+                        removed = (*removed, cgroup.path)  # Removed since it was read.
+                        continue
+                measured.append(cgroup)
+            found = measured
     return MemoryReport(
         collected_at_unix_ns=time.time_ns(),
         system=system,
-        pressure=read_system_pressure(fs),
-        cgroups=read,
+        pressure=pressure,
+        cgroups=tuple(found),
         hotplug=hotplug.report(fs, system.mem_total) if hotplug else read_hotplug_report(fs),
         vmstat=read_vmstat(fs),
-        absent=read_absent(fs),
+        absent=absent,
+        delay_stall_us=delay_stall_us,
         removed=removed,
     )

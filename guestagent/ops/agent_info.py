@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from guestagent import __version__
 from guestagent.errors import ERROR_DOMAIN
-from guestagent.linux.features import Absent, read_features
+from guestagent.linux.delayacct import DelayStallMeter
+from guestagent.linux.features import DELAYACCT, Absent, read_features
 from guestagent.linux.fs import KernelFS
 
 # 1: the contract before GetAgentInfo. 2: GetAgentInfo, refusal reasons (ErrorInfo), watch
@@ -27,5 +28,11 @@ class AgentInfo:
     error_domain: str = ERROR_DOMAIN
 
 
-def agent_info(fs: KernelFS) -> AgentInfo:
-    return AgentInfo(__version__, CONTRACT_REVISION, read_features(fs))
+def agent_info(fs: KernelFS, stall: DelayStallMeter | None = None) -> AgentInfo:
+    """`stall`: the agent's delay-accounting meter, which knows whether taskstats answers."""
+    delay = (
+        stall.absence()
+        if stall is not None
+        else Absent(DELAYACCT, "this agent reads no delay accounting")
+    )
+    return AgentInfo(__version__, CONTRACT_REVISION, (*read_features(fs), (DELAYACCT, delay)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from guestagent.linux.confidential import Confidential
+from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
@@ -38,8 +39,9 @@ def memory_info(
     hotplug: HotplugReportCache,
     confidential: Confidential,
     idle: IdleState,
+    stall: DelayStallMeter | None = None,
 ) -> Report:
-    report = read_report(fs, spec.cgroups, hotplug)
+    report = read_report(fs, spec.cgroups, hotplug, stall)
     return Report(
         report,
         confidential,

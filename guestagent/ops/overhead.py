@@ -2,7 +2,9 @@
 
 Not all of a VM's memory is usable: the kernel keeps a share (present - MemTotal) that
 grows with VM size, and daemons (this agent among them) use memory outside the workload
-cgroups. Runtimes guess these; the agent measures them.
+cgroups. Runtimes guess these; the agent measures them. Within the kernel's share it names
+the swiotlb, which a confidential guest sizes with its memory, so an operator can check
+`guestctl plan --platform`'s model against a real guest.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from dataclasses import dataclass
 
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.features import Absent
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import block_size_bytes, memory_blocks
 from guestagent.linux.meminfo import read_current, read_system_memory
 from guestagent.linux.mm import read_own_rss, read_present_bytes
+from guestagent.linux.swiotlb import Swiotlb, read_swiotlb
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class GuestOverhead:
     outside_workloads: int
     agent_rss: int
     workloads: int
+    swiotlb: Swiotlb | Absent  # within kernel_reserved
 
 
 def guest_overhead(fs: KernelFS, workload_cgroups: tuple[str, ...] = ()) -> GuestOverhead:
@@ -42,4 +47,5 @@ def guest_overhead(fs: KernelFS, workload_cgroups: tuple[str, ...] = ()) -> Gues
         outside_workloads=max(0, used - workloads),
         agent_rss=read_own_rss(fs),
         workloads=workloads,
+        swiotlb=read_swiotlb(fs),
     )

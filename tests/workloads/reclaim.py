@@ -170,6 +170,8 @@ class Sampler:
     vm: GuestVM
     agent: AgentClient
     cgroup: str
+    # Which stall the rows' stall_total_us is: "psi_stall" or "delayacct_stall".
+    source: str = "psi_stall"
     rows: list[dict[str, Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -196,8 +198,12 @@ class Sampler:
                 "qemu_guest_rss": self.vm.qemu_guest_rss_bytes(),
                 "current": info.cgroups[0].current_bytes,
                 # None without PSI: no stall was measured, which is not a stall of 0.
-                "stall_total_us": cgroup.pressure.some.total_us
+                "psi_stall_total_us": cgroup.pressure.some.total_us
                 if cgroup.HasField("pressure")
+                else None,
+                # Delay accounting's, where the agent reads it (no PSI, or --stall-signal).
+                "delayacct_stall_total_us": cgroup.delay_stall.total_us
+                if cgroup.HasField("delay_stall")
                 else None,
                 "pgmajfault": info.vmstat.pgmajfault,
                 "refaults": info.vmstat.workingset_refault_anon
@@ -207,6 +213,8 @@ class Sampler:
                 "reclaimed_total": info.reclaim[0].reclaimed_total_bytes if info.reclaim else 0,
                 "state": pb.ReclaimState.Name(info.reclaim[0].state) if info.reclaim else "",
             }
+            # The stall of the signal the reclaimer runs on, PSI's where there is PSI.
+            row["stall_total_us"] = row[f"{self.source}_total_us"]
             self.rows.append(row)
             self._stop.wait(1.0)
 
@@ -217,14 +225,27 @@ class Sampler:
         return [r for r in self.rows if start <= r["t"] <= end]
 
 
-def stall_per_second(rows: list[dict[str, Any]]) -> float | None:
-    """us of stall per s over the rows, None without PSI."""
+def stall_per_second(rows: list[dict[str, Any]], key: str = "stall_total_us") -> float | None:
+    """us of stall per s over the rows, None where the signal was not read."""
     if len(rows) < 2:
         return 0.0
-    if rows[0]["stall_total_us"] is None or rows[-1]["stall_total_us"] is None:
+    if rows[0][key] is None or rows[-1][key] is None:
         return None
     span = float(rows[-1]["t"] - rows[0]["t"])
-    return float(rows[-1]["stall_total_us"] - rows[0]["stall_total_us"]) / max(span, 1e-6)
+    return float(rows[-1][key] - rows[0][key]) / max(span, 1e-6)
+
+
+def stall_source(agent: AgentClient) -> str:
+    """The stall signal the reclaimer will run on in this guest: PSI's where it has PSI."""
+    return "delayacct_stall" if "psi" in absent_features(agent) else "psi_stall"
+
+
+def stall_by_signal(rows: list[dict[str, Any]], suffix: str) -> dict[str, int | None]:
+    """us of stall per s over the rows by every signal the guest has, side by side."""
+    return {
+        f"{signal}_us_per_s_{suffix}": rounded(stall_per_second(rows, f"{signal}_total_us"))
+        for signal in ("psi_stall", "delayacct_stall")
+    }
 
 
 def rounded(value: float | None) -> int | None:
@@ -244,12 +265,13 @@ def without_timelines(figures: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in figures.items() if not k.endswith("timeline")}
 
 
-def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
-    """Scenarios 1 and 2: the policy off (the control), then on, in one run."""
+def off_then_on(vm: GuestVM, agent: AgentClient, source: str = "psi_stall") -> dict[str, Any]:
+    """Scenarios 1 and 2: the policy off (the control), then on, in one run. `source` is the
+    stall signal the reclaimer runs on (stall_source()), whose figures the stall_* keys are."""
     agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
     device = fill_data_disk(vm, FILE_MIB)
     vm.exec("mkdir -p /sys/fs/cgroup/pod")
-    with Sampler(vm, agent, "pod") as sampler:
+    with Sampler(vm, agent, "pod", source) as sampler:
         out = start_workload(vm, "pod", ANON_MIB, HOT_MIB, device, FILE_MIB)
         off_start, guest_off_start = sampler.now(), guest_time(vm)
         time.sleep(CONTROL_S)  # The control: a window measured with the policy off.
@@ -297,8 +319,15 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
         "hot_slowdown_paced": slowdown(hot_off, hot_on),
         "hot_iterations": [len(hot_off), len(hot_on)],
         "absent": absent_features(agent),
+        "stall_source": source,
+        "signals": list(target.signals),
         "stall_us_per_s_off": rounded(stall_per_second(off_rows)),
         "stall_us_per_s_on": rounded(stall_per_second(on_rows)),
+        **stall_by_signal(on_rows, "on"),
+        "majfaults_per_s_on": round(
+            (on_rows[-1]["pgmajfault"] - on_rows[0]["pgmajfault"])
+            / max(on_rows[-1]["t"] - on_rows[0]["t"], 1e-6)
+        ),
         "stall_target_us_per_s": STALL_TARGET_US,
         "stall_intervals_over_target": sum(
             (b["stall_total_us"] - a["stall_total_us"]) > STALL_TARGET_US * (b["t"] - a["t"])
@@ -318,15 +347,17 @@ def off_then_on(vm: GuestVM, agent: AgentClient) -> dict[str, Any]:
     }
 
 
-def no_thrash(vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300) -> dict[str, Any]:
+def no_thrash(
+    vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300, source: str = "psi_stall"
+) -> dict[str, Any]:
     """Scenario 3: a hot set of most of the allocation; the policy must back off."""
     vm.exec("mkdir -p /sys/fs/cgroup/thrash")
-    with Sampler(vm, agent, "thrash") as sampler:
+    with Sampler(vm, agent, "thrash", source) as sampler:
         out = start_workload(vm, "thrash", anon, hot)
         guest_off_start = guest_time(vm)
         time.sleep(15)  # The control window.
         on_start, guest_on_start = sampler.now(), guest_time(vm)
-        agent.set_reclaim_policy("thrash", True, POLICY)
+        signals = list(agent.set_reclaim_policy("thrash", True, POLICY).signals)
         time.sleep(45)  # The window with the policy on.
         on_end, guest_on_end = sampler.now(), guest_time(vm)
     log = iteration_log(vm, out)
@@ -347,9 +378,12 @@ def no_thrash(vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300) 
         "majfaults_per_s_last_20_s": round((late[-1]["pgmajfault"] - late[0]["pgmajfault"]) / span),
         "refaults_per_s_last_20_s": round((late[-1]["refaults"] - late[0]["refaults"]) / span),
         "absent": absent_features(agent),
+        "stall_source": source,
+        "signals": signals,
         # Over the whole window, with the crossing into the hot set, and after the back-off.
         "stall_us_per_s_on": rounded(stall_per_second(on_rows)),
         "stall_us_per_s_last_20_s": rounded(stall_per_second(late)),
+        **stall_by_signal(on_rows, "on"),
         "stall_ms_whole_window": round(
             (on_rows[-1]["stall_total_us"] - on_rows[0]["stall_total_us"]) / 1000, 1
         )

@@ -1,22 +1,27 @@
 """VM sizing on the host: the overhead model, the plan rules, and the plan as text.
 
-`model` fits and stores what a VM costs beyond its containers, `plan` applies a runtime's
-sizing rules and the host's pod limit to it, `text` renders the result. All pure.
+`model` fits and stores what a VM costs beyond its containers, `survey` carries the published
+figures for confidential guests and their fitted models, `plan` applies a runtime's sizing
+rules and the host's pod limit to it, `text` renders the result. All pure.
 """
 
 from guestagent.host.sizing.model import (
     DEFAULT_MODEL,
     MIB,
     MODEL_FORMAT,
+    Envelope,
     Line,
+    Overhead,
     OverheadModel,
     OverheadSample,
     ceil_mib,
+    fit_envelope,
     fit_line,
     fit_model,
     mib_text,
     model_from_dict,
     model_to_dict,
+    overhead_formula,
 )
 from guestagent.host.sizing.plan import (
     DEFAULT_BLOCK_SIZE,
@@ -31,6 +36,19 @@ from guestagent.host.sizing.plan import (
     validate,
     vm_ceiling,
 )
+from guestagent.host.sizing.survey import (
+    PLAIN,
+    PLATFORMS,
+    SEV_SNP,
+    SEV_SNP_ROWS,
+    SURVEY_ROWS,
+    TDX,
+    TDX_ROWS,
+    SurveyRow,
+    platform_block_size,
+    platform_model,
+    survey_model,
+)
 from guestagent.host.sizing.text import plan_text, plan_to_dict, verdict_text
 
 __all__ = [
@@ -38,25 +56,40 @@ __all__ = [
     "DEFAULT_MODEL",
     "MIB",
     "MODEL_FORMAT",
+    "PLAIN",
+    "PLATFORMS",
+    "SEV_SNP",
+    "SEV_SNP_ROWS",
+    "SURVEY_ROWS",
+    "TDX",
+    "TDX_ROWS",
     "Container",
+    "Envelope",
     "Hotplug",
     "Line",
+    "Overhead",
     "OverheadModel",
     "OverheadSample",
     "Plan",
     "PodSizing",
+    "SurveyRow",
     "ceil_mib",
+    "fit_envelope",
     "fit_line",
     "fit_model",
     "hotplug_amount",
     "mib_text",
     "model_from_dict",
     "model_to_dict",
+    "overhead_formula",
     "plan",
     "plan_text",
     "plan_to_dict",
+    "platform_block_size",
+    "platform_model",
     "round_down",
     "round_up",
+    "survey_model",
     "validate",
     "verdict_text",
     "vm_ceiling",

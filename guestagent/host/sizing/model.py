@@ -1,9 +1,10 @@
 """The overhead model: what a VM of a given size costs beyond its containers' limits.
 
-Three lines in the VM size (kernel reserve, guest daemons, the VMM's own memory), either the
-built-in conservative default or fitted to boots measured by `guestctl measure-overhead`,
-and the JSON file format `plan --model` reads. Pure functions over frozen dataclasses, in
-bytes; no I/O.
+Three overheads in the VM size (kernel reserve, guest daemons, the VMM's own memory), each a
+line or the upper envelope of two, either the built-in conservative default or fitted to
+boots measured by `guestctl measure-overhead` (or to a published survey, `survey`), and the
+JSON file format `plan --model` reads. Pure functions over frozen dataclasses, in bytes; no
+I/O.
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Envelope:
+    """The largest of its lines at each size: an overhead whose growth changes at some VM
+    size, as a confidential guest's kernel reserve does once its swiotlb outgrows 64 MiB."""
+
+    lines: tuple[Line, ...]
+
+    def at(self, vm_size: int) -> int:
+        return max(line.at(vm_size) for line in self.lines)
+
+
+Overhead = Line | Envelope
+
+
+@dataclass(frozen=True)
 class OverheadSample:
     """One measured boot: what the guest and the host saw at one VM size."""
 
@@ -67,11 +82,18 @@ class OverheadSample:
 
 @dataclass(frozen=True)
 class OverheadModel:
-    kernel: Line
-    daemons: Line
-    vmm: Line
+    kernel: Overhead
+    daemons: Overhead
+    vmm: Overhead
     source: str
     samples: tuple[OverheadSample, ...] = ()
+    # The VM sizes fitted when there are no samples (figures carried over from a survey).
+    fitted_sizes: tuple[int, ...] = ()
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The VM sizes the overheads were fitted at; outside them they are extrapolated."""
+        return self.fitted_sizes or tuple(sample.vm_size for sample in self.samples)
 
 
 # Used when plan gets no --model. Upper bounds, with margin, on what measure-overhead saw for
@@ -110,6 +132,33 @@ def fit_line(points: Sequence[tuple[int, int]]) -> Line:
     return Line(intercept, slope)
 
 
+def overhead_formula(overhead: Overhead) -> str:
+    """'35.8 MiB + 0.0176 x VM size', or the larger of two such lines."""
+    if isinstance(overhead, Envelope):
+        return "the larger of " + " and ".join(f"({overhead_formula(x)})" for x in overhead.lines)
+    return f"{overhead.intercept / MIB:.1f} MiB + {overhead.slope:.4f} x VM size"
+
+
+def excess(overhead: Overhead, points: Sequence[tuple[int, int]]) -> float:
+    """How far above the points the overhead lies, in all."""
+    return float(sum(overhead.at(x) - y for x, y in points))
+
+
+def fit_envelope(points: Sequence[tuple[int, int]]) -> Overhead:
+    """fit_line on either side of a VM size, two points or more a side, at the split that
+    leaves the least excess over all the points; one line when no split does better. Each
+    side's line lies on or above its points, so the envelope lies on or above them all."""
+    ordered = sorted(points)
+    best: Overhead = fit_line(ordered)
+    for split in range(2, len(ordered) - 1):
+        candidate = Envelope((fit_line(ordered[:split]), fit_line(ordered[split:])))
+        # Better by more than `at`'s rounding up to whole bytes, which a straight line's
+        # split would otherwise win by.
+        if excess(candidate, ordered) < excess(best, ordered) - len(ordered):
+            best = candidate
+    return best
+
+
 def fit_model(samples: Sequence[OverheadSample], source: str) -> OverheadModel:
     return OverheadModel(
         kernel=fit_line([(s.vm_size, s.kernel) for s in samples]),
@@ -124,13 +173,19 @@ def model_to_dict(model: OverheadModel) -> dict[str, Any]:
     def line(value: Line) -> dict[str, float]:
         return {"intercept_bytes": value.intercept, "slope": value.slope}
 
+    def overhead(value: Overhead) -> dict[str, Any]:
+        if isinstance(value, Envelope):
+            return {"lines": [line(each) for each in value.lines]}
+        return line(value)
+
     return {
         "format": MODEL_FORMAT,
         "source": model.source,
-        "kernel": line(model.kernel),
-        "daemons": line(model.daemons),
-        "vmm": line(model.vmm),
+        "kernel": overhead(model.kernel),
+        "daemons": overhead(model.daemons),
+        "vmm": overhead(model.vmm),
         "samples": [{**asdict(s), "kernel": s.kernel, "vmm": s.vmm} for s in model.samples],
+        "fitted_sizes": list(model.fitted_sizes),
     }
 
 
@@ -139,11 +194,20 @@ def model_from_dict(data: Mapping[str, Any]) -> OverheadModel:
     if data.get("format") != MODEL_FORMAT:
         raise InvalidArgument(f"format is {data.get('format')!r}, not {MODEL_FORMAT!r}")
 
-    def line(name: str) -> Line:
+    def line(name: str, value: Any) -> Line:
         try:
-            return Line(float(data[name]["intercept_bytes"]), float(data[name]["slope"]))
+            return Line(float(value["intercept_bytes"]), float(value["slope"]))
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidArgument(f"{name}: no intercept_bytes and slope ({e})") from None
+
+    def overhead(name: str) -> Overhead:
+        value = data.get(name)
+        if isinstance(value, Mapping) and "lines" in value:
+            lines = value["lines"]
+            if not isinstance(lines, list) or not lines:
+                raise InvalidArgument(f"{name}: lines is not a list of lines")
+            return Envelope(tuple(line(name, each) for each in lines))
+        return line(name, value)
 
     fields = OverheadSample.__dataclass_fields__
     try:
@@ -153,10 +217,15 @@ def model_from_dict(data: Mapping[str, Any]) -> OverheadModel:
         )
     except TypeError as e:
         raise InvalidArgument(f"samples: {e}") from None
+    try:
+        fitted_sizes = tuple(int(size) for size in data.get("fitted_sizes", ()))
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"fitted_sizes: {e}") from None
     return OverheadModel(
-        kernel=line("kernel"),
-        daemons=line("daemons"),
-        vmm=line("vmm"),
+        kernel=overhead("kernel"),
+        daemons=overhead("daemons"),
+        vmm=overhead("vmm"),
         source=str(data.get("source", "")),
         samples=samples,
+        fitted_sizes=fitted_sizes,
     )

@@ -161,7 +161,7 @@ def plan(sizing: PodSizing, model: OverheadModel = DEFAULT_MODEL) -> Plan:
             f"{mib_text(limits)} and the guest OOM-kills them first; set default_memory to at "
             f"least {mib_text(kernel + daemons)}"
         )
-    measured = [sample.vm_size for sample in model.samples]
+    measured = model.sizes
     if measured and not min(measured) <= vm_size <= max(measured):
         warnings.append(
             f"VM size {mib_text(vm_size)} is outside the measured sizes "

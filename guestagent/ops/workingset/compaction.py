@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from guestagent.errors import AgentError
 from guestagent.linux.abi import reporting_order
+from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_pressure
 from guestagent.linux.mm import read_free_blocks_optional
@@ -93,8 +94,12 @@ class CompactionTrigger:
         clock: Callable[[], float],
         page_size: int,
         rule: CompactionRule | None = None,
+        stall: DelayStallMeter | None = None,
     ) -> None:
+        """`stall`: delay accounting's meter, whose whole-guest stall is the calm bar where
+        the guest has no PSI (None: without PSI it never compacts)."""
         self.fs = fs
+        self._stall = stall
         self._clock = clock
         self._page_size = page_size
         self._rule = rule or CompactionRule()
@@ -117,11 +122,10 @@ class CompactionTrigger:
         now = self._clock()
         if self._checked is not None and now - self._checked < CHECK_EVERY_S:
             return
-        pressure = read_system_pressure(self.fs)
+        stall_total = self._read_system_stall_us()
         free_blocks = read_free_blocks_optional(self.fs)
-        if not policies or pressure is None or free_blocks is None:
+        if not policies or stall_total is None or free_blocks is None:
             return
-        stall_total = pressure.some.total_us
         elapsed = now - self._checked if self._checked else None
         previous = self._system_stall_us
         self._checked, self._system_stall_us = now, stall_total
@@ -152,3 +156,13 @@ class CompactionTrigger:
             self._compacted_at = self._clock()
             self._reclaimed_since = 0
         self.status = CompactionStatus(runs, why, last_run)
+
+    def _read_system_stall_us(self) -> int | None:
+        """The whole guest's stall so far: PSI's, else delay accounting's; None with neither."""
+        pressure = read_system_pressure(self.fs)
+        preferred = self._stall is not None and self._stall.preferred
+        if pressure is not None and not preferred:
+            return pressure.some.total_us
+        if self._stall is None or self._stall.absence() is not None:
+            return None
+        return self._stall.total_us(self.fs.cgroup_root)

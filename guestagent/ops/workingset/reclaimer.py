@@ -1,7 +1,8 @@
 """The working-set reclaimer: the guest gives back memory its workloads do not use.
 
 One thread serves every target cgroup. It sleeps until the next target is due (or a policy
-changes), then for each due target reads the interval's stall (memory.pressure), refaults
+changes), then for each due target reads the interval's stall (memory.pressure, or delay
+accounting where the guest has no PSI: linux/delayacct.py), refaults
 (memory.stat) and memory.current, asks policy.decide for a step and has the writer
 (writer.py) give it to memory.reclaim. The compaction trigger (compaction.py) runs after.
 Policies are kept in a state file under /run, so an agent restart carries on with what the
@@ -22,6 +23,7 @@ from guestagent.errors import AgentError, FailedPrecondition, NotFound, quoted
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.cgroups import canonical_cgroup_name, cgroup_dir
+from guestagent.linux.delayacct import DELAYACCT_STALL, PSI_STALL, DelayStallMeter
 from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memcg import (
@@ -50,10 +52,11 @@ from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
 
 log = EventLog("guestagent.ops.workingset")
 
-# What every target's steps are judged on (TargetStatus.signals): memory.pressure, the
-# refault guard, and pgscan/pgsteal per chunk. Without PSI it does not run at all
+# What every target's steps are judged on beside its stall source (TargetStatus.signals): the
+# refault guard, and pgscan/pgsteal per chunk. The stall is PSI's where the cgroup has
+# memory.pressure, else delay accounting's; with neither it does not run at all
 # (docs/design-reclaimer.md: Without PSI).
-SIGNALS = ("psi_stall", "refaults", "reclaim_yield")
+GUARDS = ("refaults", "reclaim_yield")
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ class TargetStatus:
     intervals: int
     current: int
     floor: int
-    signals: tuple[str, ...] = SIGNALS
+    signals: tuple[str, ...] = (PSI_STALL, *GUARDS)
     # Kernel features the target runs without, each with why (the multi-gen LRU).
     absent: tuple[Absent, ...] = ()
 
@@ -129,6 +132,7 @@ class _Target:
     baseline: _Baseline | None = None
     figures: Figures = field(default_factory=Figures)
     absent: tuple[Absent, ...] = ()
+    stall_source: str = PSI_STALL
 
     def status(self) -> TargetStatus:
         mode = self.state.mode if self.enabled else Mode.DISABLED
@@ -146,7 +150,7 @@ class _Target:
             f.intervals,
             f.current,
             f.floor,
-            SIGNALS,
+            (self.stall_source, *GUARDS),
             self.absent,
         )
 
@@ -196,13 +200,16 @@ class Reclaimer:
         clock: Callable[[], float] = time.monotonic,
         compaction_rule: CompactionRule | None = None,
         write: WriteReclaim = write_memory_reclaim,
+        stall: DelayStallMeter | None = None,
     ) -> None:
-        """`write` is the one memory.reclaim write (tests give a fake kernel's)."""
+        """`write` is the one memory.reclaim write (tests give a fake kernel's); `stall` the
+        agent's delay-accounting meter, the stall source where PSI is not (None: PSI only)."""
         self.fs = fs
+        self._stall = stall
         self._clock = clock
         self._page_size = PAGE_SIZE
         self._writer = StepWriter(fs, clock, PAGE_SIZE, write)
-        self._compaction = CompactionTrigger(fs, clock, PAGE_SIZE, compaction_rule)
+        self._compaction = CompactionTrigger(fs, clock, PAGE_SIZE, compaction_rule, stall)
         self._store = state_file(fs, RECLAIM_POLICIES)
         self._targets: dict[str, _Target] = {}
         self._lock = threading.Lock()
@@ -217,7 +224,7 @@ class Reclaimer:
         cgroup, enabled, policy = request.cgroup, request.enabled, request.policy
         validate_policy(policy)
         directory = cgroup_dir(self.fs, cgroup)
-        absent = self._check_kernel(directory, policy) if enabled else ()
+        source, absent = self._check_kernel(directory, policy) if enabled else (PSI_STALL, ())
         with self._lock:
             if persist:
                 # Saved first, then applied: a policy that could not be saved is not turned
@@ -228,6 +235,7 @@ class Reclaimer:
                 target = _Target(cgroup, directory, policy, enabled)
                 self._targets[cgroup] = target
             target.policy, target.enabled, target.absent = policy, enabled, absent
+            target.stall_source = source
             target.generation += 1
             target.baseline = None  # A fresh baseline: the old deltas belong to another policy.
             target.due = self._clock()
@@ -239,6 +247,7 @@ class Reclaimer:
             "reclaim_policy",
             cgroup=cgroup,
             enabled=enabled,
+            stall_source=source if enabled else None,
             multigen_lru=read_lru_gen(self.fs),
             absent={a.feature: a.reason for a in absent},
             **asdict(policy),
@@ -248,8 +257,10 @@ class Reclaimer:
         self._wake.set()
         return status
 
-    def _check_kernel(self, directory: Path, policy: ReclaimPolicy) -> tuple[Absent, ...]:
-        """Refuse what cannot run; return the features it runs without."""
+    def _check_kernel(
+        self, directory: Path, policy: ReclaimPolicy
+    ) -> tuple[str, tuple[Absent, ...]]:
+        """Refuse what cannot run; return its stall source and the features it runs without."""
         if not self.fs.exists(directory / MEMORY_RECLAIM):
             raise FailedPrecondition(
                 f"{directory / MEMORY_RECLAIM} is missing: memory.reclaim needs Linux 5.19 "
@@ -257,15 +268,7 @@ class Reclaimer:
                 "MEMORY_RECLAIM_ABSENT",
                 metadata={"path": directory / MEMORY_RECLAIM},
             )
-        psi = read_cgroup_psi_absence(self.fs, directory)
-        if psi is not None:
-            # Measured: without its stall budget it slowed a hot set past the bound
-            # (docs/design-reclaimer.md: Without PSI).
-            raise FailedPrecondition(
-                f"the working-set reclaimer needs PSI for its stall budget: {psi.reason}",
-                "STALL_SIGNAL_ABSENT",
-                metadata={"feature": psi.feature},
-            )
+        source = self._stall_source(directory)
         if policy.anon and not active_swaps(self.fs):
             raise FailedPrecondition(
                 "anon reclaim asked with no active swap area (/proc/swaps lists none): "
@@ -274,7 +277,27 @@ class Reclaimer:
                 field="policy.anon",
             )
         mglru = read_mglru_absence(self.fs)
-        return (mglru,) if mglru is not None else ()
+        return source, (mglru,) if mglru is not None else ()
+
+    def _stall_source(self, directory: Path) -> str:
+        """PSI where the cgroup has it (unless delay accounting is preferred), else delay
+        accounting; neither is refused: without its stall budget the reclaimer slowed a hot
+        set past the bound (docs/design-reclaimer.md: Without PSI)."""
+        psi = read_cgroup_psi_absence(self.fs, directory)
+        preferred = self._stall is not None and self._stall.preferred
+        if psi is None and not preferred:
+            return PSI_STALL
+        delay = self._stall.absence() if self._stall is not None else None
+        if self._stall is not None and delay is None:
+            return DELAYACCT_STALL
+        psi_why = psi.reason if psi is not None else "present, but --stall-signal delayacct"
+        delay_why = delay.reason if delay is not None else "not read by this agent"
+        raise FailedPrecondition(
+            "the working-set reclaimer needs a stall signal for its budget, and has neither: "
+            f"PSI: {psi_why}; delay accounting: {delay_why}",
+            "STALL_SIGNAL_ABSENT",
+            metadata={"features": "psi,delayacct"},
+        )
 
     def status(self, cgroups: Iterable[str] = ()) -> tuple[TargetStatus, ...]:
         names = tuple(cgroups)
@@ -389,7 +412,7 @@ class Reclaimer:
     def _serve(self, target: _Target) -> None:
         started = self._clock()
         try:
-            reading = read_reclaim_reading(self.fs, target.directory)
+            reading = read_reclaim_reading(self.fs, target.directory, self._stall_reader(target))
         except AgentError as e:
             if e.errno == errno.ENOENT and not self.fs.is_dir(target.directory):
                 self._drop(target, "the cgroup was removed")
@@ -454,6 +477,12 @@ class Reclaimer:
                     if result.stopped:
                         why = f"{target.state.why}; stopped after {result.reclaimed} B: "
                         target.state = replace(target.state, why=why + result.stopped)
+
+    def _stall_reader(self, target: _Target) -> Callable[[], int] | None:
+        if target.stall_source != DELAYACCT_STALL or self._stall is None:
+            return None
+        meter, directory = self._stall, target.directory
+        return lambda: meter.total_us(directory)
 
     def _still_on(self, target: _Target, generation: int) -> bool:
         with self._lock:

@@ -9,43 +9,59 @@ from pathlib import Path
 import pytest
 
 from guestagent.agent.watch_stream import (
+    Triggers,
     WatchReason,
     WatchSpec,
     reason_for,
-    trigger_to_arm,
+    triggers_to_arm,
     watch_interval_seconds,
     watch_memory,
 )
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux import meminfo
-from guestagent.linux.features import PSI, Absent
+from guestagent.linux.delayacct import DelayStallMeter
+from guestagent.linux.features import DELAYACCT, PSI, Absent
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.watch import PressureTriggerSpec, Signal, SignalHub
 from tests.fakes.root import MEMORY_EVENTS, FakeRoot, make_fake_root
+from tests.fakes.taskstats import FakeTaskstats, put_procs
 
 NO_PSI = Absent(PSI, "the kernel was booted with psi=0; boot with psi=1 instead")
+NO_DELAYACCT = Absent(DELAYACCT, "delay accounting is off (kernel.task_delayacct 0)")
 ASKED = PressureTriggerSpec(100_000, 1_000_000)
+ASKED_SPEC = WatchSpec(trigger=ASKED, trigger_asked=True)
 
 
 @pytest.mark.parametrize(
-    ("spec", "psi", "armed"),
+    ("spec", "psi", "delay", "armed"),
     [
-        (WatchSpec(), None, PressureTriggerSpec()),  # The default trigger, with PSI.
-        (WatchSpec(trigger=ASKED, trigger_asked=True), None, ASKED),
-        (WatchSpec(), NO_PSI, None),  # No PSI: no default trigger; interval and events stay.
+        (WatchSpec(), None, None, Triggers(psi=PressureTriggerSpec())),  # The default, with PSI.
+        (ASKED_SPEC, None, NO_DELAYACCT, Triggers(psi=ASKED)),
+        # No PSI: no default trigger (the interval and events stay), whatever else there is.
+        (WatchSpec(), NO_PSI, None, Triggers()),
+        (WatchSpec(), NO_PSI, NO_DELAYACCT, Triggers()),
+        # No PSI, one asked for: delay accounting serves it.
+        (ASKED_SPEC, NO_PSI, None, Triggers(delayacct=ASKED)),
     ],
 )
-def test_trigger_to_arm(
-    spec: WatchSpec, psi: Absent | None, armed: PressureTriggerSpec | None
+def test_triggers_to_arm(
+    spec: WatchSpec, psi: Absent | None, delay: Absent | None, armed: Triggers
 ) -> None:
-    assert trigger_to_arm(spec, psi) == armed
+    assert triggers_to_arm(spec, psi, delay) == armed
 
 
-def test_a_trigger_asked_for_without_psi_is_refused_saying_why() -> None:
+def test_a_trigger_asked_for_without_any_stall_signal_is_refused_naming_both() -> None:
     with pytest.raises(
-        FailedPrecondition, match=r"pressure_trigger set, but there is no PSI: .*psi=0"
+        FailedPrecondition,
+        match=r"no stall signal: no PSI: .*psi=0.*; no delay accounting: .*task_delayacct 0",
     ):
-        trigger_to_arm(WatchSpec(trigger=ASKED, trigger_asked=True), NO_PSI)
+        triggers_to_arm(ASKED_SPEC, NO_PSI, NO_DELAYACCT)
+
+
+def test_a_full_trigger_without_psi_is_refused_saying_only_psi_measures_it() -> None:
+    full = WatchSpec(trigger=PressureTriggerSpec(100_000, 1_000_000, full=True), trigger_asked=True)
+    with pytest.raises(FailedPrecondition, match="full stalls, which only PSI measures"):
+        triggers_to_arm(full, NO_PSI, None)
 
 
 async def test_without_psi_the_watch_runs_on_its_interval(tmp_path: Path) -> None:
@@ -62,7 +78,7 @@ async def test_without_psi_the_watch_runs_on_its_interval(tmp_path: Path) -> Non
     with pytest.raises(StopAsyncIteration):
         await anext(updates)
     asked = watch_memory(fs, WatchSpec(trigger=ASKED, trigger_asked=True), stopping)
-    with pytest.raises(FailedPrecondition, match="no PSI"):
+    with pytest.raises(FailedPrecondition, match=r"no PSI.*no delay accounting"):
         await anext(asked)
 
 
@@ -191,3 +207,37 @@ async def test_without_ignored_events_the_interval_finds_the_removal(fake_root: 
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(anext(stream), 5)
     assert hub.watched == 0
+
+
+async def test_without_psi_an_asked_trigger_is_served_by_delay_accounting(tmp_path: Path) -> None:
+    fake = make_fake_root(tmp_path / "root", psi=False)
+    fake.add_cgroup("pod", psi=False)
+    fake.write("proc/sys/kernel/task_delayacct", "1\n")
+    put_procs(fake.root / "sys/fs/cgroup", 1)
+    put_procs(fake.root / "sys/fs/cgroup/pod", 10)
+    fs = KernelFS(fake.root)
+    kernel = FakeTaskstats({1: 0, 10: 0})
+    meter = DelayStallMeter(fs, kernel)
+    stopping = asyncio.Event()
+    # A 500 ms window is polled every 125 ms; the interval is far off, so only the trigger
+    # can wake the stream.
+    trigger = PressureTriggerSpec(100_000, 500_000)
+    spec = WatchSpec(("pod",), interval_s=60, trigger=trigger, trigger_asked=True)
+    updates = watch_memory(fs, spec, stopping, stall=meter)
+    first = await anext(updates)
+    assert first.reason == WatchReason.INITIAL
+    # No PSI anywhere, so the report carries delay accounting's stall instead, never a zero PSI.
+    assert first.report.pressure is None and first.report.delay_stall_us == 0
+    assert first.report.cgroups[0].delay_stall_us == 0
+    # The poller's first reading (of both processes) is its baseline; the stall comes after.
+    polled = kernel.queries + 2
+    while kernel.queries < polled:
+        await asyncio.sleep(0.01)
+    kernel.stall(10, 150_000)
+    woke = await asyncio.wait_for(anext(updates), 10)
+    assert woke.reason == WatchReason.PRESSURE
+    assert woke.report.cgroups[0].delay_stall_us == 150_000
+    assert woke.report.delay_stall_us == 150_000
+    stopping.set()
+    with pytest.raises(StopAsyncIteration):
+        await anext(updates)

@@ -198,6 +198,47 @@ def test_guestctl_plan_bad_model_exits_2(
     assert code == 2 and message in err
 
 
+@pytest.mark.parametrize(
+    ("platform", "pod_limit", "code", "shown"),
+    [
+        # The survey's smallest SNP pod: 320 MiB on the host (VM 306 + 14), its limit 50 MiB
+        # plus a RuntimeClass overhead of 256 (default_memory alone) is 306.
+        ("sev-snp", "306Mi", 1, "preflight FAILED: pod limit 306 MiB is below VM 306 MiB + VMM"),
+        ("sev-snp", "370Mi", 0, "preflight ok: pod limit 370 MiB covers VM 306 MiB"),
+        ("tdx", "370Mi", 0, "kernel 100 MiB  guest daemons 50 MiB  VMM 46 MiB  (tdx (K3s, QEMU)"),
+        # Plain rounds the 50 MiB hotplug up to a 128 MiB block: a 384 MiB VM.
+        ("plain", "600Mi", 0, "VM size      384 MiB"),
+    ],
+)
+def test_guestctl_plan_platform(
+    capsys: pytest.CaptureFixture[str], platform: str, pod_limit: str, code: int, shown: str
+) -> None:
+    result = run_plan(
+        capsys, "--platform", platform, "--default-memory", "256", "--container", "limit=50Mi",
+        "--pod-limit", pod_limit,
+    )  # fmt: skip
+    assert result[0] == code and shown in result[1]
+
+
+def test_guestctl_plan_block_size_0_is_exact(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_plan(
+        capsys, "--block-size", "0", "--default-memory", "256", "--container", "limit=50Mi",
+        "--pod-limit", "max",
+    )  # fmt: skip
+    assert code == 0 and "VM size      306 MiB" in out
+
+
+def test_guestctl_plan_refuses_a_model_file_with_a_confidential_platform(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    model_file = tmp_path / "model.json"
+    model_file.write_text(json.dumps(model_to_dict(fit_model([sample(306)], "synthetic"))))
+    code, _, err = run_plan(
+        capsys, "--platform", "tdx", "--model", str(model_file), "--pod-limit", "1G"
+    )
+    assert code == 2 and "--model and --platform tdx both give the overheads" in err
+
+
 def test_guestctl_plan_invalid_pod_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_plan(capsys, "--container", "limit=1M,request=2M", "--pod-limit", "1G")
     assert code == 2 and "above its limit" in err

@@ -1,12 +1,14 @@
-"""`guestctl info`: the hotplug section, absent kernel features, swap areas."""
+"""`guestctl info`: the hotplug section, absent kernel features, swap areas; `overhead`."""
 
 import pytest
 
-from guestagent.agent.wire import hotplug_pb, memory_info_pb
-from guestagent.host.display import memory_info_text, swap_area_text
+from guestagent.agent.wire import hotplug_pb, memory_info_pb, overhead_pb
+from guestagent.host.display import memory_info_text, overhead_text, swap_area_text
 from guestagent.linux.features import MGLRU, PSI, Absent
 from guestagent.linux.memblocks import HotplugReport, RegionBlocks, VirtioMemRegion
 from guestagent.linux.meminfo import MemoryReport, SystemMemory
+from guestagent.linux.swiotlb import DEBUGFS_SOURCE, SWIOTLB, Swiotlb
+from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import TargetStatus
 from guestagent.v1 import agent_pb2 as pb
@@ -95,3 +97,27 @@ def test_a_cgroup_gets_one_idle_line_and_the_guest_its_giveback() -> None:
     text = memory_info_text(info)
     assert "  idle MiB by idle age: >=0s 101(100a)  >=5m 400(400a)  cold 400.0 MiB" in text
     assert "giveback safe_balloon_target 300.0 MiB: why" in text
+
+
+@pytest.mark.parametrize(
+    ("swiotlb", "shown"),
+    [
+        (Swiotlb(64 * MIB, DEBUGFS_SOURCE), "of which swiotlb 64.0 MiB (from debugfs)"),
+        (
+            Absent(SWIOTLB, "debugfs has no swiotlb directory; the boot log is empty"),
+            "of which swiotlb unknown: debugfs has no swiotlb directory; the boot log is empty",
+        ),
+    ],
+)
+def test_overhead_shows_the_swiotlb(swiotlb: Swiotlb | Absent, shown: str) -> None:
+    overhead = GuestOverhead(512 * MIB, 400 * MIB, 112 * MIB, 60 * MIB, 40 * MIB, 0, swiotlb)
+    message = overhead_pb(overhead)
+    assert message.WhichOneof("swiotlb") == (
+        "swiotlb_absent" if isinstance(swiotlb, Absent) else "swiotlb_size"
+    )
+    text = overhead_text(message)
+    assert "kernel reserved 112.0 MiB, " + shown in text
+
+
+def test_overhead_from_an_older_agent_says_it_has_no_swiotlb() -> None:
+    assert "swiotlb not reported (an older agent)" in overhead_text(pb.GuestOverhead())

@@ -1,6 +1,8 @@
 import os
 
+from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import block_size_bytes
+from guestagent.linux.swiotlb import DEBUGFS_SOURCE, Swiotlb
 from guestagent.ops.overhead import guest_overhead
 from tests.fakes.root import FakeRoot
 
@@ -30,3 +32,11 @@ def test_present_comes_from_zoneinfo_not_rounded_blocks(fake_root: FakeRoot) -> 
         f"Node 0, zone    DMA32\n        present  {pages - 1000}\n        managed  9\n",
     )
     assert guest_overhead(fake_root.fs).present == 306 << 20
+
+
+def test_overhead_names_the_swiotlb_within_the_kernel_reserve(fake_root: FakeRoot) -> None:
+    fake_root.add_memory_blocks({0: "online"})
+    fake_root.write("proc/self/status", "VmRSS:\t1 kB\n")
+    assert isinstance(guest_overhead(fake_root.fs).swiotlb, Absent)
+    fake_root.write("sys/kernel/debug/swiotlb/io_tlb_nslabs", "32768\n")
+    assert guest_overhead(fake_root.fs).swiotlb == Swiotlb(64 << 20, DEBUGFS_SOURCE)

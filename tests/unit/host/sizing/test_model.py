@@ -1,20 +1,27 @@
-"""The overhead model: line fitting, synthetic boots, and the JSON file plan --model reads."""
+"""The overhead model: line and envelope fitting, synthetic boots, and the JSON file plan
+--model reads."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from guestagent.errors import InvalidArgument
 from guestagent.host.sizing import (
     DEFAULT_MODEL,
     MIB,
+    Envelope,
     Line,
+    OverheadModel,
+    fit_envelope,
     fit_line,
     fit_model,
     model_from_dict,
     model_to_dict,
+    overhead_formula,
 )
 from tests.fakes.sizing import sample
 
@@ -59,6 +66,7 @@ def test_sample_kernel_ignores_the_unpopulated_tail_of_the_last_block() -> None:
 
 def test_fit_model_on_synthetic_boots() -> None:
     model = fit_model([sample(m) for m in (306, 406, 756, 1280, 2304)], "synthetic")
+    assert isinstance(model.kernel, Line) and isinstance(model.vmm, Line)
     assert model.kernel.slope == pytest.approx(0.02, rel=1e-3)
     assert model.kernel.intercept == pytest.approx(30 * MIB, rel=1e-3)
     assert model.daemons == Line(50 * MIB, 0.0)
@@ -87,3 +95,47 @@ def test_model_from_dict_refuses_malformed_documents(
 ) -> None:
     with pytest.raises(InvalidArgument, match=message):
         model_from_dict(document)
+
+
+# A reserve flat up to 756 MiB and steep above, as a confidential guest's (docs/sizing.md).
+KINKED = [(306, 109), (406, 111), (756, 116), (1280, 190), (2304, 339), (4352, 636)]
+
+
+def test_fit_envelope_follows_a_kink_within_a_mib() -> None:
+    points = [(x * MIB, y * MIB) for x, y in KINKED]
+    envelope = fit_envelope(points)
+    assert isinstance(envelope, Envelope) and len(envelope.lines) == 2
+    low, high = envelope.lines
+    assert low.slope < 0.02 < 0.14 < high.slope
+    assert all(0 <= envelope.at(x) - y <= MIB for x, y in points)
+    # A single line through the same points lies tens of MiB above some of them.
+    assert max(fit_line(points).at(x) - y for x, y in points) > 50 * MIB
+
+
+def test_fit_envelope_keeps_one_line_when_that_fits_best() -> None:
+    points = [(x * MIB, 30 * MIB + x * MIB // 50) for x in (306, 756, 1280, 2304)]
+    assert isinstance(fit_envelope(points), Line)
+
+
+@given(st.lists(st.tuples(st.integers(1, 1 << 40), st.integers(0, 1 << 32)), min_size=1))
+def test_fit_envelope_lies_on_or_above_every_point(points: list[tuple[int, int]]) -> None:
+    overhead = fit_envelope(points)
+    assert all(overhead.at(x) >= y for x, y in points)
+
+
+def test_model_json_round_trip_with_an_envelope_and_fitted_sizes() -> None:
+    model = OverheadModel(
+        kernel=Envelope((Line(100 * MIB, 0.015), Line(4 * MIB, 0.145))),
+        daemons=Line(27 * MIB, 0.005),
+        vmm=Line(13 * MIB, 0.0035),
+        source="survey",
+        fitted_sizes=(306 * MIB, 4352 * MIB),
+    )
+    document = json.loads(json.dumps(model_to_dict(model)))
+    assert model_from_dict(document) == model
+    assert model.sizes == (306 * MIB, 4352 * MIB)
+    assert overhead_formula(model.kernel) == (
+        "the larger of (100.0 MiB + 0.0150 x VM size) and (4.0 MiB + 0.1450 x VM size)"
+    )
+    with pytest.raises(InvalidArgument, match="kernel: lines is not a list"):
+        model_from_dict({**document, "kernel": {"lines": []}})

@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from guestagent.ops.workingset.compaction import CompactionRule, compaction_decision
-from guestagent.ops.workingset.policy import MIB
+from guestagent.linux.delayacct import DelayStallMeter
+from guestagent.ops.workingset.compaction import (
+    CompactionRule,
+    CompactionTrigger,
+    compaction_decision,
+)
+from guestagent.ops.workingset.policy import MIB, ReclaimPolicy
+from tests.fakes.root import make_fake_root
+from tests.fakes.taskstats import FakeTaskstats, put_procs
 
 PAGE = 4096
 
@@ -49,3 +58,28 @@ def test_compaction_soon_after_reclaim_settles(
     )
     assert decided is run
     assert why in reason
+
+
+def test_without_psi_the_calm_bar_is_delay_accountings_stall(tmp_path: Path) -> None:
+    """The whole guest's stall from delay accounting decides where there is no PSI: calm, it
+    compacts; stalled over the bar, it waits, saying so."""
+    fake = make_fake_root(tmp_path / "root", psi=False)
+    fake.write("proc/sys/kernel/task_delayacct", "1\n")
+    fake.write("proc/buddyinfo", "Node 0, zone   Normal  40000 20000 100 10 0 0 0 0 0 0 0\n")
+    fake.write("proc/sys/vm/compact_memory", "")
+    fake.write("proc/vmstat", "compact_stall 0\n")
+    put_procs(fake.root / "sys/fs/cgroup", 1)
+    kernel, now = FakeTaskstats({1: 0}), [1000.0]
+    meter = DelayStallMeter(fake.fs, kernel, lambda: now[0])
+    trigger = CompactionTrigger(fake.fs, lambda: now[0], PAGE, None, meter)
+    trigger.maybe_compact([ReclaimPolicy()], False)  # The baseline.
+    now[0] += 11
+    kernel.stall(1, 50_000)  # 50 ms in 11 s, over the bar of 2 ms a second.
+    trigger.maybe_compact([ReclaimPolicy()], False)
+    assert trigger.status.runs == 0 and "system stall 50000 us over 22000 us" in (
+        trigger.status.last_decision
+    )
+    now[0] += 11
+    trigger.maybe_compact([ReclaimPolicy()], False)
+    assert trigger.status.runs == 1, trigger.status
+    assert (fake.root / "proc/sys/vm/compact_memory").read_text() == "1"

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, kernel_error
+from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.fs import KernelFS
 from guestagent.ops.workingset.policy import CHUNK_BYTES, MIB, Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import Reclaimer, ReclaimPolicyRequest
 from tests.fakes.root import FakeRoot
+from tests.fakes.taskstats import FakeTaskstats, put_procs
 
 SWAPS = "Filename\tType\tSize\tUsed\tPriority\n/dev/vdb\tpartition\t1048572\t0\t-2\n"
 
@@ -335,7 +337,13 @@ def test_the_thread_waits_for_the_interval_and_wakes_on_a_change(fake_root: Fake
         ("../x", POLICY, None, InvalidArgument, "'..'"),
         ("pod", ReclaimPolicy(interval_ms=50), None, InvalidArgument, "interval_ms 50"),
         ("pod", POLICY, "memory.reclaim", FailedPrecondition, "memory.reclaim is missing"),
-        ("pod", POLICY, "memory.pressure", FailedPrecondition, "needs PSI for its stall budget"),
+        (
+            "pod",
+            POLICY,
+            "memory.pressure",
+            FailedPrecondition,
+            "needs a stall signal.*PSI: .*delay accounting",
+        ),
     ],
 )
 def test_refusals(
@@ -365,7 +373,7 @@ def test_without_psi_it_refuses_saying_how_to_get_it(
     (make_target(fake_root) / "memory.pressure").unlink()
     (fake_root.root / "proc/pressure/memory").unlink()
     fake_root.write("proc/cmdline", cmdline)
-    with pytest.raises(FailedPrecondition, match=f"needs PSI for its stall budget: .*{words}"):
+    with pytest.raises(FailedPrecondition, match=f"needs a stall signal.*PSI: .*{words}"):
         reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
     assert reclaimer.status() == ()
 
@@ -382,3 +390,64 @@ def test_status_says_what_it_runs_on_and_without(fake_root: FakeRoot, reclaimer:
 def test_status_of_an_unknown_target_is_not_found(reclaimer: Reclaimer) -> None:
     with pytest.raises(NotFound, match="no policy for cgroup"):
         reclaimer.status(["pod"])
+
+
+def without_psi(fake_root: FakeRoot, kernel: FakeTaskstats) -> Path:
+    """A target whose cgroup has no memory.pressure, process 10 in it, on a guest with delay
+    accounting on."""
+    directory = make_target(fake_root)
+    (directory / "memory.pressure").unlink()
+    put_procs(directory, 10)
+    kernel.memory_ns[10] = 0
+    fake_root.write("proc/sys/kernel/task_delayacct", "1\n")
+    return directory
+
+
+def test_without_psi_it_runs_on_delay_accounting(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    delays = FakeTaskstats()
+    without_psi(fake_root, delays)
+    meter = DelayStallMeter(fake_root.fs, delays, clock)
+    reclaimer = Reclaimer(fake_root.fs, clock=clock, write=kernel, stall=meter)
+    status = reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
+    assert status.signals == ("delayacct_stall", "refaults", "reclaim_yield")
+    reclaimer.run_due()
+    clock.now += 1
+    reclaimer.run_due()
+    assert kernel.asked() == chunks(10 * MIB, " swappiness=0")
+    # The workload stalls 1.5 ms in the next interval, over the 1 ms target: it backs off.
+    delays.stall(10, 1500)
+    clock.now += 1
+    reclaimer.run_due()
+    status = reclaimer.status()[0]
+    assert kernel.asked() == []
+    assert status.mode == Mode.BACKING_OFF and status.last_stall_us == 1500
+    assert "stall 1500 us over target 1000 us" in status.why
+
+
+def test_delay_accounting_can_be_preferred_where_there_is_psi(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    make_target(fake_root)
+    meter = DelayStallMeter(fake_root.fs, FakeTaskstats({1: 0}), clock, preferred=True)
+    reclaimer = Reclaimer(fake_root.fs, clock=clock, write=kernel, stall=meter)
+    status = reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
+    assert status.signals[0] == "delayacct_stall"
+
+
+def test_with_neither_stall_signal_it_is_refused_naming_both(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    delays = FakeTaskstats()
+    without_psi(fake_root, delays)
+    fake_root.write("proc/sys/kernel/task_delayacct", "0\n")
+    meter = DelayStallMeter(fake_root.fs, delays, clock)
+    reclaimer = Reclaimer(fake_root.fs, clock=clock, write=kernel, stall=meter)
+    with pytest.raises(
+        FailedPrecondition,
+        match=r"needs a stall signal.*PSI: .*memory.pressure is missing.*"
+        r"delay accounting: delay accounting is off \(kernel.task_delayacct 0\)",
+    ):
+        reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
+    assert reclaimer.status() == ()

@@ -1,0 +1,97 @@
+"""What the agent turns on in the guest's kernel when it starts, unless told to keep it.
+
+Every runtime's guest kernel boots with both off (docs/kernel-features.md):
+- delay accounting (kernel.task_delayacct, off at boot since 5.14): the reclaimer's stall
+  signal, and the watch streams' pressure trigger, where PSI is off or absent;
+- the multi-gen LRU (/sys/kernel/mm/lru_gen/enabled, built but off in Kata's and
+  Firecracker's kernels): the reclaimer's cheap probes and the idle ages.
+Set here rather than by the image, because a Kata extension or a PID-1 init agent runs no
+tmpfiles or sysctl.d. `keep` leaves each as found (and the figures that need it absent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from guestagent.errors import AgentError
+from guestagent.linux.delayacct import read_task_delayacct, write_task_delayacct
+from guestagent.linux.features import (
+    MGLRU_CORE,
+    lru_gen_caps,
+    read_lru_gen_enabled,
+    write_lru_gen_enabled,
+)
+from guestagent.linux.fs import KernelFS
+
+ON, KEEP = "on", "keep"
+MODES = (ON, KEEP)
+DELAYACCT_SETTING = "kernel.task_delayacct"
+MGLRU_SETTING = "lru_gen/enabled"
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One setting at start: what it was, what it is now, and why it was left if it was."""
+
+    setting: str
+    before: str
+    after: str
+    left_because: str = ""  # "" when it was turned on, or already on
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def delayacct_switch(mode: str, before: bool | None) -> tuple[bool, str]:
+    """Whether to turn delay accounting on, or why not."""
+    if before is None:
+        return False, (
+            "no such sysctl: the kernel has no run-time switch (before 5.14, or no "
+            "CONFIG_TASK_DELAY_ACCT)"
+        )
+    if before:
+        return False, ""
+    if mode == KEEP:
+        return False, "--delayacct keep"
+    return True, ""
+
+
+def mglru_switch(mode: str, before: str | None) -> tuple[bool, str]:
+    """Whether to turn the multi-gen LRU on ("y": every part this CPU has), or why not."""
+    if before is None:
+        return False, "the kernel has no multi-gen LRU (CONFIG_LRU_GEN)"
+    if lru_gen_caps(before.strip()) & MGLRU_CORE:
+        return False, ""
+    if mode == KEEP:
+        return False, "--mglru keep"
+    return True, ""
+
+
+def _shown(value: bool | None) -> str:
+    return "absent" if value is None else str(int(value))
+
+
+def switch_delayacct(fs: KernelFS, mode: str) -> Switch:
+    before = read_task_delayacct(fs)
+    turn, why = delayacct_switch(mode, before)
+    if not turn:
+        return Switch(DELAYACCT_SETTING, _shown(before), _shown(before), why)
+    try:
+        write_task_delayacct(fs, True)
+    except AgentError as e:
+        return Switch(DELAYACCT_SETTING, _shown(before), _shown(before), str(e))
+    return Switch(DELAYACCT_SETTING, _shown(before), _shown(read_task_delayacct(fs)))
+
+
+def switch_mglru(fs: KernelFS, mode: str) -> Switch:
+    before = read_lru_gen_enabled(fs)
+    shown = (before or "absent").strip()
+    turn, why = mglru_switch(mode, before)
+    if not turn:
+        return Switch(MGLRU_SETTING, shown, shown, why)
+    try:
+        write_lru_gen_enabled(fs, "y")
+    except AgentError as e:
+        return Switch(MGLRU_SETTING, shown, shown, str(e))
+    return Switch(MGLRU_SETTING, shown, (read_lru_gen_enabled(fs) or "absent").strip())

@@ -1,0 +1,143 @@
+"""The runtimes' guest kernels, as this image boots them, and what every one of them must show.
+
+Kata's and Firecracker's guest kernels build PSI with CONFIG_PSI_DEFAULT_DISABLED and the
+multi-gen LRU off at boot; Apple's containerization builds neither (docs/kernel-features.md).
+The test image boots `psi=0` and `guestagent.mglru=0` (the init leaves lru_gen off) to stand
+for them: on "kata-fc" the agent turns the multi-gen LRU on as it starts, on "apple" it runs
+with --mglru keep, so the classic LRU, as on a kernel without one. Both have delay accounting,
+which the agent turns on: the reclaimer's stall signal there.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+import grpc
+
+from guestagent.host.client import AgentClient, WatchStream
+from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import GuestVM, VMConfig
+from tests.vm.guest import make_cgroup
+from tests.vm.pace import Pace
+from tests.workloads.reclaim import (
+    ANON_MIB,
+    CONFIG,
+    HOT_MIB,
+    STALL_TARGET_US,
+    fill_data_disk,
+    no_thrash,
+    off_then_on,
+    without_timelines,
+)
+
+NO_PSI_CMDLINE = "psi=0 guestagent.mglru=0"
+KATA_FC = replace(CONFIG, extra_cmdline=NO_PSI_CMDLINE)
+APPLE = replace(
+    CONFIG,
+    extra_cmdline=NO_PSI_CMDLINE,
+    agent_args=("--mglru", "keep"),
+    slots=2,
+    maxmem_mib=2048,
+)
+DELAYACCT_STALL = "delayacct_stall"
+
+
+def config_for(name: str) -> VMConfig:
+    return {"kata-fc": KATA_FC, "apple": APPLE}[name]
+
+
+def absent(message: pb.MemoryInfo | pb.ReclaimTargetStatus) -> dict[str, str]:
+    return {a.feature: a.reason for a in message.absent}
+
+
+def audit_lines(vm: GuestVM, setting: str) -> list[dict[str, Any]]:
+    """The agent's audit lines for a kernel setting it changed at start."""
+    lines = []
+    for line in vm.exec(["cat", "/var/log/guestagent.log"]).stdout.splitlines():
+        if '"audit"' in line and setting in line:
+            lines.append(json.loads(line))
+    return lines
+
+
+def check_off_then_on(vm: GuestVM, agent: AgentClient, results: dict[str, Any]) -> None:
+    """The PSI run's bounds, on delay accounting (tests/vm/test_reclaimer.py says why each);
+    the figures go into results first, so a failed run's are kept too."""
+    figures = results["off_then_on"] = off_then_on(vm, agent, DELAYACCT_STALL)
+    summary = without_timelines(figures)
+    assert figures["signals"][0] == DELAYACCT_STALL, summary
+    assert figures["control_returned_fraction"] < 0.2, summary
+    assert figures["seconds_to_80_percent"] is not None, summary
+    assert figures["swap_file_allocated_mib"] <= (ANON_MIB - HOT_MIB) * 1.1, summary
+    assert figures["oom_kills"] == 0, summary
+    assert figures["hot_slowdown_paced"] <= 1.5, summary
+    assert figures["stall_us_per_s_on"] <= STALL_TARGET_US, summary
+
+
+def check_no_thrash(vm: GuestVM, agent: AgentClient, results: dict[str, Any]) -> None:
+    figures = results["no_thrash"] = no_thrash(vm, agent, source=DELAYACCT_STALL)
+    summary = without_timelines(figures)
+    assert figures["signals"][0] == DELAYACCT_STALL, summary
+    assert figures["reclaimed_mib_last_20_s"] <= 32, summary
+    assert figures["majfaults_per_s_last_20_s"] <= 2048, summary
+    assert figures["stall_us_per_s_last_20_s"] <= STALL_TARGET_US, summary
+    assert figures["hot_slowdown_paced"] <= 1.2, summary
+
+
+def _collect(stream: WatchStream, into: queue.Queue[pb.MemoryInfo]) -> None:
+    try:
+        for message in stream:
+            into.put(message)
+    except grpc.RpcError:  # Cancelled when the check ends.
+        return
+
+
+def check_trigger_fires_under_pressure(
+    vm: GuestVM, agent: AgentClient, pace: Pace
+) -> dict[str, Any]:
+    """An explicit pressure trigger, served by delay accounting: a reader of the data disk in a
+    cgroup held to 16 MiB stalls in reclaim, and the stream says PRESSURE (its interval is a
+    minute off, so nothing else wakes it in between)."""
+    device = fill_data_disk(vm, 64)
+    make_cgroup(vm, "squeezed", memory_max="16M")
+    trigger = pb.PressureTrigger(stall_us=50_000, window_us=1_000_000)
+    stream = agent.watch(["squeezed"], interval_ms=60_000, trigger=trigger)
+    messages: queue.Queue[pb.MemoryInfo] = queue.Queue()
+    threading.Thread(target=_collect, args=(stream, messages), daemon=True).start()
+    try:
+        first = messages.get(timeout=pace.scale(60))
+        assert first.reason == pb.WATCH_REASON_INITIAL
+        assert not first.HasField("pressure") and first.HasField("delay_stall"), first
+        assert first.cgroups[0].delay_stall.source == DELAYACCT_STALL
+        vm.exec(
+            "sh -c 'echo $$ > /sys/fs/cgroup/squeezed/cgroup.procs; echo $$ > /run/reader.pid; "
+            f'exec sh -c "while :; do cat {device} > /dev/null; done"\' '
+            "</dev/null >/dev/null 2>&1 &"
+        )
+
+        deadline = time.monotonic() + pace.scale(120)
+        while True:
+            try:
+                fired = messages.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError("no PRESSURE message within the deadline") from None
+            if fired.reason == pb.WATCH_REASON_PRESSURE:
+                break
+    finally:
+        stream.cancel()
+        pid = vm.exec(["cat", "/run/reader.pid"], check=False).stdout.strip()
+        if pid:
+            vm.exec(["kill", pid], check=False)
+    stalled = fired.cgroups[0].delay_stall.total_us - first.cgroups[0].delay_stall.total_us
+    assert stalled > 0, fired
+    return {
+        "trigger": {"stall_us": 50_000, "window_us": 1_000_000},
+        "cgroup_delay_stall_ms_until_fired": round(stalled / 1000, 1),
+        "guest_delay_stall_ms_until_fired": round(
+            (fired.delay_stall.total_us - first.delay_stall.total_us) / 1000, 1
+        ),
+    }
