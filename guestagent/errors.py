@@ -35,7 +35,8 @@ class AgentError(Exception):
     ) -> None:
         super().__init__(message)
         self.reason = reason or self.default_reason
-        # The request field at fault (BadRequest.FieldViolation.field), e.g. "interval_ms".
+        # The request field at fault, e.g. "interval_ms": sent (BadRequest.FieldViolation)
+        # with INVALID_ARGUMENT only, whose refusals are about the request.
         self.field = field
         self.metadata = {key: str(value) for key, value in (metadata or {}).items()}
 

@@ -102,7 +102,6 @@ def triggers_to_arm(spec: WatchSpec, psi: Absent | None, delay: Absent | None) -
         raise errors.FailedPrecondition(
             f"pressure_trigger asks for full stalls, which only PSI measures: {psi.reason}",
             "FULL_STALL_NEEDS_PSI",
-            field="pressure_trigger.full",
             metadata={"feature": psi.feature},
         )
     if delay is not None:

@@ -106,7 +106,6 @@ def choose_encryption(asked: SwapEncryption, confidential: Confidential) -> Swap
             f"from {confidential.evidence}), and swap in the clear hands its memory to the "
             "host; ask for EPHEMERAL or leave encryption unset",
             "CLEAR_SWAP_IN_CONFIDENTIAL_GUEST",
-            field="encryption",
             metadata={"platform": confidential.platform},
         )
     return asked

@@ -274,7 +274,6 @@ class Reclaimer:
                 "anon reclaim asked with no active swap area (/proc/swaps lists none): "
                 "enable swap first, or leave anon off",
                 "NO_ACTIVE_SWAP",
-                field="policy.anon",
             )
         mglru = read_mglru_absence(self.fs)
         return source, (mglru,) if mglru is not None else ()

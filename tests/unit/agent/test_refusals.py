@@ -169,6 +169,13 @@ PATHS = [
         "STALL_SIGNAL_ABSENT",
         setup=no_psi,
     ),
+    Path_(
+        "WatchMemory",
+        watch(pressure_trigger=pb.PressureTrigger(stall_us=1000, window_us=1_000_000, full=True)),
+        CODE.FAILED_PRECONDITION,
+        "FULL_STALL_NEEDS_PSI",
+        setup=no_psi,
+    ),
     Path_("WatchMemory", watch(cgroups=["gone"]), CODE.NOT_FOUND, "CGROUP_NOT_FOUND"),
     # Limits.
     Path_(
@@ -264,7 +271,6 @@ PATHS = [
         pb.SetReclaimPolicyRequest(cgroup="pod", enabled=True, policy=pb.ReclaimPolicy(anon=True)),
         CODE.FAILED_PRECONDITION,
         "NO_ACTIVE_SWAP",
-        "policy.anon",
         setup=with_reclaim,
     ),
     Path_(
