@@ -9,6 +9,12 @@ import os
 from typing import Any
 
 IN_MODIFY = 0x00000002
+# A directory's entry came or went: a cgroup's mkdir, rmdir or rename, seen on its parent.
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_ONLYDIR = 0x01000000
 # The watch is gone: its file was removed (a cgroup's rmdir), or the watch was removed.
 IN_IGNORED = 0x00008000
 # mount(2) flags, from <linux/mount.h>.

@@ -78,16 +78,24 @@ def pressure_trigger_spec(stall_us: int, window_us: int, full: bool) -> Pressure
     return PressureTriggerSpec(stall_us, window_us, full)
 
 
-def parse_inotify_events(data: bytes) -> list[tuple[int, int]]:
-    """(watch descriptor, event mask) of each event in a read() of an inotify fd."""
-    events: list[tuple[int, int]] = []
+def parse_inotify_events(data: bytes) -> list[tuple[int, int, str]]:
+    """(watch descriptor, event mask, entry name or "") of each event in a read() of an
+    inotify fd; a directory's watch names the entry an event is about."""
+    events: list[tuple[int, int, str]] = []
     offset = 0
     while offset + _EVENT_HEADER.size <= len(data):
         wd, mask, _cookie, name_len = _EVENT_HEADER.unpack_from(data, offset)
-        events.append((wd, mask))
-        offset += _EVENT_HEADER.size + name_len
+        start = offset + _EVENT_HEADER.size
+        name = data[start : start + name_len].rstrip(b"\0")
+        events.append((wd, mask, name.decode(errors="surrogateescape")))
+        offset = start + name_len
     return events
 
+
+# A watched cgroup came or went (mkdir, rmdir, or a rename: cgroupfs renames within a parent).
+PARENT_EVENTS = (
+    syscalls.IN_CREATE | syscalls.IN_DELETE | syscalls.IN_MOVED_FROM | syscalls.IN_MOVED_TO
+)
 
 # Caps on what streams may watch: inotify watches and queue entries are kernel memory the
 # agent pays for, and each watched cgroup is read on every message.
@@ -102,9 +110,9 @@ class _Inotify:
         except OSError as e:
             raise kernel_error("open", "inotify instance", None, e) from None
 
-    def add_watch(self, path: Path) -> int:
+    def add_watch(self, path: Path, mask: int = syscalls.IN_MODIFY) -> int:
         try:
-            return syscalls.inotify_add_watch(self.fd, path, syscalls.IN_MODIFY)
+            return syscalls.inotify_add_watch(self.fd, path, mask)
         except OSError as e:
             if e.errno == errno.ENOSPC:  # fs.inotify.max_user_watches reached.
                 raise ResourceExhausted(
@@ -119,7 +127,7 @@ class _Inotify:
         with contextlib.suppress(OSError):
             syscalls.inotify_rm_watch(self.fd, wd)
 
-    def read_events(self) -> list[tuple[int, int]]:
+    def read_events(self) -> list[tuple[int, int, str]]:
         try:
             return parse_inotify_events(os.read(self.fd, 64 * 1024))
         except BlockingIOError:
@@ -163,6 +171,8 @@ class SignalHub:
         self.watched = 0  # Cgroups watched, summed over streams.
         self._inotify: _Inotify | None = None
         self._by_wd: dict[int, set[KernelSignals]] = {}
+        # The watched cgroups' parent directories: their mkdir and rmdir show there.
+        self._parents_by_wd: dict[int, set[KernelSignals]] = {}
         self._triggers: dict[PressureTriggerSpec, _Trigger] = {}
 
     def subscribe(
@@ -198,11 +208,15 @@ class SignalHub:
         return signals
 
     def watch(self, signals: KernelSignals, name: str, path: Path) -> None:
-        """Watch one of a stream's cgroups (again, once a removed one is back). A cgroup that
-        is gone meanwhile stays unwatched: the stream reports it removed."""
+        """Watch one of a stream's cgroups (again, once a removed one is back), through its
+        memory.events (`path`), and its parent directory for its rmdir, mkdir and renames: the
+        kernel sends a removed cgroupfs file's watch nothing. A cgroup that is gone meanwhile stays
+        unwatched: the stream reports it removed."""
         if self._inotify is None:
             self._inotify = _Inotify()
             asyncio.get_running_loop().add_reader(self._inotify.fd, self._on_inotify)
+        if name not in signals.parent_watched():
+            self._watch_parent(self._inotify, signals, name, path.parent)
         try:
             wd = self._inotify.add_watch(path)
         except AgentError as e:
@@ -211,6 +225,19 @@ class SignalHub:
             raise
         self._by_wd.setdefault(wd, set()).add(signals)
         signals.names_by_wd[wd] = name
+
+    def _watch_parent(
+        self, inotify: _Inotify, signals: KernelSignals, name: str, cgroup: Path
+    ) -> None:
+        mask = PARENT_EVENTS | syscalls.IN_ONLYDIR
+        try:
+            wd = inotify.add_watch(cgroup.parent, mask)
+        except AgentError as e:
+            if e.errno == errno.ENOENT:  # The parent is gone too: the interval finds it back.
+                return
+            raise
+        self._parents_by_wd.setdefault(wd, set()).add(signals)
+        signals.children_by_wd.setdefault(wd, {})[cgroup.name] = name
 
     def _subscribe_trigger(self, signals: KernelSignals, spec: PressureTriggerSpec) -> None:
         armed = self._triggers.get(spec)
@@ -254,10 +281,16 @@ class SignalHub:
     def _on_inotify(self) -> None:
         if self._inotify is None:  # Closed while the callback was queued.
             return
-        for wd, mask in self._inotify.read_events():
-            # IN_IGNORED: the kernel dropped the watch, its file gone. cgroupfs sends it only
-            # when the inode goes, which may be long after the rmdir: the stream's next report
-            # is what finds a cgroup removed (follow_cgroups), this only keeps the books.
+        for wd, mask, entry in self._inotify.read_events():
+            if wd in self._parents_by_wd:
+                # A watched cgroup came or went: its stream reads a report at once.
+                for signals in self._parents_by_wd[wd]:
+                    name = signals.children_by_wd.get(wd, {}).get(entry)
+                    if name is not None and mask & PARENT_EVENTS:
+                        signals.queue.put_nowait((Signal.MEMORY_EVENTS, name))
+                continue
+            # IN_IGNORED: the kernel dropped the watch, its file gone (on cgroupfs only when
+            # the inode goes, which may be long after the rmdir): only the books change here.
             gone = bool(mask & syscalls.IN_IGNORED)
             for signals in self._by_wd.pop(wd, set()) if gone else self._by_wd.get(wd, ()):
                 name = signals.names_by_wd.pop(wd, None) if gone else signals.names_by_wd.get(wd)
@@ -295,7 +328,15 @@ class SignalHub:
         for wd in signals.names_by_wd:
             self._release(signals, wd)
         signals.names_by_wd.clear()
-        if not self._by_wd and self._inotify is not None:
+        for wd in signals.children_by_wd:
+            parents = self._parents_by_wd.get(wd, set())
+            parents.discard(signals)
+            if not parents:
+                self._parents_by_wd.pop(wd, None)
+                if self._inotify is not None:
+                    self._inotify.remove_watch(wd)
+        signals.children_by_wd.clear()
+        if not self._by_wd and not self._parents_by_wd and self._inotify is not None:
             asyncio.get_running_loop().remove_reader(self._inotify.fd)
             self._inotify.close()
             self._inotify = None
@@ -317,8 +358,14 @@ class KernelSignals:
         self.names = names  # The cgroups it watches, each counted against the caps.
         self.queue: asyncio.Queue[tuple[Signal, str | None]] = asyncio.Queue()
         self.names_by_wd: dict[int, str] = {}  # Those with a live watch.
+        # Parent directory watch -> a cgroup's directory name in it -> the cgroup's name.
+        self.children_by_wd: dict[int, dict[str, str]] = {}
         self.trigger: PressureTriggerSpec | None = None
         self._closed = False
+
+    def parent_watched(self) -> set[str]:
+        """Its cgroups whose parent directory it watches."""
+        return {name for children in self.children_by_wd.values() for name in children.values()}
 
     def unwatched(self) -> tuple[str, ...]:
         """Its cgroups without a live watch: removed, and perhaps created again since."""

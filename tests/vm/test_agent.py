@@ -170,3 +170,29 @@ def test_the_bundle_carries_no_host_only_code(vm: GuestVM) -> None:
     shipped = vm.exec(["ls", site]).stdout.split()
     assert {"agent", "linux", "ops"} <= set(shipped)  # the listing is of the right place
     assert not {"host", "vm", "build"} & set(shipped), shipped
+
+
+def test_a_watched_cgroup_removed_and_made_again_wakes_the_stream(
+    vm: GuestVM, agent: AgentClient
+) -> None:
+    """rmdir and mkdir of a watched cgroup each send a message at once (its parent
+    directory's inotify watch; its removed memory.events hears nothing on cgroupfs), long
+    before the stream's interval of a minute, and the stream goes on."""
+    make_cgroup(vm, "comes-and-goes")
+    stream = agent.watch(["comes-and-goes"], interval_ms=60_000)
+    try:
+        assert next(stream).reason == pb.WATCH_REASON_INITIAL
+        vm.exec(["rmdir", "/sys/fs/cgroup/comes-and-goes"])
+        gone = next(stream)
+        make_cgroup(vm, "comes-and-goes")
+        back = next(stream)
+    finally:
+        stream.cancel()
+        vm.exec("rmdir /sys/fs/cgroup/comes-and-goes; true")
+    assert (gone.reason, list(gone.changed_cgroups)) == (
+        pb.WATCH_REASON_MEMORY_EVENTS,
+        ["comes-and-goes"],
+    )
+    assert list(gone.removed_cgroups) == ["comes-and-goes"] and not gone.cgroups
+    assert back.reason == pb.WATCH_REASON_MEMORY_EVENTS
+    assert [c.path for c in back.cgroups] == ["comes-and-goes"] and not back.removed_cgroups

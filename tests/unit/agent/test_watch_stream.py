@@ -131,6 +131,14 @@ async def test_a_missing_cgroup_fails_before_anything_is_sent(fake_root: FakeRoo
         await anext(stream)
 
 
+def recreate(fake_root: FakeRoot, name: str) -> None:
+    """A cgroup made again with all its files at once, as cgroupfs's mkdir does: made aside and
+    moved in (IN_MOVED_TO, as a cgroup renamed to the name would be)."""
+    fake_root.add_cgroup(f"staging/{name}")
+    cgroups = fake_root.root / "sys/fs/cgroup"
+    (cgroups / f"staging/{name}").rename(cgroups / name)
+
+
 async def test_a_removed_cgroup_is_reported_and_the_stream_goes_on(fake_root: FakeRoot) -> None:
     fake_root.add_cgroup("pod/a")
     fake_root.add_cgroup("pod/b")
@@ -141,18 +149,19 @@ async def test_a_removed_cgroup_is_reported_and_the_stream_goes_on(fake_root: Fa
     stream = watch_memory(fake_root.fs, WatchSpec(("pod/a", "pod/b"), 60), stopping, hub=hub)
     first = await anext(stream)
     assert first.report.removed == ()
-    shutil.rmtree(cgroups / "a")  # The container exits.
-    # On a plain filesystem the dropped watch (IN_IGNORED) wakes the stream; cgroupfs sends
-    # it late, and there the interval's report finds the cgroup gone.
+    shutil.rmtree(cgroups / "a")  # The container exits: its parent's IN_DELETE wakes the stream.
     gone = await asyncio.wait_for(anext(stream), 5)
     assert (gone.reason, gone.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
     assert gone.report.removed == ("pod/a",)
     assert [c.path for c in gone.report.cgroups] == ["pod/b"]
     assert hub.watched == 2  # Still counted against the caps.
-    fake_root.add_cgroup("pod/a")  # Created again under the same name.
-    (cgroups / "b/memory.events").write_text(MEMORY_EVENTS)
+    recreate(fake_root, "pod/a")  # Created again under the same name: that wakes it too.
     back = await asyncio.wait_for(anext(stream), 5)
-    assert back.report.removed == ()
+    assert (back.reason, back.changed, back.report.removed) == (
+        WatchReason.MEMORY_EVENTS,
+        ("pod/a",),
+        (),
+    )
     assert [c.path for c in back.report.cgroups] == ["pod/a", "pod/b"]
     (cgroups / "a/memory.events").write_text(MEMORY_EVENTS)  # Watched again.
     again = await asyncio.wait_for(anext(stream), 5)
@@ -179,34 +188,33 @@ async def test_a_cgroup_gone_between_reads_is_removed_not_an_error(
     assert (report.cgroups, report.removed) == ((), ("pod",))
 
 
-async def test_without_ignored_events_the_interval_finds_the_removal(fake_root: FakeRoot) -> None:
-    """As on cgroupfs: an open file keeps the inode, so no IN_IGNORED comes on removal."""
+async def test_without_ignored_events_the_parent_directory_tells_of_the_removal(
+    fake_root: FakeRoot,
+) -> None:
+    """As on cgroupfs, where a removed file's watch hears nothing (here an open file keeps the
+    inode, so no IN_IGNORED comes): the parent directory's watch wakes the stream."""
     fake_root.add_cgroup("pod/a")
     directory = fake_root.root / "sys/fs/cgroup/pod/a"
     hub = SignalHub(fake_root.fs)
     stopping = asyncio.Event()
-    stream = watch_memory(fake_root.fs, WatchSpec(("pod/a",), 0.1), stopping, hub=hub)
+    stream = watch_memory(fake_root.fs, WatchSpec(("pod/a",), 60), stopping, hub=hub)
     await anext(stream)
     with (directory / "memory.events").open() as held:
         shutil.rmtree(directory)
         gone = await asyncio.wait_for(anext(stream), 5)
-        assert (gone.reason, gone.report.removed) == (WatchReason.INTERVAL, ("pod/a",))
-        fake_root.add_cgroup("pod/a")
+        assert (gone.reason, gone.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
+        assert gone.report.removed == ("pod/a",)
+        recreate(fake_root, "pod/a")
         back = await asyncio.wait_for(anext(stream), 5)
         assert [c.path for c in back.report.cgroups] == ["pod/a"]
         (directory / "memory.events").write_text(MEMORY_EVENTS)  # The new file is watched.
-
-        async def woken() -> tuple[str, ...]:
-            while (update := await anext(stream)).reason is not WatchReason.MEMORY_EVENTS:
-                pass  # An interval's message may come first on a busy host.
-            return update.changed
-
-        assert await asyncio.wait_for(woken(), 5) == ("pod/a",)
+        woke = await asyncio.wait_for(anext(stream), 5)
+        assert (woke.reason, woke.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
         assert held.readable()
     stopping.set()
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(anext(stream), 5)
-    assert hub.watched == 0
+    assert hub.watched == 0 and not hub._parents_by_wd and hub._inotify is None
 
 
 async def test_without_psi_an_asked_trigger_is_served_by_delay_accounting(tmp_path: Path) -> None:

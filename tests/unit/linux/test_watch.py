@@ -38,7 +38,7 @@ def test_trigger_refusals(stall: int, window: int, reason: str) -> None:
 def test_parse_inotify_events_walks_names() -> None:
     header = struct.Struct("iIII")
     data = header.pack(3, 2, 0, 16) + b"name".ljust(16, b"\0") + header.pack(5, 2, 0, 0)
-    assert [wd for wd, _ in parse_inotify_events(data)] == [3, 5]
+    assert parse_inotify_events(data) == [(3, 2, "name"), (5, 2, "")]
 
 
 async def test_memory_events_change_is_signalled(fake_root: FakeRoot) -> None:
