@@ -152,18 +152,24 @@ class DelayStallMeter:
         self._source = source if source is not None else TaskstatsClient()
         self._clock = clock
         self._own = os.getpid()
+        self._answered = False
         self._lock = threading.Lock()
         self._books: dict[Path, _Books] = {}
 
     def absence(self) -> Absent | None:
-        """Why there is no delay-accounting stall in this guest, None when there is one."""
+        """Why there is no delay-accounting stall in this guest, None when there is one. The
+        switch is read every time (anyone may turn it off); taskstats is asked until it has
+        answered once, since neither the kernel's build nor the agent's capability changes."""
         switch = read_task_delayacct(self.fs)
         if switch is False:
             return delayacct_absence(switch, None, "")
-        try:
-            self._source.delays(1)
-        except AgentError as e:
-            return delayacct_absence(switch, self.fs.read_optional(self.fs.proc("cmdline")), str(e))
+        if not self._answered:
+            try:
+                self._source.delays(1)
+            except AgentError as e:
+                cmdline = self.fs.read_optional(self.fs.proc("cmdline"))
+                return delayacct_absence(switch, cmdline, str(e))
+            self._answered = True
         return None
 
     def total_us(self, directory: Path) -> int:
