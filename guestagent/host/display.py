@@ -29,6 +29,10 @@ def limit_text(limit: pb.Limit) -> str:
     return "max" if limit.unlimited else mib(limit.bytes)
 
 
+def delay_stall_text(stall: pb.MemoryStall) -> str:
+    return f"{stall.total_us / 1e6:.3f} s in all ({stall.source}, summed over tasks)"
+
+
 def pressure_text(pressure: pb.Pressure) -> str:
     return (
         f"some avg10={pressure.some.avg10:.2f} avg60={pressure.some.avg60:.2f} "
@@ -46,6 +50,8 @@ def memory_info_text(info: pb.MemoryInfo) -> str:
         f"swap     total {mib(system.swap_total_bytes)}  free {mib(system.swap_free_bytes)}",
         "pressure " + (pressure_text(info.pressure) if info.HasField("pressure") else "(no PSI)"),
     ]
+    if info.HasField("delay_stall"):
+        lines.append(f"stall    {delay_stall_text(info.delay_stall)}")
     if info.HasField("confidential"):
         lines.append(
             f"guest    confidential {info.confidential.platform} ({info.confidential.evidence})"
@@ -70,6 +76,8 @@ def memory_info_text(info: pb.MemoryInfo) -> str:
         ]
         if cgroup.HasField("pressure"):
             lines.append(f"  pressure {pressure_text(cgroup.pressure)}")
+        if cgroup.HasField("delay_stall"):
+            lines.append(f"  stall {delay_stall_text(cgroup.delay_stall)}")
         if cgroup.HasField("idle"):
             lines.append(f"  idle {idle_text(cgroup.idle, cgroup.giveback)}")
     if info.HasField("idle"):

@@ -118,6 +118,17 @@ def system_families(report: pb.MemoryInfo) -> list[Family]:
                 tuple(pressure_samples(report.pressure)),
             )
         )
+    if report.HasField("delay_stall"):
+        families.append(
+            Family(
+                "guestagent_memory_delay_stall_seconds_total",
+                "counter",
+                "time the guest's tasks waited on memory (reclaim, thrashing, compaction), "
+                "summed over tasks, from delay accounting: where there is no PSI",
+                (),
+                (Sample((), report.delay_stall.total_us / US_PER_SECOND),),
+            )
+        )
     return families
 
 
@@ -255,7 +266,47 @@ def cgroup_families(cgroups: Iterable[pb.CgroupMemory]) -> list[Family]:
                 pressure,
             )
         )
+    delay = tuple(
+        Sample((c.path,), c.delay_stall.total_us / US_PER_SECOND)
+        for c in cgroups
+        if c.HasField("delay_stall")
+    )
+    if delay:
+        families.append(
+            Family(
+                "guestagent_cgroup_memory_delay_stall_seconds_total",
+                "counter",
+                "time the cgroup's tasks waited on memory, summed over tasks, from delay "
+                "accounting: where the cgroup has no memory.pressure",
+                ("cgroup",),
+                delay,
+            )
+        )
     return families
+
+
+def reclaim_families(targets: Iterable[pb.ReclaimTargetStatus]) -> list[Family]:
+    """The reclaimer's watched targets: which stall signal each runs on, and what it took."""
+    targets = tuple(targets)
+    if not targets:
+        return []
+    return [
+        Family(
+            "guestagent_reclaim_stall_signal",
+            "gauge",
+            "1 for the stall signal the cgroup's working-set reclaimer runs on: psi_stall "
+            "(memory.pressure) or delayacct_stall (delay accounting, without PSI)",
+            ("cgroup", "signal"),
+            tuple(Sample((t.cgroup, t.signals[0]), 1.0) for t in targets if t.signals),
+        ),
+        Family(
+            "guestagent_reclaim_reclaimed_bytes_total",
+            "counter",
+            "what the cgroup's working-set reclaimer has reclaimed",
+            ("cgroup",),
+            tuple(Sample((t.cgroup,), float(t.reclaimed_total_bytes)) for t in targets),
+        ),
+    ]
 
 
 def exporter_families(snapshot: Snapshot) -> list[Family]:
@@ -290,5 +341,6 @@ def families(snapshot: Snapshot) -> list[Family]:
     if snapshot.up and snapshot.report is not None:
         found += system_families(snapshot.report)
         found += cgroup_families(snapshot.report.cgroups)
+        found += reclaim_families(snapshot.report.reclaim)
         found += idle_families(snapshot.report)
     return found

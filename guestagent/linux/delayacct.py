@@ -3,7 +3,7 @@
 PSI's memory.pressure `some` total is the wall time in which at least one of a cgroup's tasks
 waited on memory. Without PSI the same waits are in each task's delay accounting (taskstats.py):
 a cgroup's stall over an interval is the growth, over the processes in its cgroup.procs and its
-descendants', of their reclaim, thrashing, swap-in and compaction delays. Summed over tasks,
+descendants', of their direct reclaim, thrashing and compaction delays. Summed over tasks,
 two tasks stalled at once count twice, so with more than one task stalling the figure is above
 PSI's, never below it: a budget set in PSI's terms is kept, if anything, more strictly.
 
@@ -15,6 +15,8 @@ What the kernel lets a reader see, and so what is counted:
   and its past belongs to another cgroup).
 - A process that exits between two reads loses what it stalled since the first: the kernel
   hands a dead process's delays only to a listener registered for every exit in the guest.
+- A process started before delay accounting was turned on has no delay record and reads zero:
+  the agent turns it on as it starts, before the runtime starts containers.
 - The agent itself is left out: its memory.reclaim writes sit in direct reclaim, which delay
   accounting counts as its stall, while PSI has not counted proactive reclaim as pressure
   since 5.8 ("don't count limit-setting reclaim as memory pressure"). Counted, the guest's
@@ -150,18 +152,24 @@ class DelayStallMeter:
         self._source = source if source is not None else TaskstatsClient()
         self._clock = clock
         self._own = os.getpid()
+        self._answered = False
         self._lock = threading.Lock()
         self._books: dict[Path, _Books] = {}
 
     def absence(self) -> Absent | None:
-        """Why there is no delay-accounting stall in this guest, None when there is one."""
+        """Why there is no delay-accounting stall in this guest, None when there is one. The
+        switch is read every time (anyone may turn it off); taskstats is asked until it has
+        answered once, since neither the kernel's build nor the agent's capability changes."""
         switch = read_task_delayacct(self.fs)
         if switch is False:
             return delayacct_absence(switch, None, "")
-        try:
-            self._source.delays(1)
-        except AgentError as e:
-            return delayacct_absence(switch, self.fs.read_optional(self.fs.proc("cmdline")), str(e))
+        if not self._answered:
+            try:
+                self._source.delays(1)
+            except AgentError as e:
+                cmdline = self.fs.read_optional(self.fs.proc("cmdline"))
+                return delayacct_absence(switch, cmdline, str(e))
+            self._answered = True
         return None
 
     def total_us(self, directory: Path) -> int:

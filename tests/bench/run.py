@@ -359,6 +359,12 @@ def virtio_mem_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"virtio_mem": measure_virtio_mem()}
 
 
+def delayacct_cost_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.delayacct_cost import measure_delayacct_cost
+
+    return {"delayacct_cost": measure_delayacct_cost()}
+
+
 def reclaimer_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.reclaimer import measure_reclaimer
 
@@ -404,6 +410,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "vm": vm_section,
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,
+    "delayacct_cost": delayacct_cost_section,
     "crypt_swap": crypt_swap_section,
     "giveback": giveback_section,
     "idle_aging": idle_aging_section,

@@ -14,20 +14,19 @@ import json
 import queue
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import grpc
 
 from guestagent.host.client import AgentClient, WatchStream
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import make_cgroup
 from tests.vm.pace import Pace
 from tests.workloads.reclaim import (
     ANON_MIB,
-    CONFIG,
     HOT_MIB,
+    KERNELS,
     STALL_TARGET_US,
     fill_data_disk,
     no_thrash,
@@ -35,20 +34,9 @@ from tests.workloads.reclaim import (
     without_timelines,
 )
 
-NO_PSI_CMDLINE = "psi=0 guestagent.mglru=0"
-KATA_FC = replace(CONFIG, extra_cmdline=NO_PSI_CMDLINE)
-APPLE = replace(
-    CONFIG,
-    extra_cmdline=NO_PSI_CMDLINE,
-    agent_args=("--mglru", "keep"),
-    slots=2,
-    maxmem_mib=2048,
-)
+KATA_FC = KERNELS["kata-fc"]
+APPLE = KERNELS["apple"]
 DELAYACCT_STALL = "delayacct_stall"
-
-
-def config_for(name: str) -> VMConfig:
-    return {"kata-fc": KATA_FC, "apple": APPLE}[name]
 
 
 def absent(message: pb.MemoryInfo | pb.ReclaimTargetStatus) -> dict[str, str]:

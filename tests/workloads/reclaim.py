@@ -12,7 +12,7 @@ import os
 import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from guestagent.host.client import AgentClient
@@ -36,6 +36,24 @@ CONFIG = VMConfig(
     memory_mib=1024,
     disks=(Disk("swap", 1 << 30, serial="swap0"), Disk("data", 256 * MIB, serial=DATA_SERIAL)),
 )
+# The runtimes' guest kernels as this image stands for them (docs/kernel-features.md): Kata's
+# and Firecracker's have PSI and the multi-gen LRU built but off at boot (psi=0, and the init
+# leaves lru_gen off: the agent turns it on); Apple's builds neither (the agent keeps the
+# classic LRU). Both run the reclaimer on delay accounting.
+NO_PSI_CMDLINE = "psi=0 guestagent.mglru=0"
+KERNELS = {
+    "psi": CONFIG,
+    # A PSI guest whose reclaimer runs on delay accounting, so both stalls are seen side by side.
+    "psi-delayacct": replace(CONFIG, agent_args=("--stall-signal", "delayacct")),
+    "kata-fc": replace(CONFIG, extra_cmdline=NO_PSI_CMDLINE),
+    "apple": replace(
+        CONFIG,
+        extra_cmdline=NO_PSI_CMDLINE,
+        agent_args=("--mglru", "keep"),
+        slots=2,
+        maxmem_mib=2048,
+    ),
+}
 
 # argv: anon MiB, hot MiB, file path or "-", file MiB, output directory.
 # Every page of the allocation gets bytes of its own, so none is a zero page; the hot loop
@@ -240,12 +258,17 @@ def stall_source(agent: AgentClient) -> str:
     return "delayacct_stall" if "psi" in absent_features(agent) else "psi_stall"
 
 
-def stall_by_signal(rows: list[dict[str, Any]], suffix: str) -> dict[str, int | None]:
-    """us of stall per s over the rows by every signal the guest has, side by side."""
-    return {
-        f"{signal}_us_per_s_{suffix}": rounded(stall_per_second(rows, f"{signal}_total_us"))
-        for signal in ("psi_stall", "delayacct_stall")
-    }
+def stall_by_signal(rows: list[dict[str, Any]], suffix: str) -> dict[str, float | None]:
+    """Stall over the rows by every signal the guest has, side by side: us per s, and ms in all."""
+    figures: dict[str, float | None] = {}
+    for signal in ("psi_stall", "delayacct_stall"):
+        key = f"{signal}_total_us"
+        figures[f"{signal}_us_per_s_{suffix}"] = rounded(stall_per_second(rows, key))
+        measured = len(rows) > 1 and rows[0][key] is not None and rows[-1][key] is not None
+        figures[f"{signal}_ms_{suffix}"] = (
+            round((rows[-1][key] - rows[0][key]) / 1000, 1) if measured else None
+        )
+    return figures
 
 
 def rounded(value: float | None) -> int | None:

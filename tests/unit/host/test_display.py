@@ -121,3 +121,11 @@ def test_overhead_shows_the_swiotlb(swiotlb: Swiotlb | Absent, shown: str) -> No
 
 def test_overhead_from_an_older_agent_says_it_has_no_swiotlb() -> None:
     assert "swiotlb not reported (an older agent)" in overhead_text(pb.GuestOverhead())
+
+
+def test_delay_accountings_stall_is_shown_with_its_source() -> None:
+    system = SystemMemory(1 << 30, 0, 0, 0, 0, 0, 0, 0)
+    info = memory_info_pb(MemoryReport(0, system, None, (), delay_stall_us=2_500_000))
+    text = memory_info_text(info)
+    assert "pressure (no PSI)" in text
+    assert "stall    2.500 s in all (delayacct_stall, summed over tasks)" in text

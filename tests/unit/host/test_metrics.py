@@ -245,3 +245,27 @@ def test_idle_bytes_are_cumulative_by_le_seconds() -> None:
 def test_no_idle_families_without_idle_ages() -> None:
     names = set(by_name(families(up(report(cgroup("a"))))))
     assert not {n for n in names if "idle" in n or "giveback" in n}
+
+
+def test_delay_accountings_stall_where_there_is_no_psi() -> None:
+    """Its own families, never a PSI family with delay accounting's figure in it."""
+    plain = cgroup("a", psi=False)
+    plain.delay_stall.CopyFrom(pb.MemoryStall(source="delayacct_stall", total_us=1_500_000))
+    info = report(plain, cgroup("b", psi=False), psi=False)
+    info.delay_stall.CopyFrom(pb.MemoryStall(source="delayacct_stall", total_us=4_000_000))
+    found = by_name(families(up(info)))
+    assert values(found["guestagent_memory_delay_stall_seconds_total"]) == {(): 4.0}
+    assert values(found["guestagent_cgroup_memory_delay_stall_seconds_total"]) == {("a",): 1.5}
+    assert "guestagent_memory_pressure_stall_seconds_total" not in found
+
+
+def test_the_reclaimers_stall_signal_per_target() -> None:
+    info = report(cgroup("pod"))
+    info.reclaim.add(
+        cgroup="pod",
+        reclaimed_total_bytes=8 * MIB,
+        signals=["delayacct_stall", "refaults", "reclaim_yield"],
+    )
+    found = by_name(families(up(info)))
+    assert values(found["guestagent_reclaim_stall_signal"]) == {("pod", "delayacct_stall"): 1.0}
+    assert values(found["guestagent_reclaim_reclaimed_bytes_total"]) == {("pod",): 8.0 * MIB}

@@ -146,8 +146,14 @@ def test_absence_follows_the_sysctl_and_taskstats(tree: Path) -> None:
     assert "kernel.task_delayacct 0" in absent.reason and "--delayacct keep" in absent.reason
     (tree / "proc/sys/kernel/task_delayacct").unlink()  # A kernel before 5.14: no switch.
     assert read_task_delayacct(fs) is None and meter.absence() is None
-    kernel.down = "query taskstats: EPERM (Operation not permitted)"
-    absent = meter.absence()
+    # Once taskstats has answered it is not asked again: neither build nor capability change.
+    asked = kernel.queries
+    assert meter.absence() is None and kernel.queries == asked
+
+
+def test_a_taskstats_query_refused_is_why_it_is_absent(tree: Path) -> None:
+    kernel = FakeTaskstats(down="query taskstats: EPERM (Operation not permitted)")
+    absent = DelayStallMeter(KernelFS(tree), kernel).absence()
     assert absent is not None and "CAP_NET_ADMIN" in absent.reason and "EPERM" in absent.reason
 
 

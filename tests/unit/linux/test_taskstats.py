@@ -139,3 +139,10 @@ def test_hostile_structs_give_a_format_error_or_a_value(data: bytes) -> None:
     except KernelFormat:
         return
     assert delays.memory_ns >= 0
+
+
+def test_a_working_set_swap_in_counts_once() -> None:
+    """The kernel times a working-set swap-in as thrashing and as swapin: PSI's stall is
+    reclaim, thrashing and compaction, so swapin stays out where thrashing is there."""
+    delays = TaskDelays(13, 0, swapin_ns=700, freepages_ns=20, thrashing_ns=500, compact_ns=3)
+    assert delays.memory_ns == 523
