@@ -239,7 +239,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     async def GetAgentInfo(
         self, _: None, context: Context[pb.GetAgentInfoRequest, pb.AgentInfo]
     ) -> AgentInfo:
-        return await self._read(agent_info, self.fs, self.stall)
+        return await self._read(agent_info, self.fs, self.stall, self.ager.state)
 
     @unary(wire.memory_info_from_pb, wire.report_pb)
     async def GetMemoryInfo(

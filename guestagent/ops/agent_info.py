@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from guestagent import __version__
 from guestagent.errors import ERROR_DOMAIN
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.features import DELAYACCT, Absent, read_features
+from guestagent.linux.features import DELAYACCT, IDLE_AGES, Absent, read_features
 from guestagent.linux.fs import KernelFS
+from guestagent.ops.idle import NOT_AGED, IdleState
 
 # 1: the contract before GetAgentInfo. 2: GetAgentInfo, refusal reasons (ErrorInfo), watch
 # streams that report a removed cgroup and go on.
@@ -28,11 +29,18 @@ class AgentInfo:
     error_domain: str = ERROR_DOMAIN
 
 
-def agent_info(fs: KernelFS, stall: DelayStallMeter | None = None) -> AgentInfo:
-    """`stall`: the agent's delay-accounting meter, which knows whether taskstats answers."""
-    delay = (
+def agent_info(
+    fs: KernelFS, stall: DelayStallMeter | None = None, idle: IdleState | None = None
+) -> AgentInfo:
+    """`stall`: the agent's delay-accounting meter, which knows whether taskstats answers.
+    `idle`: the aging loop's state, which knows when the agent ages nothing (--idle-aging 0)
+    or cannot read the ages (no debugfs), beyond what the kernel has."""
+    features = dict(read_features(fs))
+    if idle is not None and idle.absent is not None and idle.absent is not NOT_AGED:
+        features[IDLE_AGES] = Absent(IDLE_AGES, idle.absent.reason)
+    features[DELAYACCT] = (
         stall.absence()
         if stall is not None
         else Absent(DELAYACCT, "this agent reads no delay accounting")
     )
-    return AgentInfo(__version__, CONTRACT_REVISION, (*read_features(fs), (DELAYACCT, delay)))
+    return AgentInfo(__version__, CONTRACT_REVISION, tuple(features.items()))

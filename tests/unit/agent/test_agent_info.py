@@ -8,6 +8,7 @@ from guestagent import __version__
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import FEATURE_READERS
 from guestagent.ops.agent_info import agent_info
+from guestagent.ops.idle import IdleAger
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot, make_fake_root
 from tests.fakes.taskstats import FakeTaskstats
@@ -57,3 +58,13 @@ def test_delay_accounting_is_what_the_meter_says(fake_root: FakeRoot) -> None:
     info = agent_info(fake_root.fs, DelayStallMeter(fake_root.fs, FakeTaskstats({1: 0})))
     off = dict(info.features)["delayacct"]
     assert off is not None and "task_delayacct" in off.reason
+
+
+def test_idle_ages_are_absent_when_the_agent_ages_nothing(fake_root: FakeRoot) -> None:
+    fake_root.write("sys/kernel/mm/lru_gen/enabled", "0x0007\n")
+    assert (
+        dict(agent_info(fake_root.fs, idle=IdleAger(fake_root.fs).state).features)["idle_ages"]
+        is None
+    )  # Not aged yet: the kernel has them, so they come.
+    off = dict(agent_info(fake_root.fs, idle=IdleAger(fake_root.fs, 0).state).features)
+    assert off["idle_ages"] is not None and "--idle-aging 0" in off["idle_ages"].reason
