@@ -38,14 +38,24 @@ def reading(safe: int | None, taken: int = 0, saturated: bool = False) -> Readin
 
 
 @pytest.mark.parametrize(
-    ("safe", "asked", "stall", "saturated", "hold", "now", "change", "kept"),
+    ("safe", "asked", "stall", "saturated", "hold", "now", "change", "kept", "taken"),
     [
         # A rise in what may be taken waits for the hold; the least seen is what is taken.
-        (400 * MIB, 0, 0.0, False, None, 0, None, Hold(0, 400 * MIB)),
-        (380 * MIB, 0, 0.0, False, Hold(0, 400 * MIB), 10, None, Hold(0, 380 * MIB)),
-        (420 * MIB, 0, 0.0, False, Hold(0, 380 * MIB), 30, Change(380 * MIB, "held", ""), None),
+        (400 * MIB, 0, 0.0, False, None, 0, None, Hold(0, 400 * MIB), None),
+        (380 * MIB, 0, 0.0, False, Hold(0, 400 * MIB), 10, None, Hold(0, 380 * MIB), None),
+        (
+            420 * MIB,
+            0,
+            0.0,
+            False,
+            Hold(0, 380 * MIB),
+            30,
+            Change(380 * MIB, "held", ""),
+            None,
+            None,
+        ),
         # Too small a rise is not worth a request.
-        (404 * MIB, 400 * MIB, None, False, None, 0, None, None),
+        (404 * MIB, 400 * MIB, None, False, None, 0, None, None, None),
         # The figure fell below what the device holds: given back at once, to the figure.
         (
             300 * MIB,
@@ -56,15 +66,18 @@ def reading(safe: int | None, taken: int = 0, saturated: bool = False) -> Readin
             5,
             Change(300 * MIB, "figure", ""),
             None,
+            None,
         ),
         # The guest needs all it has: a step back.
-        (400 * MIB, 400 * MIB, 0.0, True, None, 0, Change(272 * MIB, "saturated", ""), None),
-        # A stall gives back a step at once, whatever the figure says.
-        (800 * MIB, 400 * MIB, 0.2, False, None, 0, Change(272 * MIB, "stall", ""), None),
-        (800 * MIB, 100 * MIB, 0.2, False, None, 0, Change(0, "stall", ""), None),
+        (400 * MIB, 400 * MIB, 0.0, True, None, 0, Change(272 * MIB, "saturated", ""), None, None),
+        # A stall gives back a step at once, whatever the figure says...
+        (800 * MIB, 400 * MIB, 0.2, False, None, 0, Change(272 * MIB, "stall", ""), None, None),
+        (800 * MIB, 100 * MIB, 0.2, False, None, 0, Change(0, "stall", ""), None, None),
+        # ...but not while the device is still taking what it was asked: that stall is its own.
+        (800 * MIB, 400 * MIB, 0.2, False, None, 0, None, Hold(0, 800 * MIB), 300 * MIB),
         # Nothing held, nothing to give back on a stall; no figure, nothing taken.
-        (800 * MIB, 0, 0.5, False, None, 0, None, Hold(0, 800 * MIB)),
-        (None, 400 * MIB, 0.0, False, None, 0, None, None),
+        (800 * MIB, 0, 0.5, False, None, 0, None, Hold(0, 800 * MIB), None),
+        (None, 400 * MIB, 0.0, False, None, 0, None, None, None),
     ],
 )
 def test_decide(
@@ -76,8 +89,10 @@ def test_decide(
     now: float,
     change: Change | None,
     kept: Hold | None,
+    taken: int | None,
 ) -> None:
-    got, held = decide(reading(safe, asked, saturated), asked, stall, now, hold, POLICY)
+    now_taken = asked if taken is None else taken
+    got, held = decide(reading(safe, now_taken, saturated), asked, stall, now, hold, POLICY)
     assert (got and (got.to, got.cause)) == (change and (change.to, change.cause))
     assert held == kept
 
@@ -213,3 +228,20 @@ def test_stopping_leaves_the_device_where_it_is_and_says_so() -> None:
     assert follower.run() == 0
     last = json.loads(lines[-1])
     assert last["event"] == "stopped" and last["left_taken"] == 200 * MIB and knob.sets == []
+
+
+def test_the_loops_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from guestagent.host.exporter import FollowMetrics
+
+    metrics = FollowMetrics("firecracker", "balloon")
+    metrics.observe(Reading(300 * MIB, None, False, MIB), 400 * MIB, 0.25)
+    metrics.changed(Change(272 * MIB, "stall", ""), "deflate")
+    text = generate_latest(metrics.registry).decode()
+    labels = 'device="balloon",vmm="firecracker"'
+    assert f"guestctl_giveback_follow_taken_bytes{{{labels}}} 3.145728e+08" in text
+    assert f"guestctl_giveback_follow_stall_ratio{{{labels}}} 0.25" in text
+    assert f"guestctl_giveback_follow_safe_bytes{{{labels}}} NaN" in text
+    changed = 'cause="stall",device="balloon",direction="deflate",vmm="firecracker"'
+    assert f"guestctl_giveback_follow_changes_total{{{changed}}} 1.0" in text, text
