@@ -6,9 +6,9 @@ what a virtio-mem device has unplugged of what it had when the loop began), so o
 serves both. The rule (`decide`, pure): take more only once the figure has allowed it for
 `hold_seconds` (and then the least it allowed in that time), compacting first as the one-shot
 command does; give back at once when the figure falls below what the device holds, when the
-agent's target reaches MemTotal (the guest needs all it has), or when the guest's memory
-stall crosses a threshold over two reports in a row while the device is not inflating; never
-take more than the figure allows. A device that stops short
+agent's target is at MemTotal and the guest stalls at all (it needs more than it has), or
+when the guest's memory stall crosses a threshold, each over two reports in a row while the
+device is not inflating; never take more than the figure allows. A device that stops short
 of what it was asked is asked for where it stands, as the one-shot command does.
 """
 
@@ -54,6 +54,9 @@ class Policy:
     step: int = 128 * MIB
     # A smaller rise in the figure is not worth a request.
     min_change: int = 8 * MIB
+    # With the agent's target at MemTotal, this much stall says the guest wants more than it
+    # has: at the figure the target is MemTotal by construction, so that alone says nothing.
+    saturated_stall: float = 0.01
     # A device unmoved this long short of what it was asked is asked for where it stands.
     still_seconds: float = 30.0
 
@@ -119,10 +122,17 @@ class Change:
 
 
 def decide(
-    reading: Reading, asked: int, stall: float | None, now: float, hold: Hold | None, policy: Policy
+    reading: Reading,
+    asked: int,
+    stall: float | None,
+    now: float,
+    hold: Hold | None,
+    policy: Policy,
+    stall_source: bool = True,
 ) -> tuple[Change | None, Hold | None]:
     """(the change to make or None, the hold to keep) for one report; `asked` is what the
-    device was last asked to hold."""
+    device was last asked to hold; `stall` the share of time stalled (None: not measured
+    this time), `stall_source` whether the guest reports a stall at all."""
     room = reading.safe if reading.safe is not None else asked
     # While the device is still taking what it was asked, the guest stalls making room for
     # it (pushing its cold set to swap): that stall is the give-back's own doing, and
@@ -134,12 +144,19 @@ def decide(
         return Change(to, "stall", f"memory stall {stall:.1%} of the interval"), None
     if reading.safe is None:
         return None, None  # No figure: hold still; the stall still lets the guest out.
-    if reading.safe < asked:
+    # Below what the device holds, or well below what it was asked: a few pages' move of the
+    # figure while the device is still on its way is not worth a request.
+    if reading.safe < reading.taken or asked - reading.safe >= policy.min_change:
         to = round_down(reading.safe, reading.unit)
         return Change(to, "figure", f"the figure fell to {mib(reading.safe)}"), None
-    if reading.saturated and asked > 0:
+    # With the balloon deflate-on-oom off, the target is capped at a MemTotal the balloon
+    # lowers, so the figure never asks below what the balloon holds: a guest that needs more
+    # than it has shows as a target at MemTotal and a stall (or, with no stall to read, the
+    # target alone).
+    wants_more = stall is not None and stall >= policy.saturated_stall
+    if reading.saturated and asked > 0 and not inflating and (wants_more or not stall_source):
         to = round_down(max(0, asked - policy.step), reading.unit)
-        return Change(to, "saturated", "the agent's target is MemTotal"), None
+        return Change(to, "saturated", "the agent's target is MemTotal and the guest stalls"), None
     if reading.safe - asked < policy.min_change:
         return None, None
     if hold is None:
@@ -315,12 +332,16 @@ class Follower:
         reading = self.knob.read(info)
         sample = stall_sample(info, now)
         share = stall_share(self._stall, sample)
+        if reading.taken < self._asked:
+            share = None  # Inflating: the stall is the inflation's own (see decide).
         # Over two reports in a row: one interval's stall is often a burst that has passed.
         stall = None if share is None or self._share is None else min(share, self._share)
         self._stall, self._share = sample, share
         if reading.taken != self._last_taken:
             self._last_taken, self._unmoved_since = reading.taken, now
-        change, self._hold = decide(reading, self._asked, stall, now, self._hold, self.policy)
+        change, self._hold = decide(
+            reading, self._asked, stall, now, self._hold, self.policy, sample is not None
+        )
         if change is None and stopped_short(
             reading.taken, self._asked, self._unmoved_since, now, self.policy
         ):

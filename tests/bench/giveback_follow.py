@@ -46,8 +46,8 @@ from tests.workloads.reclaim import (
     within,
 )
 
-GROW_AFTER_S = 120.0
-WATCH_AFTER_S = 120.0
+GROW_AFTER_S = 90.0
+WATCH_AFTER_S = 90.0
 ARMS = (
     ("reporting_alone", "free page reporting alone"),
     ("one_shot", "give-back --safe once"),

@@ -68,8 +68,13 @@ def reading(safe: int | None, taken: int = 0, saturated: bool = False) -> Readin
             None,
             None,
         ),
-        # The guest needs all it has: a step back.
-        (400 * MIB, 400 * MIB, 0.0, True, None, 0, Change(272 * MIB, "saturated", ""), None, None),
+        # The guest needs more than it has (target at MemTotal, and it stalls): a step back.
+        (400 * MIB, 400 * MIB, 0.02, True, None, 0, Change(272 * MIB, "saturated", ""), None, None),
+        # At the figure the target is MemTotal by construction: without a stall, hold still.
+        (400 * MIB, 400 * MIB, 0.0, True, None, 0, None, None, None),
+        (400 * MIB, 400 * MIB, None, True, None, 0, None, None, None),
+        # A few pages' fall of the figure while the device is on its way: not worth a request.
+        (398 * MIB, 400 * MIB, 0.0, False, None, 0, None, None, 300 * MIB),
         # A stall gives back a step at once, whatever the figure says...
         (800 * MIB, 400 * MIB, 0.2, False, None, 0, Change(272 * MIB, "stall", ""), None, None),
         (800 * MIB, 100 * MIB, 0.2, False, None, 0, Change(0, "stall", ""), None, None),
@@ -245,3 +250,9 @@ def test_the_loops_metrics() -> None:
     assert f"guestctl_giveback_follow_safe_bytes{{{labels}}} NaN" in text
     changed = 'cause="stall",device="balloon",direction="deflate",vmm="firecracker"'
     assert f"guestctl_giveback_follow_changes_total{{{changed}}} 1.0" in text, text
+
+
+def test_a_guest_with_no_stall_to_read_is_let_out_on_the_target_alone() -> None:
+    saturated = reading(400 * MIB, 400 * MIB, saturated=True)
+    change, _ = decide(saturated, 400 * MIB, None, 0, None, POLICY, stall_source=False)
+    assert change is not None and (change.to, change.cause) == (272 * MIB, "saturated")

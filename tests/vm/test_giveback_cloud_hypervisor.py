@@ -1,9 +1,10 @@
-"""`guestctl give-back --follow` through the Cloud Hypervisor and Firecracker stand-ins
-(tests/standins/: their documented APIs over a unix socket, driving this QEMU guest's balloon
-over QMP, since neither VMM runs here without KVM): the follow scenario of
-test_giveback_follow.py once through each, and every request body the stand-in received
-checked against the VMM's published schema. One guest for both (1 GiB boot memory, a
-balloon, a swap disk)."""
+"""`guestctl give-back --follow` through the Cloud Hypervisor stand-in (tests/standins/: its
+documented API over a unix socket, driving this QEMU guest's balloon over QMP, since Cloud
+Hypervisor does not run here without KVM): the follow scenario of test_giveback_follow.py,
+and every request body the stand-in received checked against the VMM's published schema.
+A guest of its own (1 GiB boot memory, a balloon, a swap disk), as test_giveback_firecracker
+has: run second in one guest, the scenario's fall stayed under 90 % of the cold set for over
+ten minutes, twice (2026-12-04), as the first one's freed pages had been reported back."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.standins import schema
 from tests.standins.cloud_hypervisor import CloudHypervisorStandIn
-from tests.standins.firecracker import FirecrackerStandIn
 from tests.standins.server import StandIn
 from tests.vm.guest import boot_and_record
 from tests.vm.pace import Pace
@@ -33,17 +33,13 @@ RESULTS: dict[str, Any] = {}
 @pytest.fixture(scope="module")
 def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
     config = VMConfig(memory_mib=1024, disks=(Disk("swap", 1 << 30, serial="swap0"),))
-    yield from boot_and_record(config, image, tmp_path_factory, RESULTS, "giveback_standins")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def swap(vm: GuestVM, agent: AgentClient) -> None:
-    agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
+    yield from boot_and_record(config, image, tmp_path_factory, RESULTS, "giveback_ch")
 
 
 def through(
     kind: type[StandIn], vmm: str, vm: GuestVM, agent: AgentClient, pace: Pace, tmp_path: Path
 ) -> dict[str, Any]:
+    """The scenario through the stand-in; its figures, with what the stand-in received."""
     with kind(tmp_path / "api.sock", vm.host_qmp_path) as stand_in:
         api = ["--vmm", vmm, "--api", str(stand_in.api_path)]
         figures = grow_after_give_back(vm, agent, pace.scale, *api)
@@ -52,24 +48,15 @@ def through(
         e for r in stand_in.received for e in schema.request_errors(vmm, r.method, r.path, r.body)
     ]
     figures["bodies"] = [r.body for r in stand_in.received if r.body is not None][:20]
-    RESULTS[vmm] = figures
     return figures
 
 
 def test_follow_through_cloud_hypervisor(
     vm: GuestVM, agent: AgentClient, pace: Pace, tmp_path: Path
 ) -> None:
+    agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
     figures = through(CloudHypervisorStandIn, "cloud-hypervisor", vm, agent, pace, tmp_path)
+    RESULTS["cloud-hypervisor"] = figures
     assert "PUT /api/v1/vm.resize" in figures["requests"], figures["requests"]
-    assert figures["schema_errors"] == []
-    check(figures)
-
-
-def test_follow_through_firecracker(
-    vm: GuestVM, agent: AgentClient, pace: Pace, tmp_path: Path
-) -> None:
-    figures = through(FirecrackerStandIn, "firecracker", vm, agent, pace, tmp_path)
-    assert "PATCH /balloon" in figures["requests"], figures["requests"]
-    assert "GET /balloon/statistics" in figures["requests"], figures["requests"]
     assert figures["schema_errors"] == []
     check(figures)
