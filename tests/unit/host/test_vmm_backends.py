@@ -15,6 +15,7 @@ import pytest
 from guestagent.host import cloud_hypervisor, ctl, firecracker, giveback
 from guestagent.host.cloud_hypervisor import CloudHypervisorVmm
 from guestagent.host.firecracker import FirecrackerVmm
+from guestagent.host.follow import knob_for
 from guestagent.host.giveback import BALLOON, VIRTIO_MEM, Options, Refused, give_back, plan_balloon
 from guestagent.host.unixhttp import UnixHttpClient
 from guestagent.host.vmm import Balloon, VmmError
@@ -222,3 +223,16 @@ def test_qmp_is_qemus_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit) as exited:
         ctl.main(argv)
     assert exited.value.code == 2 and "--api" in capsys.readouterr().err
+
+
+def test_follows_knob_on_a_virtio_mem_device_counts_what_it_unplugged(
+    fc: FirecrackerStandIn, qemu: FakeQemu
+) -> None:
+    vmm = FirecrackerVmm(str(fc.api_path), 5.0)
+    knob = knob_for(vmm, VIRTIO_MEM, None)
+    reading = knob.read(report(vmem_safe=401 * MIB))
+    # 1 GiB plugged at the start; the figure lets it go to 402 MiB (whole 2 MiB blocks).
+    assert (reading.taken, reading.safe, reading.unit) == (0, 622 * MIB, 2 * MIB)
+    knob.set(622 * MIB)
+    assert qemu.vmem_requested == 402 * MIB and knob.asked() == 622 * MIB
+    assert {"requested_size_mib": 402} in [r.body for r in fc.received]
