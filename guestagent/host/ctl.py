@@ -11,15 +11,18 @@ import argparse
 import importlib.util
 import json
 import math
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import grpc
 
 from guestagent.errors import AgentError
-from guestagent.host.client import AgentClient, describe_error
+from guestagent.host.client import AgentClient, WatchStream, describe_error
 from guestagent.host.display import (
     as_json,
     compact_text,
@@ -38,6 +41,10 @@ from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.watch import PSI_MIN_WINDOW_US
 from guestagent.transport.address import TcpAddress, parse_address
 from guestagent.v1 import agent_pb2 as pb
+
+if TYPE_CHECKING:
+    from guestagent.host.giveback import Agent
+    from guestagent.host.vmm import Vmm
 
 Run = Callable[[argparse.Namespace], int]
 Call = Callable[[AgentClient, argparse.Namespace], str]
@@ -579,59 +586,177 @@ def _metrics(args: argparse.Namespace) -> int:
 
 
 def _give_back_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--qmp", required=True, help="QEMU's QMP unix socket")
-    how_far = parser.add_mutually_exclusive_group(required=True)
+    parser.add_argument(
+        "--vmm", choices=["qemu", "cloud-hypervisor", "firecracker"], default="qemu"
+    )
+    api = parser.add_mutually_exclusive_group(required=True)
+    api.add_argument("--qmp", help="QEMU's QMP unix socket (--vmm qemu)")
+    api.add_argument(
+        "--api",
+        metavar="SOCKET",
+        help="the VMM's API unix socket (Cloud Hypervisor's --api-socket, Firecracker's "
+        "--api-sock; for QEMU, its QMP socket)",
+    )
+    how_far = parser.add_mutually_exclusive_group()
     how_far.add_argument(
         "--to",
         type=_size,
-        help="the balloon's size (the guest's RAM less the balloon) or the virtio-mem "
-        f"requested-size: {SIZE_HELP}",
+        help="the balloon's size in the VMM's terms (QEMU: the guest's RAM less the balloon; "
+        "Cloud Hypervisor, Firecracker: what the balloon takes) or the virtio-mem "
+        f"requested size: {SIZE_HELP}",
     )
     how_far.add_argument("--safe", action="store_true", help="the agent's safe figure")
+    how_far.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep the device at the agent's safe figure as it moves, until SIGTERM",
+    )
     parser.add_argument("--via", choices=["balloon", "virtio-mem"], default="balloon")
-    parser.add_argument("--device", help="the virtio-mem device's QEMU id (default: the only one)")
+    parser.add_argument("--device", help="the virtio-mem device's id (default: the only one)")
     parser.add_argument("--force", action="store_true", help="go below the safe figure")
     parser.add_argument("--dry-run", action="store_true", help="say what it would do, do nothing")
-    parser.add_argument("--pid", type=int, help="QEMU's pid for its RSS (default: the QMP peer)")
+    parser.add_argument("--pid", type=int, help="the VMM's pid for its RSS (default: the peer)")
     parser.add_argument("--cold-after-ms", type=_count, default=0, help="0: the agent's 60 s")
     parser.add_argument("--settle-timeout", type=_seconds, default=600.0, metavar="SECONDS")
+    follow = parser.add_argument_group("--follow")
+    follow.add_argument(
+        "--interval", type=_seconds, default=2.0, metavar="S", help="the agent's report interval"
+    )
+    follow.add_argument(
+        "--hold",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="how long the figure must allow more before the device takes it",
+    )
+    follow.add_argument(
+        "--stall-threshold",
+        type=_share,
+        default=0.10,
+        metavar="SHARE",
+        help="give back at once when some task stalled on memory this share of the interval",
+    )
+    follow.add_argument(
+        "--step",
+        type=_size,
+        default=128 << 20,
+        help="what to give back on a stall or when the guest needs all it has",
+    )
+    follow.add_argument(
+        "--metrics", type=_listen, metavar="HOST:PORT", help="serve Prometheus metrics here"
+    )
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} is not in (0, 1]")
+    return value
 
 
 def _give_back(args: argparse.Namespace) -> int:
-    """Exit 0 when done (or a dry run), 2 on a refused size, 1 when a call fails."""
-    if _missing_extra("give-back", "qemu.qmp", "vm"):
+    """Exit 0 when done (or a dry run, or a follow loop stopped), 2 on a refused size or bad
+    flags, 1 when a call fails."""
+    if not (args.to is not None or args.safe or args.follow):
+        raise UsageError("give-back needs one of --to, --safe, --follow")
+    if args.qmp is not None and args.vmm != "qemu":
+        raise UsageError(f"--qmp is QEMU's; --vmm {args.vmm} takes --api")
+    if args.follow and (args.force or args.dry_run):
+        raise UsageError("--follow keeps to the safe figure: no --force or --dry-run")
+    if args.vmm == "qemu" and _missing_extra("give-back", "qemu.qmp", "vm"):
+        return 2
+    if args.follow and args.metrics and _missing_extra("give-back", "prometheus_client", "host"):
         return 2
     _need_target(args)
-    # Imported here: it brings in qemu.qmp, a host extra the guest's guestctl has not.
+    # Imported here: the backends and the follow loop are host-only code the guest's
+    # guestctl never needs (QEMU's brings in qemu.qmp, a host extra).
     from guestagent.host import giveback
+    from guestagent.host.vmm import VmmError
 
-    options = giveback.Options(
-        via=args.via,
-        to=args.to,
-        force=args.force,
-        dry_run=args.dry_run,
-        device=args.device,
-        settle_timeout=args.settle_timeout,
-    )
     try:
-        monitor = giveback.QemuMonitor(args.qmp, args.timeout)
+        vmm = _open_vmm(args)
         try:
             with AgentClient(args.target, timeout=args.timeout) as client:
                 agent = giveback.ClientAgent(client, args.cold_after_ms)
-                result = giveback.give_back(agent, monitor, options, args.pid)
+                if args.follow:
+                    return _follow(args, client, agent, vmm)
+                options = giveback.Options(
+                    via=args.via,
+                    to=args.to,
+                    force=args.force,
+                    dry_run=args.dry_run,
+                    device=args.device,
+                    settle_timeout=args.settle_timeout,
+                )
+                result = giveback.give_back(agent, vmm, options, args.pid)
         finally:
-            monitor.close()
+            vmm.close()
     except giveback.Refused as e:
         print(f"guestctl: give-back: {e}", file=sys.stderr)
         return 2
     except grpc.RpcError as e:
         print(f"guestctl: give-back: {describe_error(e)}", file=sys.stderr)
         return 1
-    except (giveback.GiveBackError, AgentError, OSError) as e:
+    except (giveback.GiveBackError, VmmError, AgentError, OSError) as e:
         print(f"guestctl: give-back: {e}", file=sys.stderr)
         return 1
     print(giveback.result_json(result) if args.json else giveback.result_text(result))
     return 0
+
+
+def _open_vmm(args: argparse.Namespace) -> Vmm:
+    path = args.qmp if args.qmp is not None else args.api
+    if args.vmm == "cloud-hypervisor":
+        from guestagent.host.cloud_hypervisor import CloudHypervisorVmm
+
+        return CloudHypervisorVmm(path, args.timeout)
+    if args.vmm == "firecracker":
+        from guestagent.host.firecracker import FirecrackerVmm
+
+        return FirecrackerVmm(path, args.timeout)
+    from guestagent.host.qmp import QemuMonitor, QemuVmm
+
+    return QemuVmm(QemuMonitor(path, args.timeout))
+
+
+def _follow(args: argparse.Namespace, client: AgentClient, agent: Agent, vmm: Vmm) -> int:
+    """Until SIGTERM or SIGINT, which leave the device where it is."""
+    from guestagent.host import follow
+
+    knob = follow.knob_for(vmm, args.via, args.device)
+    policy = follow.Policy(
+        hold_seconds=args.hold, stall_threshold=args.stall_threshold, step=args.step
+    )
+    interval_ms = max(100, round(args.interval * 1000))
+
+    def watch() -> WatchStream:
+        return client.watch(interval_ms=interval_ms, cold_after_ms=args.cold_after_ms)
+
+    metrics = None
+    server = None
+    if args.metrics is not None:
+        from guestagent.host.exporter import FollowMetrics, serve_in_background
+
+        metrics = FollowMetrics(vmm.name, knob.what)
+        server = serve_in_background(args.metrics, metrics.registry)
+    options = follow.FollowOptions(json=args.json)
+    follower = follow.Follower(watch, agent, vmm.name, knob, policy, options, metrics)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        follower.stop()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return follower.run()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
 
 def _health_arguments(parser: argparse.ArgumentParser) -> None:
@@ -698,7 +823,8 @@ COMMANDS: dict[str, Command] = {
         _measure_overhead,
     ),
     "give-back": Command(
-        "compact, then balloon or unplug to the agent's safe figure (or --to) over QMP",
+        "compact, then balloon or unplug to the agent's safe figure (or --to, or --follow it) "
+        "through QEMU, Cloud Hypervisor or Firecracker",
         _give_back_arguments,
         _give_back,
     ),

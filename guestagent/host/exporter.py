@@ -6,19 +6,24 @@ the command runs. The figures come from host/metrics.py over the feed's latest r
 
 from __future__ import annotations
 
+import math
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from http.server import ThreadingHTTPServer
 from types import FrameType
+from typing import Any
 
+from prometheus_client import Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from guestagent.host.client import AgentClient
 from guestagent.host.feed import WatchFeed
+from guestagent.host.follow import Change, Reading
 from guestagent.host.metrics import Family, Snapshot, families
 from guestagent.transport.address import TcpAddress, grpc_target
 
@@ -90,3 +95,55 @@ def serve_metrics(target: str, listen: TcpAddress, cgroups: Sequence[str], inter
             server.server_close()
             feed.stop()
     return 0
+
+
+class FollowMetrics:
+    """`give-back --follow --metrics`: what the loop asks and sees, one series per device."""
+
+    def __init__(self, vmm: str, device: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        labels = ("vmm", "device")
+        values = (vmm, device)
+        self._values = values
+
+        def gauge(name: str, help: str) -> Any:
+            return Gauge(name, help, labels, registry=self.registry).labels(*values)
+
+        self.taken = gauge(
+            "guestctl_giveback_follow_taken_bytes", "What the device holds of the guest's memory"
+        )
+        self.asked = gauge(
+            "guestctl_giveback_follow_asked_bytes", "What the device is asked to hold"
+        )
+        self.safe = gauge(
+            "guestctl_giveback_follow_safe_bytes",
+            "The most the device may hold by the agent's figure (NaN without one)",
+        )
+        self.stall = gauge(
+            "guestctl_giveback_follow_stall_ratio",
+            "Share of the last interval some task stalled on memory (NaN without two samples)",
+        )
+        self.changes = Counter(
+            "guestctl_giveback_follow_changes",
+            "Requests to the VMM, by direction and cause",
+            (*labels, "direction", "cause"),
+            registry=self.registry,
+        )
+
+    def observe(self, reading: Reading, asked: int, stall: float | None) -> None:
+        self.taken.set(reading.taken)
+        self.asked.set(asked)
+        self.safe.set(math.nan if reading.safe is None else reading.safe)
+        self.stall.set(math.nan if stall is None else stall)
+
+    def changed(self, change: Change, direction: str) -> None:
+        self.changes.labels(*self._values, direction, change.cause).inc()
+
+
+def serve_in_background(listen: TcpAddress, registry: CollectorRegistry) -> MetricsServer:
+    """A metrics server on a thread of its own; the caller closes it with shutdown()."""
+    server = MetricsServer(listen, registry)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    bound = grpc_target(TcpAddress(listen.host, server.server_port))
+    print(f"guestctl: metrics on http://{bound}/metrics", file=sys.stderr, flush=True)
+    return server

@@ -1,50 +1,50 @@
-"""`guestctl give-back`: take from a guest what its agent says it can give, through QEMU.
+"""`guestctl give-back`: take from a guest what its agent says it can give, through its VMM.
 
 The agent's report (MemoryInfo.giveback) says how far a balloon or a virtio-mem device can
 go without reaching into the guest's working set. This asks for it, compacts the guest first
 (so the pages given up lie together, as Apple's Virtualization framework asks before it
-drives a balloon), sets QEMU's balloon or a virtio-mem device's requested-size over QMP,
-waits until QEMU reports the device settled, and says what changed: the guest's figures and
-QEMU's RSS before and after. The decisions are pure functions over plain values; QMP, the
-agent and /proc sit in `give_back` and `QemuMonitor`.
+drives a balloon), sets the balloon or a virtio-mem device's requested size through the VMM
+(QEMU over QMP, Cloud Hypervisor or Firecracker over their REST APIs: guestagent/host/vmm.py),
+waits until the VMM reports the device settled, and says what changed: the guest's figures
+and the VMM's RSS before and after. The decisions are pure functions over plain values; the
+VMM, the agent and /proc sit in `give_back` and the backends.
 
-Sizes are in QEMU's terms, as `--to` takes them: for the balloon, the guest's RAM size less
-the balloon (query-balloon's `actual`); for virtio-mem, the device's requested-size. The
-agent's safe balloon target is a MemTotal, which the balloon lowers as it inflates (QEMU's
-default, deflate-on-oom off), so it is turned into a balloon value by the balloon's offset.
+Sizes are in the VMM's terms, as `--to` takes them: QEMU's balloon by what it leaves (the
+guest's RAM less the balloon, query-balloon's `actual`), Cloud Hypervisor's and
+Firecracker's by what it takes (`desired_balloon`, `amount_mib` in bytes); virtio-mem by the
+device's requested size. The agent's safe balloon target is a MemTotal; what the balloon may
+take is what it holds now plus MemTotal less the target, with deflate-on-oom off (the
+balloon lowers MemTotal as it inflates) or on (MemTotal stays, and the balloon's pages count
+as the guest's unreclaimable kernel memory, so the target rises by them): the same sum.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
-import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from google.protobuf.json_format import MessageToDict
-from qemu.qmp import QMPClient, QMPError
 
 from guestagent.host.client import AgentClient
 from guestagent.host.display import mib
+from guestagent.host.vmm import Balloon, VirtioMemDevice, Vmm, VmmError
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.mm import jit_code_rss_bytes, parse_smaps, rss_bytes
 from guestagent.v1 import agent_pb2 as pb
 
 BALLOON, VIRTIO_MEM = "balloon", "virtio-mem"
-BALLOON_PAGE = 4096  # virtio-balloon's page, whatever the guest's (VIRTIO_BALLOON_PFN_SHIFT).
-# How long QEMU's figure must hold still, short of the target, to count as settled: a balloon
-# inflating into a guest that must swap to make room moves in bursts, and in a TCG guest on a
-# busy host one pause lasted over 15 s before it went on.
+# How long the VMM's figure must hold still, short of the target, to count as settled: a
+# balloon inflating into a guest that must swap to make room moves in bursts, and in a TCG
+# guest on a busy host one pause lasted over 15 s before it went on.
 STILL_SECONDS = 30.0
 POLL_SECONDS = 0.5
 
 
 class GiveBackError(Exception):
-    """The command cannot go on (no figure, no such device, QEMU never settled): exit 1."""
+    """The command cannot go on (no figure, no such device, the VMM never settled): exit 1."""
 
 
 class Refused(Exception):
@@ -52,48 +52,54 @@ class Refused(Exception):
 
 
 @dataclass(frozen=True)
-class VirtioMemDevice:
-    """A virtio-mem device as QEMU's query-memory-devices reports it."""
-
-    id: str
-    memaddr: int
-    block_size: int
-    max_size: int
-    size: int
-    requested_size: int
-
-
-@dataclass(frozen=True)
 class Step:
-    """What give-back asks of QEMU, all in the device's own terms (see the module's doc)."""
+    """What give-back asks of the VMM, all in the device's own terms (see the module's doc)."""
 
     via: str
-    device: str  # "balloon", or the virtio-mem device's QEMU id
-    current: int  # The balloon's actual or the device's plugged size, before.
-    value: int  # What QEMU is asked for.
+    device: str  # "balloon", or the virtio-mem device's id
+    current: int  # The balloon's or the device's size, before.
+    value: int  # What the VMM is asked for.
     safe: int | None  # The agent's safe figure in the same terms; None without one.
     reason: str  # The agent's reason for it.
     forced: bool = False
+    # The balloon's sizes are in what it leaves of this RAM (QEMU), else 0: what it takes.
+    leaves_of: int = 0
 
 
 def round_up(size: int, block: int) -> int:
     return -(-size // block) * block
 
 
-def balloon_value(guest_bytes: int, mem_total: int, actual: int) -> int:
-    """The balloon value that leaves the guest a MemTotal of guest_bytes: the balloon holds
-    (RAM - actual) already and MemTotal is already without it, so it inflates by the rest.
-    Rounded up to the balloon's 4 KiB page: QEMU rounds down, and an actual that can never
-    equal the value would read as a balloon that stopped short."""
-    return round_up(actual - (mem_total - guest_bytes), BALLOON_PAGE)
+def round_down(size: int, block: int) -> int:
+    return size // block * block
+
+
+def safe_balloon_taken(info: pb.MemoryInfo, balloon: Balloon) -> tuple[int | None, str]:
+    """(what the balloon may hold, the agent's reason); None without a figure. It holds what
+    it does now plus MemTotal less the agent's target (the module's doc says why that holds
+    with deflate-on-oom either way), rounded down to the API's unit (taking less is safe:
+    QEMU and Cloud Hypervisor inflate by whole 4 KiB pages, Firecracker by MiB), within the
+    guest's RAM."""
+    if not (info.HasField("giveback") and info.giveback.HasField("safe_balloon_target")):
+        return None, "the agent reports no give-back figures (an agent older than this guestctl?)"
+    figure = info.giveback.safe_balloon_target
+    room = info.system.mem_total_bytes - figure.bytes
+    taken = round_down(balloon.taken + room, balloon.unit)
+    return max(0, min(balloon.ram, taken)), figure.reason
+
+
+def balloon_terms(taken: int, leaves_of: int) -> int:
+    """A balloon size in its VMM's terms: what it leaves of leaves_of bytes, or what it takes."""
+    return leaves_of - taken if leaves_of else taken
 
 
 def check_size(
-    asked: int, safe: int | None, reason: str, force: bool, what: str
+    asked: int, safe: int | None, reason: str, force: bool, what: str, leaves: bool = True
 ) -> tuple[int, bool]:
-    """(asked, forced): refuse a size below the safe figure, or with no figure to check it
-    against, unless forced."""
-    if safe is not None and asked >= safe:
+    """(asked, forced): refuse a size past the safe figure (below it for what a device
+    leaves, above it for what a balloon takes), or with no figure to check it against,
+    unless forced."""
+    if safe is not None and (asked >= safe if leaves else asked <= safe):
         return asked, False
     if not force:
         if safe is None:
@@ -101,32 +107,34 @@ def check_size(
                 f"--to {asked} ({mib(asked)}) cannot be checked: the agent reports no {what} "
                 f"({reason}); nothing changed (--force to go ahead)"
             )
+        side = "below" if leaves else "above"
         raise Refused(
-            f"--to {asked} ({mib(asked)}) is below the safe {what} {safe} ({mib(safe)}): "
+            f"--to {asked} ({mib(asked)}) is {side} the safe {what} {safe} ({mib(safe)}): "
             f"{reason}; nothing changed (--force to go ahead)"
         )
     return asked, True
 
 
 def plan_balloon(
-    info: pb.MemoryInfo, actual: int, ram_size: int, to: int | None, force: bool
+    info: pb.MemoryInfo, balloon: Balloon, leaves: bool, to: int | None, force: bool
 ) -> Step:
-    """The balloon step: --safe (to None) takes the agent's safe_balloon_target, --to a
-    balloon value; never above the guest's RAM (QEMU caps it there too)."""
-    giveback = info.giveback
-    safe: int | None = None
-    reason = "the agent reports no give-back figures (an agent older than this guestctl?)"
-    if info.HasField("giveback") and giveback.HasField("safe_balloon_target"):
-        figure = giveback.safe_balloon_target
-        safe = min(ram_size, balloon_value(figure.bytes, info.system.mem_total_bytes, actual))
-        reason = figure.reason
+    """The balloon step: --safe (to None) takes the agent's figure, --to a size in the VMM's
+    terms (what it leaves when `leaves`, QEMU's; else what it takes); never more than the
+    guest's RAM, as every VMM caps it there too."""
+    leaves_of = balloon.ram if leaves else 0
+    safe_taken, reason = safe_balloon_taken(info, balloon)
+    safe = None if safe_taken is None else balloon_terms(safe_taken, leaves_of)
+    current = balloon_terms(balloon.taken, leaves_of)
     if to is None:
         if safe is None:
             raise GiveBackError(f"--safe: {reason}")
-        return Step(BALLOON, BALLOON, actual, safe, safe, reason)
-    asked = min(round_up(to, BALLOON_PAGE), ram_size)
-    value, forced = check_size(asked, safe, reason, force, "balloon size")
-    return Step(BALLOON, BALLOON, actual, value, safe, reason, forced)
+        return Step(BALLOON, BALLOON, current, safe, safe, reason, leaves_of=leaves_of)
+    if leaves:
+        asked = min(round_up(to, balloon.unit), balloon.ram)
+    else:
+        asked = min(round_down(to, balloon.unit), balloon.ram)
+    value, forced = check_size(asked, safe, reason, force, "balloon size", leaves)
+    return Step(BALLOON, BALLOON, current, value, safe, reason, forced, leaves_of)
 
 
 def pick_virtio_mem(devices: Sequence[VirtioMemDevice], wanted: str | None) -> VirtioMemDevice:
@@ -136,37 +144,50 @@ def pick_virtio_mem(devices: Sequence[VirtioMemDevice], wanted: str | None) -> V
             if device.id == wanted:
                 return device
         known = ", ".join(d.id for d in devices) or "none"
-        raise GiveBackError(f"no virtio-mem device {wanted!r} in QEMU (it has: {known})")
+        raise GiveBackError(f"no virtio-mem device {wanted!r} in the VMM (it has: {known})")
     if len(devices) != 1:
         known = ", ".join(d.id for d in devices) or "none"
-        raise GiveBackError(f"name a virtio-mem device with --device (QEMU has: {known})")
+        raise GiveBackError(f"name a virtio-mem device with --device (the VMM has: {known})")
     return devices[0]
 
 
 def safe_requested_size(info: pb.MemoryInfo, device: VirtioMemDevice) -> pb.Figure | None:
     """The agent's figure for the device: the guest names it (virtio4), QEMU by its id; the
-    region's start address is what both know."""
-    names = [r.device for r in info.hotplug.virtio_mem if r.start_address == device.memaddr]
+    region's start address is what both know. A VMM that does not report the address
+    (Cloud Hypervisor, Firecracker) is matched only when the guest has one device."""
+    if device.memaddr is None:
+        names = [r.device for r in info.hotplug.virtio_mem]
+        names = names if len(names) == 1 else []
+    else:
+        names = [r.device for r in info.hotplug.virtio_mem if r.start_address == device.memaddr]
     for target in info.giveback.virtio_mem:
         if target.device in names and target.HasField("safe_requested_size"):
             return target.safe_requested_size
     return None
 
 
+def _where(device: VirtioMemDevice) -> str:
+    if device.memaddr is None:
+        return f"{device.id} (the VMM does not say where it starts, so only one may be in use)"
+    return f"the device at {device.memaddr:#x}"
+
+
+def safe_virtio_mem(info: pb.MemoryInfo, device: VirtioMemDevice) -> tuple[int | None, str]:
+    """(the device's safe requested size, reason), rounded up to the device's block (VMMs
+    take only whole blocks, and rounding up never goes below a figure); None without one."""
+    figure = safe_requested_size(info, device)
+    if figure is None:
+        return None, f"the agent reports no safe requested size for {_where(device)}"
+    # The guest counts whole memory blocks added; the VMM's size may be less (a block partly
+    # plugged): asking for more than it has would plug memory, not give it back.
+    return min(round_up(figure.bytes, device.block_size), device.size), figure.reason
+
+
 def plan_virtio_mem(
     info: pb.MemoryInfo, device: VirtioMemDevice, to: int | None, force: bool
 ) -> Step:
-    """The virtio-mem step, rounded up to the device's block (QEMU takes only whole blocks,
-    and rounding up never goes below a figure)."""
-    figure = safe_requested_size(info, device)
-    # The guest counts whole memory blocks added; QEMU's size may be less (a block partly
-    # plugged): asking for more than QEMU has would plug memory, not give it back.
-    safe = None if figure is None else min(round_up(figure.bytes, device.block_size), device.size)
-    reason = (
-        figure.reason
-        if figure is not None
-        else f"the agent reports no safe requested size for the device at {device.memaddr:#x}"
-    )
+    """The virtio-mem step, in whole blocks of the device."""
+    safe, reason = safe_virtio_mem(info, device)
     if to is None:
         if safe is None:
             raise GiveBackError(f"--safe: {reason}")
@@ -179,7 +200,7 @@ def plan_virtio_mem(
 
 
 def settled(samples: Sequence[tuple[float, int]], target: int, still_seconds: float) -> str | None:
-    """ "reached" once QEMU's figure is the target, "stopped" once it has not moved for
+    """ "reached" once the VMM's figure is the target, "stopped" once it has not moved for
     still_seconds short of it (the guest gave what it could); None while it moves."""
     if not samples:
         return None
@@ -218,55 +239,6 @@ class ClientAgent:
         return self.client.compact()
 
 
-class Monitor(Protocol):
-    """What give-back asks of QEMU."""
-
-    pid: int
-
-    def cmd(self, name: str, **args: Any) -> Any: ...
-
-
-class QemuMonitor:
-    """A QMP connection to QEMU (qemu.qmp: the vm extra), and the pid of the QEMU at its
-    other end, from the unix socket's peer credentials."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        self.timeout = timeout
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(path)
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        except OSError:
-            sock.close()
-            raise
-        self.pid: int = struct.unpack("3i", creds)[0]
-        self._loop = asyncio.new_event_loop()
-        self._client = QMPClient("guestctl")
-        try:
-            # A monitor already in use by another client accepts but never greets.
-            self._run(self._client.connect(sock), f"QMP greeting on {path}")
-        except BaseException:
-            sock.close()
-            self._loop.close()
-            raise
-
-    def _run(self, work: Any, what: str) -> Any:
-        try:
-            return self._loop.run_until_complete(asyncio.wait_for(work, self.timeout))
-        except TimeoutError:
-            raise GiveBackError(f"no answer from QEMU within {self.timeout:g} s: {what}") from None
-        except QMPError as e:
-            raise GiveBackError(f"QMP {what}: {e}") from None
-
-    def cmd(self, name: str, **args: Any) -> Any:
-        return self._run(self._client.execute(name, args), name)
-
-    def close(self) -> None:
-        self._run(self._client.disconnect(), "disconnect")
-        self._loop.close()
-
-
 @dataclass(frozen=True)
 class Options:
     via: str
@@ -279,9 +251,9 @@ class Options:
 
 
 def qemu_rss(pid: int) -> dict[str, int]:
-    """QEMU's VmRSS and, of it, TCG's translated code (0 under KVM): that buffer grows as
-    the guest runs new code whatever the guest holds, so what was given back is measured
-    without it."""
+    """The VMM's VmRSS and, of it, TCG's translated code (0 under KVM and for the other VMMs):
+    that buffer grows as the guest runs new code whatever the guest holds, so what was given
+    back is measured without it. The names are QEMU's, as the first VMM's; any VMM's pid."""
     fs = KernelFS()
     return {
         "qemu_rss_bytes": rss_bytes(fs.read(fs.proc(str(pid), "status"))),
@@ -292,41 +264,27 @@ def qemu_rss(pid: int) -> dict[str, int]:
 
 
 def guest_rss(side: dict[str, Any]) -> int:
-    """QEMU's RSS less TCG's translated code: the guest's memory and QEMU's own."""
+    """The VMM's RSS less TCG's translated code: the guest's memory and the VMM's own."""
     return int(side["qemu_rss_bytes"]) - int(side.get("qemu_tcg_code_rss_bytes", 0))
 
 
-def virtio_mem_devices(monitor: Monitor) -> list[VirtioMemDevice]:
-    return [
-        VirtioMemDevice(
-            id=d["data"]["id"],
-            memaddr=d["data"]["memaddr"],
-            block_size=d["data"]["block-size"],
-            max_size=d["data"]["max-size"],
-            size=d["data"]["size"],
-            requested_size=d["data"]["requested-size"],
-        )
-        for d in monitor.cmd("query-memory-devices")
-        if d["type"] == "virtio-mem"
-    ]
-
-
-def plan(info: pb.MemoryInfo, monitor: Monitor, options: Options) -> Step:
+def plan(info: pb.MemoryInfo, vmm: Vmm, options: Options) -> Step:
     if options.via == BALLOON:
-        summary = monitor.cmd("query-memory-size-summary")
-        ram_size = summary["base-memory"] + summary.get("plugged-memory", 0)
-        actual = monitor.cmd("query-balloon")["actual"]
-        return plan_balloon(info, actual, ram_size, options.to, options.force)
-    device = pick_virtio_mem(virtio_mem_devices(monitor), options.device)
+        return plan_balloon(info, vmm.balloon(), vmm.balloon_leaves, options.to, options.force)
+    device = pick_virtio_mem(vmm.virtio_mem(), options.device)
     return plan_virtio_mem(info, device, options.to, options.force)
 
 
-def device_size(monitor: Monitor, step: Step) -> int:
-    """QEMU's figure for the step's device: the balloon's actual, or virtio-mem's size."""
+def virtio_mem_device(vmm: Vmm, device_id: str) -> VirtioMemDevice:
+    return pick_virtio_mem(vmm.virtio_mem(), device_id)
+
+
+def device_size(vmm: Vmm, step: Step) -> int:
+    """The VMM's figure for the step's device: the balloon's size in its terms, or the
+    virtio-mem device's plugged size."""
     if step.via == BALLOON:
-        return int(monitor.cmd("query-balloon")["actual"])
-    path = f"/machine/peripheral/{step.device}"
-    return int(monitor.cmd("qom-get", path=path, property="size"))
+        return balloon_terms(vmm.balloon().taken, step.leaves_of)
+    return virtio_mem_device(vmm, step.device).size
 
 
 class StillMoving(GiveBackError):
@@ -337,26 +295,25 @@ class StillMoving(GiveBackError):
         self.reached = reached
 
 
-def apply(monitor: Monitor, step: Step) -> None:
+def apply(vmm: Vmm, step: Step) -> None:
     if step.via == BALLOON:
-        monitor.cmd("balloon", value=step.value)
+        vmm.set_balloon(balloon_terms(step.value, step.leaves_of))
     else:
-        path = f"/machine/peripheral/{step.device}"
-        monitor.cmd("qom-set", path=path, property="requested-size", value=step.value)
+        vmm.set_virtio_mem(virtio_mem_device(vmm, step.device), step.value)
 
 
 def wait_settled(
-    monitor: Monitor,
+    vmm: Vmm,
     step: Step,
     options: Options,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[str, float, int]:
-    """(how it settled, seconds, QEMU's figure then); GiveBackError past the timeout."""
+    """(how it settled, seconds, the VMM's figure then); GiveBackError past the timeout."""
     started = clock()
     samples: list[tuple[float, int]] = []
     while True:
-        samples.append((clock() - started, device_size(monitor, step)))
+        samples.append((clock() - started, device_size(vmm, step)))
         outcome = settled(samples, step.value, options.still_seconds)
         if outcome is not None:
             return outcome, samples[-1][0], samples[-1][1]
@@ -377,35 +334,46 @@ def figures(info: pb.MemoryInfo) -> dict[str, Any]:
     }
 
 
-def give_back(agent: Agent, monitor: Monitor, options: Options, pid: int | None) -> dict[str, Any]:
+def give_back(agent: Agent, vmm: Vmm, options: Options, pid: int | None) -> dict[str, Any]:
     """The whole command; returns what it did. Refused and GiveBackError change nothing but
-    what they say; past the settle timeout QEMU is left asking for where the device stood."""
-    qemu_pid = pid if pid is not None else monitor.pid
+    what they say; past the settle timeout the VMM is left asking for where the device
+    stood."""
+    vmm_pid = pid if pid is not None else vmm.pid
     info = agent.report()
-    step = plan(info, monitor, options)
+    try:
+        step = plan(info, vmm, options)
+    except VmmError as e:
+        raise GiveBackError(str(e)) from None
     result: dict[str, Any] = {
+        "vmm": vmm.name,
         "step": asdict(step),
-        "qemu_pid": qemu_pid,
+        "qemu_pid": vmm_pid,
         "dry_run": options.dry_run,
-        "before": {**figures(info), **qemu_rss(qemu_pid)},
+        "before": {**figures(info), **qemu_rss(vmm_pid)},
     }
     if options.dry_run:
         return result
     result["compact"] = MessageToDict(agent.compact(), preserving_proto_field_name=True)
-    apply(monitor, step)
     try:
-        outcome, seconds, reached = wait_settled(monitor, step, options)
-    except StillMoving as e:
-        # As for a device that stopped short (below): left asking, the guest keeps pressing.
-        apply(monitor, replace(step, value=e.reached))
-        raise GiveBackError(f"{e}; QEMU now asks for {mib(e.reached)}, where it stood") from None
-    if outcome == "stopped":
-        # Left asking for more, the guest's driver keeps pressing: the balloon retries its
-        # allocations every 200 ms and virtio-mem its unplugs, which pushed a guest here into
-        # its hot set (seen: the hot loop 1.78x slower after). What it gave is what it can.
-        apply(monitor, replace(step, value=reached))
+        apply(vmm, step)
+        try:
+            outcome, seconds, reached = wait_settled(vmm, step, options)
+        except StillMoving as e:
+            # As for a device that stopped short (below): left asking, the guest keeps pressing.
+            apply(vmm, replace(step, value=e.reached))
+            raise GiveBackError(
+                f"{e}; {vmm.name} now asks for {mib(e.reached)}, where it stood"
+            ) from None
+        if outcome == "stopped":
+            # Left asking for more, the guest's driver keeps pressing: the balloon retries its
+            # allocations every 200 ms and virtio-mem its unplugs, which pushed a guest here
+            # into its hot set (seen: the hot loop 1.78x slower after). What it gave is what
+            # it can.
+            apply(vmm, replace(step, value=reached))
+    except VmmError as e:
+        raise GiveBackError(str(e)) from None
     result["settled"] = {"how": outcome, "seconds": round(seconds, 1), "device_bytes": reached}
-    result["after"] = {**figures(agent.report()), **qemu_rss(qemu_pid)}
+    result["after"] = {**figures(agent.report()), **qemu_rss(vmm_pid)}
     return result
 
 
@@ -431,19 +399,27 @@ def _rss_text(side: dict[str, Any]) -> str:
     return f"{text} ({mib(guest_rss(side))} without TCG's translated code)" if code else text
 
 
+def _what(vmm: str, step: dict[str, Any]) -> str:
+    if step["via"] != BALLOON:
+        return f"{vmm} virtio-mem {step['device']} requested size"
+    terms = "what it leaves the guest" if step.get("leaves_of") else "what it takes"
+    return f"{vmm} balloon ({terms})"
+
+
 def result_text(result: dict[str, Any]) -> str:
     step = result["step"]
-    what = "balloon" if step["via"] == BALLOON else f"virtio-mem {step['device']} requested-size"
+    vmm = result.get("vmm", "qemu")
+    what = _what(vmm, step)
     safe = "none reported" if step["safe"] is None else mib(step["safe"])
     forced = " (--force: below the safe figure)" if step["forced"] else ""
     lines = [
         f"{what}: {mib(step['current'])} -> {mib(step['value'])}{forced}; safe {safe}",
         "guest before:",
         *_guest_text(result["before"]),
-        f"QEMU (pid {result['qemu_pid']}) RSS before {_rss_text(result['before'])}",
+        f"{vmm} (pid {result['qemu_pid']}) RSS before {_rss_text(result['before'])}",
     ]
     if result["dry_run"]:
-        return "\n".join([*lines, "dry run: nothing compacted, nothing asked of QEMU"])
+        return "\n".join([*lines, "dry run: nothing compacted, nothing asked of the VMM"])
     compact = result["compact"]
     settled_ = result["settled"]
     short = settled_["how"] == "stopped"
@@ -455,7 +431,7 @@ def result_text(result: dict[str, Any]) -> str:
         + ("; asked for that instead, so the guest is not pressed further" if short else ""),
         "guest after:",
         *_guest_text(result["after"]),
-        f"QEMU RSS after {_rss_text(result['after'])} "
+        f"{vmm} RSS after {_rss_text(result['after'])} "
         f"({mib(guest_rss(result['before']) - guest_rss(result['after']))} given back)",
     ]
     return "\n".join(lines)

@@ -27,7 +27,7 @@ from tests.workloads.giveback import (
     COLD_MIB,
     HOT_MIB,
     MIB,
-    cold_bytes,
+    counted_cold,
     done,
     full_size,
     give_back,
@@ -42,12 +42,9 @@ RECLAIMER = pb.ReclaimPolicy(anon=True)
 def wait_cold(agent: AgentClient, cgroup: str) -> tuple[float, int, int]:
     """Seconds until the agent counts 85 % of the cold set cold, and its figures then."""
     started = time.monotonic()
-
-    def cold_enough() -> tuple[int, int] | None:
-        cold = cold_bytes(agent, cgroup)
-        return cold if cold[1] >= 0.85 * COLD_MIB * MIB else None
-
-    guest, cgroup_cold = wait_until(cold_enough, 600, f"{cgroup}'s set counted cold", every=2.0)
+    guest, cgroup_cold = wait_until(
+        lambda: counted_cold(agent, cgroup), 600, f"{cgroup}'s set counted cold", every=2.0
+    )
     return time.monotonic() - started, guest, cgroup_cold
 
 

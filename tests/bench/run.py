@@ -379,6 +379,14 @@ def giveback_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"giveback": measure_giveback(args.out.with_name(f"{args.out.stem}-giveback.png"))}
 
 
+def giveback_follow_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.giveback_follow import measure_follow
+
+    # latest.json -> latest-giveback-follow.png, beside the give-back plot.
+    plot = args.out.with_name(f"{args.out.stem}-giveback-follow.png")
+    return {"giveback_follow": measure_follow(plot)}
+
+
 def runtime_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.runtime import measure_runtime
 
@@ -413,6 +421,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "delayacct_cost": delayacct_cost_section,
     "crypt_swap": crypt_swap_section,
     "giveback": giveback_section,
+    "giveback_follow": giveback_follow_section,
     "idle_aging": idle_aging_section,
     "hostile": hostile_section,
 }

@@ -234,8 +234,8 @@ def test_the_daemon_loads_no_host_or_harness_code() -> None:
 
 def test_guestctl_loads_no_sizing_measure_or_harness_code_at_start() -> None:
     """guestctl also runs in the guest (it is in the image's venv), which carries neither
-    host/sizing nor host/measure nor vm/, nor qemu.qmp, which host/giveback brings: only the
-    commands that need them import them."""
+    host/sizing nor host/measure nor vm/, nor qemu.qmp, which host/qmp brings: only the
+    commands that need them import them (give-back its VMM's backend and the follow loop)."""
     probe = (
         "import sys, guestagent.host.ctl\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('guestagent')))"
@@ -247,6 +247,10 @@ def test_guestctl_loads_no_sizing_measure_or_harness_code_at_start() -> None:
         "guestagent.host.sizing",
         "guestagent.host.measure",
         "guestagent.host.giveback",
+        "guestagent.host.follow",
+        "guestagent.host.qmp",
+        "guestagent.host.cloud_hypervisor",
+        "guestagent.host.firecracker",
         "guestagent.vm",
     )
     assert [m for m in loaded if within(m, *heavy)] == []

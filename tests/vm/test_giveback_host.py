@@ -33,7 +33,7 @@ from tests.workloads.giveback import (
     COLD_MIB,
     HOT_MIB,
     MIB,
-    cold_bytes,
+    counted_cold,
     done,
     full_size,
     give_back,
@@ -77,14 +77,8 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     kills = oom_kills(vm)
     out = start_workload(vm, "gb", COLD_MIB + HOT_MIB, HOT_MIB)
     baseline_from = guest_time(vm)
-    # The cold set has been idle long enough once the agent counts (most of) it cold.
-
-    def cold_enough() -> tuple[int, int] | None:
-        cold = cold_bytes(agent, "gb")
-        return cold if cold[1] >= 0.85 * COLD_MIB * MIB else None
-
     guest_cold, cgroup_cold = wait_until(
-        cold_enough,
+        lambda: counted_cold(agent, "gb"),
         pace.scale(COLD_AFTER_MS / 1000 * 4),
         f"the agent to count the {COLD_MIB} MiB set cold",
         every=2.0,

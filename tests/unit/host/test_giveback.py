@@ -20,8 +20,6 @@ from guestagent.host.giveback import (
     Options,
     Refused,
     Step,
-    VirtioMemDevice,
-    balloon_value,
     give_back,
     pick_virtio_mem,
     plan_balloon,
@@ -29,6 +27,8 @@ from guestagent.host.giveback import (
     round_up,
     settled,
 )
+from guestagent.host.qmp import QemuMonitor, QemuVmm
+from guestagent.host.vmm import Balloon, VirtioMemDevice
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.qmp import FakeQemu
 
@@ -59,6 +59,22 @@ def report(
     return info
 
 
+def qemu_balloon(actual: int, ram: int) -> Balloon:
+    """QEMU's balloon as QemuVmm reports it: `actual` is what it leaves of `ram`."""
+    return Balloon(ram, ram - actual, ram - actual, 4096, None)
+
+
+def plan_qemu_balloon(
+    info: pb.MemoryInfo, actual: int, ram: int, to: int | None, force: bool
+) -> Step:
+    return plan_balloon(info, qemu_balloon(actual, ram), True, to, force)
+
+
+def balloon_value(guest: int, mem_total: int, actual: int, ram: int = 2 * GIB) -> int:
+    """The safe balloon value in QEMU's terms for a MemTotal target of `guest`."""
+    return plan_qemu_balloon(report(mem_total, guest), actual, ram, None, False).value
+
+
 def device(size: int = GIB, block: int = 2 * MIB, addr: int = ADDR) -> VirtioMemDevice:
     return VirtioMemDevice("vmem0", addr, block, 2 * GIB, size, size)
 
@@ -84,9 +100,11 @@ def test_a_balloon_value_is_a_whole_balloon_page_rounded_up() -> None:
     """QEMU inflates by whole 4 KiB pages, rounding down, so an unaligned value is never
     reached exactly and the wait would end as "stopped" after 30 s; rounding up keeps it safe."""
     assert balloon_value(600 * MIB + 1, 1000 * MIB, 1024 * MIB) == 624 * MIB + 4096
-    step = plan_balloon(report(safe_target=600 * MIB + 100), 1024 * MIB, 1024 * MIB, None, False)
+    step = plan_qemu_balloon(
+        report(safe_target=600 * MIB + 100), 1024 * MIB, 1024 * MIB, None, False
+    )
     assert step.value == 624 * MIB + 4096
-    asked = plan_balloon(report(), 1024 * MIB, 1024 * MIB, 700 * MIB + 1, False)
+    asked = plan_qemu_balloon(report(), 1024 * MIB, 1024 * MIB, 700 * MIB + 1, False)
     assert asked.value == 700 * MIB + 4096
 
 
@@ -110,15 +128,15 @@ def test_virtio_mem_never_asks_for_more_than_qemu_has_plugged() -> None:
         (4 * GIB, False, Step(BALLOON, BALLOON, 1024 * MIB, 1024 * MIB, 624 * MIB, "")),
     ],
 )
-def test_plan_balloon(to: int | None, force: bool, expected: Step) -> None:
-    step = plan_balloon(report(), 1024 * MIB, 1024 * MIB, to, force)
-    assert step == Step(**{**expected.__dict__, "reason": step.reason})
+def test_plan_qemu_balloon(to: int | None, force: bool, expected: Step) -> None:
+    step = plan_qemu_balloon(report(), 1024 * MIB, 1024 * MIB, to, force)
+    assert step == Step(**{**expected.__dict__, "reason": step.reason, "leaves_of": 1024 * MIB})
     assert "working set" in step.reason
 
 
 def test_a_balloon_size_below_the_safe_one_is_refused_naming_both() -> None:
     with pytest.raises(Refused) as refused:
-        plan_balloon(report(), 1024 * MIB, 1024 * MIB, 500 * MIB, False)
+        plan_qemu_balloon(report(), 1024 * MIB, 1024 * MIB, 500 * MIB, False)
     text = str(refused.value)
     assert f"--to {500 * MIB} (500.0 MiB)" in text
     assert f"safe balloon size {624 * MIB} (624.0 MiB)" in text
@@ -128,10 +146,10 @@ def test_a_balloon_size_below_the_safe_one_is_refused_naming_both() -> None:
 def test_without_the_agents_figures_safe_fails_and_to_needs_force() -> None:
     old = report(safe_target=None)
     with pytest.raises(GiveBackError, match="no give-back figures"):
-        plan_balloon(old, 1024 * MIB, 1024 * MIB, None, False)
+        plan_qemu_balloon(old, 1024 * MIB, 1024 * MIB, None, False)
     with pytest.raises(Refused, match="cannot be checked"):
-        plan_balloon(old, 1024 * MIB, 1024 * MIB, 700 * MIB, False)
-    forced = plan_balloon(old, 1024 * MIB, 1024 * MIB, 700 * MIB, True)
+        plan_qemu_balloon(old, 1024 * MIB, 1024 * MIB, 700 * MIB, False)
+    forced = plan_qemu_balloon(old, 1024 * MIB, 1024 * MIB, 700 * MIB, True)
     assert (forced.value, forced.safe, forced.forced) == (700 * MIB, None, True)
 
 
@@ -166,7 +184,7 @@ def test_pick_virtio_mem() -> None:
     one, two = device(), VirtioMemDevice("vmem1", 2 * ADDR, 2 * MIB, GIB, 0, 0)
     assert pick_virtio_mem([one], None) == one
     assert pick_virtio_mem([one, two], "vmem1") == two
-    with pytest.raises(GiveBackError, match=r"--device \(QEMU has: vmem0, vmem1\)"):
+    with pytest.raises(GiveBackError, match=r"--device \(the VMM has: vmem0, vmem1\)"):
         pick_virtio_mem([one, two], None)
     with pytest.raises(GiveBackError, match=r"no virtio-mem device 'x'.*none"):
         pick_virtio_mem([], "x")
@@ -217,7 +235,7 @@ def test_unforced_balloon_never_leaves_less_than_the_safe_target(
     ram = mem_total + ballooned + 24 * MIB
     actual = ram - ballooned
     try:
-        step = plan_balloon(report(mem_total, safe_target), actual, ram, to, False)
+        step = plan_qemu_balloon(report(mem_total, safe_target), actual, ram, to, False)
     except Refused:
         assert to is not None
         return
@@ -252,8 +270,8 @@ def qemu(tmp_path: Path) -> Any:
         yield fake
 
 
-def monitor(qemu: FakeQemu) -> giveback.QemuMonitor:
-    return giveback.QemuMonitor(str(qemu.path), 5.0)
+def monitor(qemu: FakeQemu) -> QemuVmm:
+    return QemuVmm(QemuMonitor(str(qemu.path), 5.0))
 
 
 def test_give_back_compacts_first_then_balloons_and_waits(qemu: FakeQemu) -> None:
@@ -270,7 +288,9 @@ def test_give_back_compacts_first_then_balloons_and_waits(qemu: FakeQemu) -> Non
     assert result["before"]["qemu_rss_bytes"] > 0 and result["after"]["qemu_rss_bytes"] > 0
     assert 0 <= result["after"]["qemu_tcg_code_rss_bytes"] <= result["after"]["qemu_rss_bytes"]
     text = giveback.result_text(result)
-    assert "balloon: 1,024.0 MiB -> 624.0 MiB; safe 624.0 MiB" in text
+    assert (
+        "qemu balloon (what it leaves the guest): 1,024.0 MiB -> 624.0 MiB; safe 624.0 MiB" in text
+    )
     assert "reached at 624.0 MiB" in text
 
 

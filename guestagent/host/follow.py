@@ -1,0 +1,409 @@
+"""`guestctl give-back --follow`: keep a balloon (or a virtio-mem device) at the agent's safe
+figure as it moves, fed by WatchMemory.
+
+Everything is counted in bytes the device has taken from the guest (a balloon's size, or
+what a virtio-mem device has unplugged of what it had when the loop began), so one rule
+serves both. The rule (`decide`, pure): take more only once the figure has allowed it for
+`hold_seconds` (and then the least it allowed in that time), compacting first as the one-shot
+command does; give back at once when the figure falls below what the device holds, when the
+agent's target is at MemTotal and the guest stalls at all (it needs more than it has), or
+when the guest's memory stall crosses a threshold, each over two reports in a row while the
+device is not inflating; never take more than the figure allows. A device that stops short
+of what it was asked is asked for where it stands, as the one-shot command does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import grpc
+
+from guestagent.host.client import WatchStream, describe_error
+from guestagent.host.display import mib
+from guestagent.host.feed import backoff_delay
+from guestagent.host.giveback import (
+    BALLOON,
+    Agent,
+    pick_virtio_mem,
+    round_down,
+    safe_balloon_taken,
+    safe_virtio_mem,
+    virtio_mem_device,
+)
+from guestagent.host.vmm import MIB, Vmm, VmmError
+from guestagent.v1 import agent_pb2 as pb
+
+PSI_SOME, DELAYACCT = "psi_some", "delayacct_stall"
+
+
+@dataclass(frozen=True)
+class Policy:
+    # The figure must allow more for this long before the device takes it: a figure that dips
+    # for one report (a process exiting, an aging) is not a reason to inflate.
+    hold_seconds: float = 30.0
+    # Share of time some task stalled on memory, over the last report's interval, that makes
+    # the loop give back at once. The agent's default PSI trigger is 15 % (150 ms in 1 s).
+    stall_threshold: float = 0.10
+    # How much to give back on a stall or a target at MemTotal, where the figure says nothing.
+    step: int = 128 * MIB
+    # A smaller rise in the figure is not worth a request.
+    min_change: int = 8 * MIB
+    # With the agent's target at MemTotal, this much stall says the guest wants more than it
+    # has: at the figure the target is MemTotal by construction, so that alone says nothing.
+    saturated_stall: float = 0.01
+    # A device unmoved this long short of what it was asked is asked for where it stands.
+    still_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class StallSample:
+    source: str  # PSI_SOME or DELAYACCT: totals of different sources never compare.
+    total_us: int  # Monotonic, like PSI's some total.
+    at: float  # Seconds, on the host's monotonic clock.
+
+
+def stall_share(previous: StallSample | None, now: StallSample | None) -> float | None:
+    """The share of time stalled between two samples; None without two comparable ones (a
+    different source, a total that went back as after an agent's restart)."""
+    if previous is None or now is None or previous.source != now.source:
+        return None
+    elapsed = now.at - previous.at
+    if elapsed <= 0 or now.total_us < previous.total_us:
+        return None
+    return min(1.0, (now.total_us - previous.total_us) / 1e6 / elapsed)
+
+
+def delay_stall_sample(info: pb.MemoryInfo, at: float) -> StallSample | None:
+    """The one place the delay-accounting stall (MemoryInfo.delay_stall, a MemoryStall: source,
+    total_us) is read, for guests without PSI. Read from the set fields by name, so this works
+    with a contract that has the field and with one that does not yet."""
+    for field, value in info.ListFields():
+        if field.name == "delay_stall":
+            return StallSample(str(value.source) or DELAYACCT, int(value.total_us), at)
+    return None
+
+
+def stall_sample(info: pb.MemoryInfo, at: float) -> StallSample | None:
+    """PSI's some total where the guest has PSI, else the delay-accounting stall, else None."""
+    if info.HasField("pressure") and info.pressure.HasField("some"):
+        return StallSample(PSI_SOME, info.pressure.some.total_us, at)
+    return delay_stall_sample(info, at)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One report and the device's state, in bytes taken from the guest."""
+
+    taken: int  # What the device holds now.
+    safe: int | None  # The most it may hold by the agent's figure; None without one.
+    saturated: bool  # The agent's target is at MemTotal: the guest needs all it has.
+    unit: int  # The VMM takes sizes in whole units of this.
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A rise in the figure waiting to have held long enough."""
+
+    since: float
+    lowest: int  # The least the figure allowed since.
+
+
+@dataclass(frozen=True)
+class Change:
+    to: int  # Bytes taken.
+    cause: str  # "held", "figure", "saturated", "stall", "stopped": a metric's label.
+    detail: str
+
+
+def decide(
+    reading: Reading,
+    asked: int,
+    stall: float | None,
+    now: float,
+    hold: Hold | None,
+    policy: Policy,
+    stall_source: bool = True,
+) -> tuple[Change | None, Hold | None]:
+    """(the change to make or None, the hold to keep) for one report; `asked` is what the
+    device was last asked to hold; `stall` the share of time stalled (None: not measured
+    this time), `stall_source` whether the guest reports a stall at all."""
+    room = reading.safe if reading.safe is not None else asked
+    # While the device is still taking what it was asked, the guest stalls making room for
+    # it (pushing its cold set to swap): that stall is the give-back's own doing, and
+    # deflating on it undid each inflation (seen: 14 deflates in 4 minutes); a guest that
+    # grows meanwhile raises the figure, which the next rule follows.
+    inflating = reading.taken < asked
+    if stall is not None and stall >= policy.stall_threshold and asked > 0 and not inflating:
+        to = round_down(max(0, min(room, asked - policy.step)), reading.unit)
+        return Change(to, "stall", f"memory stall {stall:.1%} of the interval"), None
+    if reading.safe is None:
+        return None, None  # No figure: hold still; the stall still lets the guest out.
+    # Below what the device holds, or well below what it was asked: a few pages' move of the
+    # figure while the device is still on its way is not worth a request.
+    if reading.safe < reading.taken or asked - reading.safe >= policy.min_change:
+        to = round_down(reading.safe, reading.unit)
+        return Change(to, "figure", f"the figure fell to {mib(reading.safe)}"), None
+    # With the balloon deflate-on-oom off, the target is capped at a MemTotal the balloon
+    # lowers, so the figure never asks below what the balloon holds: a guest that needs more
+    # than it has shows as a target at MemTotal and a stall (or, with no stall to read, the
+    # target alone).
+    wants_more = stall is not None and stall >= policy.saturated_stall
+    if reading.saturated and asked > 0 and not inflating and (wants_more or not stall_source):
+        to = round_down(max(0, asked - policy.step), reading.unit)
+        return Change(to, "saturated", "the agent's target is MemTotal and the guest stalls"), None
+    if reading.safe - asked < policy.min_change:
+        return None, None
+    if hold is None:
+        hold = Hold(now, reading.safe)
+    else:
+        hold = Hold(hold.since, min(hold.lowest, reading.safe))
+    held = now - hold.since
+    if held < policy.hold_seconds:
+        return None, hold
+    to = round_down(hold.lowest, reading.unit)
+    if to - asked < policy.min_change:
+        return None, None
+    return Change(to, "held", f"the figure allowed {mib(hold.lowest)} for {held:.0f} s"), None
+
+
+def stopped_short(taken: int, asked: int, unmoved_since: float, now: float, policy: Policy) -> bool:
+    """A device asked for more than it holds that has not moved for still_seconds."""
+    return taken < asked and now - unmoved_since >= policy.still_seconds
+
+
+class Knob(Protocol):
+    """What the loop moves: a balloon, or a virtio-mem device."""
+
+    what: str
+
+    def read(self, info: pb.MemoryInfo) -> Reading: ...
+
+    def asked(self) -> int: ...
+
+    def set(self, taken: int) -> None: ...
+
+
+def _saturated(info: pb.MemoryInfo) -> bool:
+    giveback = info.giveback
+    return giveback.HasField("safe_balloon_target") and (
+        giveback.safe_balloon_target.bytes >= info.system.mem_total_bytes
+    )
+
+
+class BalloonKnob:
+    what = BALLOON
+
+    def __init__(self, vmm: Vmm) -> None:
+        self.vmm = vmm
+
+    def read(self, info: pb.MemoryInfo) -> Reading:
+        balloon = self.vmm.balloon()
+        safe, _ = safe_balloon_taken(info, balloon)
+        return Reading(balloon.taken, safe, _saturated(info), balloon.unit)
+
+    def asked(self) -> int:
+        return self.vmm.balloon().asked
+
+    def set(self, taken: int) -> None:
+        self.vmm.set_balloon(taken)
+
+
+class VirtioMemKnob:
+    """A virtio-mem device, counted as what it has unplugged of what it had at the start."""
+
+    def __init__(self, vmm: Vmm, device: str) -> None:
+        self.vmm = vmm
+        self.what = device
+        self.base = virtio_mem_device(vmm, device).size
+
+    def read(self, info: pb.MemoryInfo) -> Reading:
+        device = virtio_mem_device(self.vmm, self.what)
+        safe, _ = safe_virtio_mem(info, device)
+        safe_taken = None if safe is None else max(0, self.base - safe)
+        return Reading(self.base - device.size, safe_taken, _saturated(info), device.block_size)
+
+    def asked(self) -> int:
+        return self.base - virtio_mem_device(self.vmm, self.what).requested_size
+
+    def set(self, taken: int) -> None:
+        device = virtio_mem_device(self.vmm, self.what)
+        self.vmm.set_virtio_mem(device, self.base - taken)
+
+
+class Metrics(Protocol):
+    def observe(self, reading: Reading, asked: int, stall: float | None) -> None: ...
+
+    def changed(self, change: Change, direction: str) -> None: ...
+
+
+class NoMetrics:
+    def observe(self, reading: Reading, asked: int, stall: float | None) -> None:
+        pass
+
+    def changed(self, change: Change, direction: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    json: bool = False  # A JSON object per line instead of text.
+
+
+class Follower:
+    """The loop: one WatchMemory stream (`watch` opens it), a decision per report, one line
+    per change."""
+
+    def __init__(
+        self,
+        watch: Callable[[], WatchStream],
+        agent: Agent,
+        vmm_name: str,
+        knob: Knob,
+        policy: Policy,
+        options: FollowOptions,
+        metrics: Metrics | None = None,
+        out: Callable[[str], None] = lambda line: print(line, flush=True),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.watch, self.agent, self.vmm_name, self.knob = watch, agent, vmm_name, knob
+        self.policy, self.options = policy, options
+        self.metrics: Metrics = metrics if metrics is not None else NoMetrics()
+        self.out, self.clock = out, clock
+        self.stopping = threading.Event()
+        self._stream: WatchStream | None = None
+        self._lock = threading.Lock()
+        self._asked = 0
+        self._hold: Hold | None = None
+        self._stall: StallSample | None = None
+        self._share: float | None = None
+        self._last_taken = -1
+        self._unmoved_since = 0.0
+
+    def stop(self) -> None:
+        """From a signal handler or another thread: the loop ends after the report in hand."""
+        self.stopping.set()
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.cancel()
+
+    def say(self, event: str, **fields: Any) -> None:
+        if self.options.json:
+            self.out(json.dumps({"event": event, **fields}))
+            return
+        detail = "; ".join(f"{k} {v}" for k, v in fields.items())
+        self.out(f"give-back --follow: {event}: {detail}")
+
+    def _stream_reports(self) -> Iterable[pb.MemoryInfo]:
+        """Reports until stop(); a broken stream is opened again after a growing delay."""
+        attempt = 0
+        while not self.stopping.is_set():
+            stream = self.watch()
+            with self._lock:
+                self._stream = stream
+            if self.stopping.is_set():
+                stream.cancel()
+            try:
+                for info in stream:
+                    attempt = 0
+                    yield info
+                error = "the agent ended the stream"
+            except grpc.RpcError as e:
+                error = describe_error(e)
+            with self._lock:
+                self._stream = None
+            if self.stopping.is_set():
+                return
+            delay = backoff_delay(attempt)
+            print(f"guestctl: give-back --follow: {error}; again in {delay:.1f} s", file=sys.stderr)
+            if self.stopping.wait(delay):
+                return
+            attempt += 1
+
+    def step(self, info: pb.MemoryInfo) -> Change | None:
+        """One report: read, decide, act. Returns the change made."""
+        now = self.clock()
+        reading = self.knob.read(info)
+        sample = stall_sample(info, now)
+        share = stall_share(self._stall, sample)
+        if reading.taken < self._asked:
+            share = None  # Inflating: the stall is the inflation's own (see decide).
+        # Over two reports in a row: one interval's stall is often a burst that has passed.
+        stall = None if share is None or self._share is None else min(share, self._share)
+        self._stall, self._share = sample, share
+        if reading.taken != self._last_taken:
+            self._last_taken, self._unmoved_since = reading.taken, now
+        change, self._hold = decide(
+            reading, self._asked, stall, now, self._hold, self.policy, sample is not None
+        )
+        if change is None and stopped_short(
+            reading.taken, self._asked, self._unmoved_since, now, self.policy
+        ):
+            detail = f"unmoved {now - self._unmoved_since:.0f} s short of {mib(self._asked)}"
+            change = Change(reading.taken, "stopped", detail)
+        self.metrics.observe(reading, self._asked, stall)
+        if change is None or change.to == self._asked:
+            return None
+        direction = "inflate" if change.to > self._asked else "deflate"
+        if direction == "inflate":
+            self.agent.compact()  # As the one-shot command: the pages given up lie together.
+        self.knob.set(change.to)
+        self.say(
+            direction,
+            device=self.knob.what,
+            cause=change.cause,
+            why=change.detail,
+            taken_before=reading.taken,
+            asked_before=self._asked,
+            asked=change.to,
+            safe=reading.safe,
+            stall=None if stall is None else round(stall, 4),
+        )
+        self.metrics.changed(change, direction)
+        self._asked = change.to
+        self._unmoved_since = now  # A new ask: its own still time.
+        return change
+
+    def run(self) -> int:
+        """Until stop(): exit 0, the device left where it is, and said so."""
+        self._asked = self.knob.asked()
+        self.say(
+            "following",
+            vmm=self.vmm_name,
+            device=self.knob.what,
+            asked=self._asked,
+            policy=asdict(self.policy),
+        )
+        for info in self._stream_reports():
+            if self.stopping.is_set():
+                break
+            try:
+                self.step(info)
+            except VmmError as e:
+                print(f"guestctl: give-back --follow: {e}", file=sys.stderr, flush=True)
+            except grpc.RpcError as e:
+                print(f"guestctl: give-back --follow: {describe_error(e)}", file=sys.stderr)
+        try:
+            taken: int | None = self.knob.read(pb.MemoryInfo()).taken
+        except VmmError:
+            taken = None
+        self.say(
+            "stopped",
+            device=self.knob.what,
+            left_asked=self._asked,
+            left_taken=taken,
+            note="the device is left where it is",
+        )
+        return 0
+
+
+def knob_for(vmm: Vmm, via: str, device: str | None) -> Knob:
+    if via == BALLOON:
+        return BalloonKnob(vmm)
+    return VirtioMemKnob(vmm, pick_virtio_mem(vmm.virtio_mem(), device).id)

@@ -1,0 +1,258 @@
+"""give-back --follow: the decision as a table and properties, the stall input, and one loop's
+steps against a fake knob."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from guestagent.host.follow import (
+    DELAYACCT,
+    PSI_SOME,
+    Change,
+    Follower,
+    FollowOptions,
+    Hold,
+    Policy,
+    Reading,
+    StallSample,
+    decide,
+    delay_stall_sample,
+    stall_sample,
+    stall_share,
+    stopped_short,
+)
+from guestagent.v1 import agent_pb2 as pb
+from tests.unit.host.test_giveback import FakeAgent, report
+
+MIB = 1 << 20
+POLICY = Policy(hold_seconds=30, stall_threshold=0.1, step=128 * MIB, min_change=8 * MIB)
+
+
+def reading(safe: int | None, taken: int = 0, saturated: bool = False) -> Reading:
+    return Reading(taken, safe, saturated, 4096)
+
+
+@pytest.mark.parametrize(
+    ("safe", "asked", "stall", "saturated", "hold", "now", "change", "kept", "taken"),
+    [
+        # A rise in what may be taken waits for the hold; the least seen is what is taken.
+        (400 * MIB, 0, 0.0, False, None, 0, None, Hold(0, 400 * MIB), None),
+        (380 * MIB, 0, 0.0, False, Hold(0, 400 * MIB), 10, None, Hold(0, 380 * MIB), None),
+        (
+            420 * MIB,
+            0,
+            0.0,
+            False,
+            Hold(0, 380 * MIB),
+            30,
+            Change(380 * MIB, "held", ""),
+            None,
+            None,
+        ),
+        # Too small a rise is not worth a request.
+        (404 * MIB, 400 * MIB, None, False, None, 0, None, None, None),
+        # The figure fell below what the device holds: given back at once, to the figure.
+        (
+            300 * MIB,
+            400 * MIB,
+            0.0,
+            False,
+            Hold(0, 500 * MIB),
+            5,
+            Change(300 * MIB, "figure", ""),
+            None,
+            None,
+        ),
+        # The guest needs more than it has (target at MemTotal, and it stalls): a step back.
+        (400 * MIB, 400 * MIB, 0.02, True, None, 0, Change(272 * MIB, "saturated", ""), None, None),
+        # At the figure the target is MemTotal by construction: without a stall, hold still.
+        (400 * MIB, 400 * MIB, 0.0, True, None, 0, None, None, None),
+        (400 * MIB, 400 * MIB, None, True, None, 0, None, None, None),
+        # A few pages' fall of the figure while the device is on its way: not worth a request.
+        (398 * MIB, 400 * MIB, 0.0, False, None, 0, None, None, 300 * MIB),
+        # A stall gives back a step at once, whatever the figure says...
+        (800 * MIB, 400 * MIB, 0.2, False, None, 0, Change(272 * MIB, "stall", ""), None, None),
+        (800 * MIB, 100 * MIB, 0.2, False, None, 0, Change(0, "stall", ""), None, None),
+        # ...but not while the device is still taking what it was asked: that stall is its own.
+        (800 * MIB, 400 * MIB, 0.2, False, None, 0, None, Hold(0, 800 * MIB), 300 * MIB),
+        # Nothing held, nothing to give back on a stall; no figure, nothing taken.
+        (800 * MIB, 0, 0.5, False, None, 0, None, Hold(0, 800 * MIB), None),
+        (None, 400 * MIB, 0.0, False, None, 0, None, None, None),
+    ],
+)
+def test_decide(
+    safe: int | None,
+    asked: int,
+    stall: float | None,
+    saturated: bool,
+    hold: Hold | None,
+    now: float,
+    change: Change | None,
+    kept: Hold | None,
+    taken: int | None,
+) -> None:
+    now_taken = asked if taken is None else taken
+    got, held = decide(reading(safe, now_taken, saturated), asked, stall, now, hold, POLICY)
+    assert (got and (got.to, got.cause)) == (change and (change.to, change.cause))
+    assert held == kept
+
+
+@given(
+    safe=st.none() | st.integers(0, 4 << 30),
+    asked=st.integers(0, 4 << 30),
+    stall=st.none() | st.floats(0, 1),
+    saturated=st.booleans(),
+    held=st.none() | st.tuples(st.floats(0, 100), st.integers(0, 4 << 30)),
+    now=st.floats(0, 200),
+)
+def test_never_takes_more_than_the_figure_allows(
+    safe: int | None,
+    asked: int,
+    stall: float | None,
+    saturated: bool,
+    held: tuple[float, int] | None,
+    now: float,
+) -> None:
+    hold = None if held is None else Hold(min(held[0], now), max(held[1], safe or 0))
+    change, _ = decide(reading(safe, asked, saturated), asked, stall, now, hold, POLICY)
+    if change is None:
+        return
+    assert change.to % 4096 == 0 and change.to >= 0
+    if change.to > asked:  # Inflating: only to what the figure allows, held long enough.
+        assert safe is not None and change.to <= safe and change.cause == "held"
+        assert not saturated and (stall is None or stall < POLICY.stall_threshold)
+    else:
+        assert safe is None or change.to <= safe
+
+
+def test_stall_share_is_the_stalled_share_of_the_time_between_samples() -> None:
+    assert (
+        stall_share(StallSample(PSI_SOME, 1_000_000, 10.0), StallSample(PSI_SOME, 1_500_000, 12.0))
+        == 0.25
+    )
+    # Sources never compare; a total that went back (the agent restarted) is no sample.
+    assert stall_share(StallSample(PSI_SOME, 0, 0), StallSample(DELAYACCT, 10, 1)) is None
+    assert stall_share(StallSample(PSI_SOME, 10, 0), StallSample(PSI_SOME, 5, 1)) is None
+    assert stall_share(None, StallSample(PSI_SOME, 5, 1)) is None
+    assert stall_share(StallSample(PSI_SOME, 0, 0), StallSample(PSI_SOME, 9_000_000, 1)) == 1.0
+
+
+def test_the_stall_is_psi_where_the_guest_has_it_else_delay_accounting() -> None:
+    info = pb.MemoryInfo()
+    info.pressure.some.total_us = 1234
+    assert stall_sample(info, 5.0) == StallSample(PSI_SOME, 1234, 5.0)
+    # Without PSI and without the delay-accounting field set: no sample.
+    assert stall_sample(pb.MemoryInfo(), 5.0) is None
+    assert delay_stall_sample(pb.MemoryInfo(), 5.0) is None
+
+
+def test_stopped_short() -> None:
+    assert stopped_short(300 * MIB, 400 * MIB, 0, 30, POLICY)
+    assert not stopped_short(300 * MIB, 400 * MIB, 0, 29, POLICY)
+    assert not stopped_short(400 * MIB, 400 * MIB, 0, 300, POLICY)
+
+
+class FakeKnob:
+    what = "balloon"
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.sets: list[int] = []
+
+    def read(self, info: pb.MemoryInfo) -> Reading:
+        target = info.giveback.safe_balloon_target.bytes
+        safe = self.taken + info.system.mem_total_bytes - target if target else None
+        return Reading(self.taken, safe, False, 4096)
+
+    def asked(self) -> int:
+        return self.taken
+
+    def set(self, taken: int) -> None:
+        self.sets.append(taken)
+        self.taken = taken
+
+
+def no_stream() -> Any:
+    raise AssertionError("step() opens no stream")
+
+
+def test_the_loop_inflates_after_the_hold_compacting_first_and_deflates_at_once() -> None:
+    lines: list[str] = []
+    clock = iter([0.0, 10.0, 31.0, 40.0, 41.0]).__next__
+    agent = FakeAgent(report())
+    knob = FakeKnob()
+    options = FollowOptions(json=True)
+    follower = Follower(
+        no_stream, agent, "qemu", knob, POLICY, options, out=lines.append, clock=clock
+    )
+    for _ in range(3):  # MemTotal 1000 MiB, target 600: 400 MiB may go once it has held 30 s.
+        follower.step(report())
+    assert knob.sets == [400 * MIB] and agent.calls == ["compact"]
+    # The guest grew: MemTotal is 600 MiB now, and the target 700 MiB: 100 MiB back at once.
+    follower.step(report(mem_total=600 * MIB, safe_target=700 * MIB))
+    assert knob.sets == [400 * MIB, 300 * MIB]
+    events = [json.loads(line) for line in lines]
+    assert [(e["event"], e["cause"], e["asked"]) for e in events] == [
+        ("inflate", "held", 400 * MIB),
+        ("deflate", "figure", 300 * MIB),
+    ]
+
+
+def test_stopping_leaves_the_device_where_it_is_and_says_so() -> None:
+    lines: list[str] = []
+    knob = FakeKnob()
+    knob.taken = 200 * MIB
+
+    class Stream:
+        """A stream that SIGTERM cancels after its first report."""
+
+        def __init__(self) -> None:
+            self.reports = iter([report()])
+
+        def __iter__(self) -> Any:
+            return self
+
+        def __next__(self) -> pb.MemoryInfo:
+            item = next(self.reports)
+            follower.stop()
+            return item
+
+        def cancel(self) -> bool:
+            self.reports = iter([])
+            return True
+
+    options = FollowOptions(json=True)
+    follower = Follower(
+        Stream, FakeAgent(report()), "qemu", knob, POLICY, options, out=lines.append
+    )
+    assert follower.run() == 0
+    last = json.loads(lines[-1])
+    assert last["event"] == "stopped" and last["left_taken"] == 200 * MIB and knob.sets == []
+
+
+def test_the_loops_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from guestagent.host.exporter import FollowMetrics
+
+    metrics = FollowMetrics("firecracker", "balloon")
+    metrics.observe(Reading(300 * MIB, None, False, MIB), 400 * MIB, 0.25)
+    metrics.changed(Change(272 * MIB, "stall", ""), "deflate")
+    text = generate_latest(metrics.registry).decode()
+    labels = 'device="balloon",vmm="firecracker"'
+    assert f"guestctl_giveback_follow_taken_bytes{{{labels}}} 3.145728e+08" in text
+    assert f"guestctl_giveback_follow_stall_ratio{{{labels}}} 0.25" in text
+    assert f"guestctl_giveback_follow_safe_bytes{{{labels}}} NaN" in text
+    changed = 'cause="stall",device="balloon",direction="deflate",vmm="firecracker"'
+    assert f"guestctl_giveback_follow_changes_total{{{changed}}} 1.0" in text, text
+
+
+def test_a_guest_with_no_stall_to_read_is_let_out_on_the_target_alone() -> None:
+    saturated = reading(400 * MIB, 400 * MIB, saturated=True)
+    change, _ = decide(saturated, 400 * MIB, None, 0, None, POLICY, stall_source=False)
+    assert change is not None and (change.to, change.cause) == (272 * MIB, "saturated")
