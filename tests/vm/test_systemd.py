@@ -25,8 +25,9 @@ UNIT = "guestagent.service"
 UNIT_CGROUP = "/system.slice/guestagent.service"
 # The unit's MemoryMin=24M, MemoryHigh=64M, MemoryMax=80M.
 UNIT_MEMORY = {"memory.min": 24 * MIB, "memory.high": 64 * MIB, "memory.max": 80 * MIB}
-# CapabilityBoundingSet=CAP_SYS_ADMIN CAP_DAC_OVERRIDE (capability numbers 21 and 1).
-UNIT_CAPABILITIES = (1 << 21) | (1 << 1)
+# CapabilityBoundingSet=CAP_SYS_ADMIN CAP_DAC_OVERRIDE CAP_NET_ADMIN (capability numbers 21,
+# 1 and 12).
+UNIT_CAPABILITIES = (1 << 21) | (1 << 1) | (1 << 12)
 RESULTS: dict[str, object] = {}
 
 
@@ -101,6 +102,15 @@ def test_unit_hardening_is_in_effect(vm: GuestVM) -> None:
     probe = vm.exec(["nsenter", "-t", str(pid), "-m", "touch", "/usr/probe"], check=False)
     assert probe.rc != 0 and "Read-only file system" in probe.stderr, probe
     assert vm.exec(["touch", "/usr/probe"], check=False).rc == 0
+
+
+def test_delay_accounting_works_under_the_hardening(vm: GuestVM, agent: AgentClient) -> None:
+    """The unit lets the agent turn delay accounting on and ask taskstats for it (CAP_NET_ADMIN),
+    and turn the multi-gen LRU on, as it does on a guest the bundle is added to."""
+    assert read_guest(vm, "/proc/sys/kernel/task_delayacct").strip() == "1"
+    assert int(read_guest(vm, "/sys/kernel/mm/lru_gen/enabled").strip(), 16) & 1
+    absent = {a.feature: a.reason for a in agent.info().absent}
+    assert "delayacct" not in absent, absent
 
 
 def test_swap_limits_and_compaction_work_under_the_hardening(
