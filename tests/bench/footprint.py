@@ -83,14 +83,14 @@ spec = json.loads(sys.argv[1])
 BACKOFF = [(f"grpc.{k}_reconnect_backoff_ms", 20) for k in ("initial", "min", "max")]
 
 def switches(pid):
-    total = 0
+    by_thread = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/status") as status:
-                total += sum(int(l.split()[1]) for l in status if "ctxt_switches" in l)
+                by_thread[tid] = sum(int(l.split()[1]) for l in status if "ctxt_switches" in l)
         except FileNotFoundError:
             pass  # A thread that ended in between.
-    return total
+    return by_thread
 
 def idle_sample(pid, seconds):
     before, started = switches(pid), time.monotonic()
@@ -98,7 +98,7 @@ def idle_sample(pid, seconds):
     after, elapsed = switches(pid), time.monotonic() - started
     read = lambda name: open(f"/proc/{pid}/{name}").read()
     return {"status": read("status"), "smaps_rollup": read("smaps_rollup"),
-            "switches": after - before, "seconds": elapsed}
+            "switches": [before, after], "seconds": elapsed}
 
 method, request, reply = spec["ready"]
 log = open(spec["log"], "w")
@@ -175,11 +175,20 @@ def probe(vm: GuestVM, server: Server, idle_s: float, watch_s: float, calls: int
     return json.loads(output)
 
 
+def window_wakeups(before: dict[str, int], after: dict[str, int]) -> int:
+    """Context switches over a window from each thread's counts at its ends: a thread's own
+    when it lived throughout, all of a thread's that started in it, and one (its last wakeup)
+    for a thread that ended in it, whose counts end with it."""
+    lived = sum(count - before.get(tid, 0) for tid, count in after.items())
+    return lived + sum(1 for tid in before if tid not in after)
+
+
 def sample_figures(sample: dict[str, Any]) -> dict[str, float]:
     """One idle window's end: the memory figures and the wakeups a second over the window."""
     figures: dict[str, float] = {**footprint(sample["status"], sample["smaps_rollup"])}
     if sample["seconds"] >= 1:  # The health server's is no window: its ready time is all.
-        figures["wakeups_per_s"] = round(sample["switches"] / sample["seconds"], 2)
+        wakeups = window_wakeups(*sample["switches"])
+        figures["wakeups_per_s"] = round(wakeups / sample["seconds"], 2)
     return figures
 
 
