@@ -10,14 +10,12 @@ import resource
 import signal
 import socket
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from guestagent import errors
 from guestagent.agent.audit import audit_kernel_switch
@@ -28,13 +26,16 @@ from guestagent.agent.listen import (
     private_directory,
 )
 from guestagent.agent.peers import NamedRelay, PeerTable, vsock_admitter
+from guestagent.agent.reflection import LazyReflection
 from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
+from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.undecodable import UndecodableRequests
 from guestagent.jsonlog import EventLog
 from guestagent.linux import statefile
 from guestagent.linux.confidential import decide, read_facts
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.syscalls import give_heap_back
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES
 from guestagent.ops import kernel_switches, limits
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
@@ -162,9 +163,7 @@ class Agent:
             self.server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        self.server.add_generic_rpc_handlers([LazyReflection((SERVICE_NAME, health.SERVICE_NAME))])
 
     async def start(self) -> None:
         # Every address is bound before anything starts, so a taken one leaves nothing behind.
@@ -180,14 +179,14 @@ class Agent:
         for relay in self.relays:
             relay.start()
         if self.config.online_memory is not None and self.config.fs.is_real:
-            # On its own thread: onlining many blocks must not hold up any call.
-            await asyncio.to_thread(self.hotplug.start)
+            await self.hotplug.start()
         await asyncio.to_thread(self.swaps.check_state)
         # Off unless the host (now or before a restart) or --reclaim turned it on.
         await asyncio.to_thread(self.reclaimer.start, self.config.reclaim)
         self.ager.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        give_heap_back()  # What start-up freed (the largest burst of all).
         log.info(
             "serving",
             listen=self.bound,
@@ -354,9 +353,9 @@ async def serve(config: ServerConfig) -> None:
     switch_kernel_features(config)
     # Blocking kernel work (mkswap, a memory.max write reclaiming, Compact) runs in threads;
     # asyncio's default pool grows to cpus + 4 under load, and each thread is paid for in
-    # every guest. Two keep one slow write from holding up the others.
+    # every guest. Two keep one slow write from holding up the others; they end when idle.
     asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(max_workers=BLOCKING_THREADS, thread_name_prefix="blocking")
+        IdleExitPool(BLOCKING_THREADS, "blocking", after_burst=give_heap_back)
     )
     # Before the health service says SERVING: a SIGTERM right after must stop, not kill.
     stop = asyncio.Event()

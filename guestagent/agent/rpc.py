@@ -22,6 +22,7 @@ from guestagent.agent import wire
 from guestagent.agent.audit import audit
 from guestagent.agent.peers import PeerTable
 from guestagent.agent.status import details_metadata
+from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
@@ -29,6 +30,7 @@ from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.linux.syscalls import give_heap_back
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES, SignalHub
 from guestagent.ops.agent_info import AgentInfo, agent_info
 from guestagent.ops.compaction import Compactor, CompactResult
@@ -210,8 +212,10 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         self.hotplug_reports = HotplugReportCache()  # Shared by GetMemoryInfo and every watch.
         self.peers = peers or PeerTable()
         self.signals = SignalHub(fs, max_watches)  # Every stream's inotify watches and triggers.
-        self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="read")
-        self._stream_readers = ThreadPoolExecutor(STREAM_READ_THREADS, thread_name_prefix="sread")
+        self._readers = IdleExitPool(READ_THREADS, "read", after_burst=give_heap_back)
+        self._stream_readers = IdleExitPool(
+            STREAM_READ_THREADS, "sread", after_burst=give_heap_back
+        )
 
     async def _read(
         self, read: Callable[Params, Value], *args: Params.args, **kwargs: Params.kwargs

@@ -132,6 +132,14 @@ def limit_malloc_arenas(count: int) -> bool:
     return mallopt is not None and mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(count)) == 1
 
 
+def give_heap_back() -> bool:
+    """Return free heap to the kernel (glibc's malloc_trim(0)): free(3) keeps what it frees
+    for reuse, in every arena, and only the top of the main heap goes back on its own. False
+    where the libc has no malloc_trim (musl) or nothing could be released."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    return trim is not None and trim(ctypes.c_size_t(0)) == 1
+
+
 def umount(target: str) -> None:
     _check(_libc().umount2(os.fsencode(target), ctypes.c_int(0)), f"umount({target})")
 

@@ -2,8 +2,10 @@
 guest must online the new blocks, in a zone that decides whether they can be unplugged.
 
 The kernel leaves hot-added blocks offline here (no MEMORY_HOTPLUG_DEFAULT_ONLINE), so the
-agent onlines them at start and on every udev "memory" add event. Blocks the kernel (or
-anyone) onlined already are left as they are: the agent never fights auto-onlining.
+agent onlines them at start and on every "memory" add event (udev's, or the kernel's without
+udevd), read by the event loop off the uevent socket: no thread waits for them. Blocks the
+kernel (or anyone) onlined already are left as they are: the agent never fights
+auto-onlining.
 
 The default policy, "auto-movable", follows the kernel's own auto-movable online policy
 (Documentation/admin-guide/mm/memory-hotplug.rst): hot-plugged blocks go to ZONE_MOVABLE,
@@ -18,9 +20,10 @@ killer acts. 301 is the kernel's default ratio: 3:1, plus 1 % for firmware holes
 
 from __future__ import annotations
 
+import socket
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from guestagent.errors import AgentError, FailedPrecondition, InvalidArgument
 from guestagent.jsonlog import EventLog
@@ -33,7 +36,10 @@ from guestagent.linux.memblocks import (
     read_virtio_mem_regions,
 )
 from guestagent.linux.meminfo import read_system_memory
-from guestagent.linux.udev import open_udev
+from guestagent.linux.uevents import is_memory_added, open_uevents, read_uevents
+
+if TYPE_CHECKING:  # The command line imports this module before it may import asyncio.
+    import asyncio
 
 log = EventLog("guestagent.ops.hotplug")
 
@@ -130,14 +136,17 @@ def online_memory(fs: KernelFS, policy: OnlinePolicy = OnlinePolicy()) -> Online
 
 
 class HotplugWatcher:
-    """Onlines memory when a block is added (udev or kernel uevents), on a thread of its own."""
+    """Onlines memory when a block is added (udev or kernel uevents): the event loop reads
+    the events, a blocking-pool thread makes the pass."""
 
     def __init__(self, fs: KernelFS, policy: OnlinePolicy | None) -> None:
         """policy None: onlining is off (--online-memory off), on demand too."""
         self.fs = fs
         self.policy = policy
         self._lock = threading.Lock()  # Blocks appear in bursts; one pass at a time.
-        self._observer: Any = None
+        self._events: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pass_queued = False  # A burst of events makes one more pass, not one each.
 
     def online_now(self) -> OnlineResult:
         if self.policy is None:
@@ -148,20 +157,31 @@ class HotplugWatcher:
         with self._lock:
             return online_memory(self.fs, self.policy)
 
-    def start(self) -> None:
-        udev = open_udev(self.fs)
-        monitor = udev.monitor("memory")
+    async def start(self) -> None:
+        import asyncio
 
-        def on_device(device: Any) -> None:
-            if device.action == "add":
-                self.online_now()
+        self._loop = asyncio.get_running_loop()
+        self._events = open_uevents(self.fs)
+        self._loop.add_reader(self._events, self._events_arrived, self._events, self._loop)
+        # After the socket listens, so no block is missed in between; on a thread, since
+        # onlining many blocks must not hold up any call.
+        await asyncio.to_thread(self.online_now)
 
-        self._observer = udev.pyudev.MonitorObserver(
-            monitor, callback=on_device, name="memory-hotplug"
-        )
-        self._observer.start()
-        self.online_now()  # After the monitor starts, so no block is missed in between.
+    def _events_arrived(self, events: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        read, lost = read_uevents(events)
+        if (lost or any(is_memory_added(e) for e in read)) and not self._pass_queued:
+            self._pass_queued = True
+            loop.run_in_executor(None, self._online_pass)
+
+    def _online_pass(self) -> None:
+        self._pass_queued = False  # Events from here on queue another pass.
+        try:
+            self.online_now()
+        except AgentError as e:
+            log.error("online_failed", error=str(e))
 
     def stop(self) -> None:
-        if self._observer is not None:
-            self._observer.stop()
+        if self._events is not None and self._loop is not None:
+            self._loop.remove_reader(self._events)
+            self._events.close()
+            self._events = None

@@ -1,5 +1,7 @@
-"""The floor: the least a grpcio server can be. One method on raw bytes (no protobuf, no
-contract), grpc.aio, no ssl, run with -OO. Whatever the agent costs above this is its own.
+"""The floor: the least a grpcio server can be. One unary method and one server stream on raw
+bytes (no protobuf, no contract), grpc.aio, no ssl. Whatever the agent costs above this is its
+own. The stream is the floor's side of the footprint bench's watch phase: one message a second,
+as an agent's WatchMemory sends by default.
 
 Usage: python -OO floor_server.py unix:///path
 """
@@ -7,6 +9,7 @@ Usage: python -OO floor_server.py unix:///path
 import sys
 
 METHOD = "/floor.Floor/Echo"
+STREAM_METHOD = "/floor.Floor/Ticks"
 
 
 def main(target: str) -> None:
@@ -19,10 +22,19 @@ def main(target: str) -> None:
     async def echo(request: bytes, context: object) -> bytes:
         return request
 
+    async def ticks(request: bytes, context: object) -> object:
+        while True:
+            yield request
+            await asyncio.sleep(1)
+
     async def run() -> None:
         server = grpc.aio.server()
         handler = grpc.method_handlers_generic_handler(
-            "floor.Floor", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+            "floor.Floor",
+            {
+                "Echo": grpc.unary_unary_rpc_method_handler(echo),
+                "Ticks": grpc.unary_stream_rpc_method_handler(ticks),
+            },
         )
         server.add_generic_rpc_handlers((handler,))
         server.add_insecure_port(target)

@@ -405,6 +405,16 @@ def idle_aging_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"idle_aging": measure_idle_aging()}
 
 
+def footprint_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.footprint import measure_footprint
+
+    return {
+        "footprint": measure_footprint(
+            args.footprint_idle_seconds, args.footprint_watch_seconds, args.footprint_rounds
+        )
+    }
+
+
 def hostile_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.hostile import measure_hostile
 
@@ -415,6 +425,7 @@ def hostile_section(args: argparse.Namespace) -> dict[str, Any]:
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "host": host_sections,
     "runtime": runtime_section,
+    "footprint": footprint_section,
     "vm": vm_section,
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,
@@ -425,6 +436,16 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "idle_aging": idle_aging_section,
     "hostile": hostile_section,
 }
+
+
+def elapsed(since: float) -> str:
+    minutes, seconds = divmod(round(time.monotonic() - since), 60)
+    return f"{minutes} min {seconds:02d} s"
+
+
+def progress(line: str, bench_started: float) -> None:
+    """A line on stderr as a section starts and ends: the JSON alone goes to stdout."""
+    print(f"bench: {line} (bench at {elapsed(bench_started)})", file=sys.stderr, flush=True)
 
 
 def section_list(text: str) -> list[str]:
@@ -453,14 +474,31 @@ def main() -> int:
         default=600.0,
         help="the hostile soak's length (default 10 minutes)",
     )
+    parser.add_argument(
+        "--footprint-idle-seconds",
+        type=float,
+        default=60.0,
+        help="the footprint section's idle windows, where wakeups are counted (default 60)",
+    )
+    parser.add_argument(
+        "--footprint-watch-seconds",
+        type=float,
+        default=600.0,
+        help="the footprint section's watch stream (default 10 minutes)",
+    )
+    parser.add_argument("--footprint-rounds", type=int, default=3)
     args = parser.parse_args()
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    for name, measure in SECTIONS.items():
-        if name in args.sections:
-            report.update(measure(args))
+    chosen = [name for name in SECTIONS if name in args.sections]
+    bench_started = time.monotonic()
+    for number, name in enumerate(chosen, 1):
+        progress(f"section {name} ({number}/{len(chosen)}) starts", bench_started)
+        started = time.monotonic()
+        report.update(SECTIONS[name](args))
+        progress(f"section {name} ended after {elapsed(started)}", bench_started)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

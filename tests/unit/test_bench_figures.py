@@ -56,3 +56,53 @@ def test_ratios_of_the_two_memory_figures() -> None:
     agent = {"VmRSS": 36 << 20, "RssAnon": 18 << 20, "Threads": 10}
     floor = {"VmRSS": 30 << 20, "RssAnon": 12 << 20, "Threads": 8}
     assert ratios(agent, floor) == {"VmRSS": 1.2, "RssAnon": 1.5}
+
+
+def test_window_wakeups_count_threads_that_start_and_end_in_the_window() -> None:
+    from tests.bench.footprint import window_wakeups
+
+    before = {"1": 100, "2": 50, "3": 7}  # Thread 3 ends in the window, 4 starts in it.
+    after = {"1": 110, "2": 50, "4": 5}
+    assert window_wakeups(before, after) == 10 + 0 + 5 + 1
+
+
+SMAPS = """5590a0000000-5590a0600000 rw-p 00000000 00:00 0                          [heap]
+Size:               6144 kB
+Anonymous:          4000 kB
+7f0000000000-7f0000801000 rw-p 00000000 00:00 0
+Size:               8196 kB
+Anonymous:            64 kB
+7f1000000000-7f1004000000 rw-p 00000000 00:00 0
+Size:              65536 kB
+Anonymous:          2000 kB
+7f2000000000-7f2000100000 rw-p 00100000 fe:00 1234                       /opt/x/lib/libc.so.6
+Size:               1024 kB
+Anonymous:            24 kB
+7f3000000000-7f3000100000 r--p 00000000 fe:00 1235                       /opt/x/lib/libm.so.6
+Size:               1024 kB
+Anonymous:             0 kB
+"""
+
+
+def test_anonymous_memory_by_mapping_kind() -> None:
+    from tests.bench.footprint import anon_by_mapping
+
+    assert anon_by_mapping(SMAPS) == {
+        "heap": 4000,
+        "anonymous mappings": 2000,
+        "thread stacks": 64,
+        "libc.so.6 (copy-on-write)": 24,
+    }
+
+
+def test_import_times_sum_by_package() -> None:
+    from tests.bench.footprint import import_self_times
+
+    log = (
+        "import time: self [us] | cumulative | imported package\n"
+        "import time:       100 |        100 |     guestagent.linux.fs\n"
+        "import time:        50 |        150 |   guestagent.linux\n"
+        "import time:        70 |         70 | json.decoder\n"
+        "some other line\n"
+    )
+    assert import_self_times(log) == [("guestagent.linux", 150), ("json", 70)]
