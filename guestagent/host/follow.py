@@ -157,7 +157,8 @@ def decide(
     if reading.saturated and asked > 0 and not inflating and (wants_more or not stall_source):
         to = round_down(max(0, asked - policy.step), reading.unit)
         return Change(to, "saturated", "the agent's target is MemTotal and the guest stalls"), None
-    if reading.safe - asked < policy.min_change:
+    # A target at MemTotal is the guest needing all it has: never the time to take more.
+    if reading.saturated or reading.safe - asked < policy.min_change:
         return None, None
     if hold is None:
         hold = Hold(now, reading.safe)
