@@ -6,14 +6,12 @@ workload of tests/workloads/reclaim.py, no reclaimer on). `python -m tests.bench
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-from guestagent.host.client import AgentClient
-from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM, VMConfig
+from tests.bench.vm import booted
 from tests.workloads.reclaim import iteration_log, start_workload, stop_workload
 
 CONFIG = VMConfig(memory_mib=1024)
@@ -65,12 +63,7 @@ def hot_loop_windows(vm: GuestVM, out: str) -> dict[str, list[float]]:
 
 
 def measure_delayacct_cost() -> dict[str, Any]:
-    image = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
-    with (
-        GuestVM(CONFIG, image_dir=image) as vm,
-        AgentClient(vm.agent_target, timeout=600) as agent,
-    ):
-        agent.wait_ready(60)
+    with booted(CONFIG) as (vm, _):
         idle = idle_windows(vm)
         out = start_workload(vm, "hot", ANON_MIB, HOT_MIB)
         hot = hot_loop_windows(vm, out)

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.bench.plotting import NOT_DRAWN, pyplot, save
+from tests.bench.vm import booted
 from tests.vm.guest import make_cgroup, wait_until
 from tests.workloads.giveback import (
     COLD_AFTER_MS,
@@ -82,12 +82,7 @@ def phase(vm: GuestVM, agent: AgentClient, cgroup: str, act: Any) -> dict[str, A
 
 
 def measure_giveback(plot_path: Path | None) -> dict[str, Any]:
-    image = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
-    with (
-        GuestVM(CONFIG, image_dir=image) as vm,
-        AgentClient(vm.agent_target, timeout=600) as agent,
-    ):
-        agent.wait_ready(60)
+    with booted(CONFIG) as (vm, agent):
         agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
 
         def reclaimer_on() -> dict[str, Any]:

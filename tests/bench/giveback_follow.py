@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +20,10 @@ from typing import Any
 
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, GuestVM
+from guestagent.vm.qemu import GuestVM
 from tests.bench.giveback import CONFIG, wait_cold
 from tests.bench.plotting import NOT_DRAWN, pyplot, save
+from tests.bench.vm import booted
 from tests.vm.guest import filler_ready, make_cgroup, start_filler, stop_filler, wait_until
 from tests.workloads.giveback import (
     COLD_MIB,
@@ -121,13 +121,8 @@ def stall_rate(rows: list[dict[str, Any]]) -> float | None:
 
 
 def measure_follow(plot_path: Path | None) -> dict[str, Any]:
-    image = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
     results: dict[str, Any] = {}
-    with (
-        GuestVM(CONFIG, image_dir=image) as vm,
-        AgentClient(vm.agent_target, timeout=600) as agent,
-    ):
-        agent.wait_ready(60)
+    with booted(CONFIG) as (vm, agent):
         agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
         qmp = ("--qmp", str(vm.host_qmp_path))
         follow: list[FollowProcess] = []

@@ -9,17 +9,14 @@ however slow TCG makes it."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 from typing import Any
 
-from guestagent.host.client import AgentClient
 from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, THREAD_NAME
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.bench.figures import cpu_seconds, ratio_verdict
-from tests.bench.vm import guest_agent_pid
+from tests.bench.vm import booted, guest_agent_pid
 from tests.workloads.reclaim import start_workload, stop_workload
 
 MIB = 1 << 20
@@ -48,12 +45,7 @@ def sample(vm: GuestVM, pid: int, ticks: int) -> tuple[float, float, float]:
 
 
 def measure_idle_aging() -> dict[str, Any]:
-    image = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
-    with (
-        GuestVM(CONFIG, image_dir=image) as vm,
-        AgentClient(vm.agent_target, timeout=600) as agent,
-    ):
-        agent.wait_ready(60)
+    with booted(CONFIG) as (vm, agent):
         agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
         out = start_workload(vm, "bench", TOUCHED_MIB, HOT_MIB)
         touched = time.monotonic()

@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from guestagent.host.client import AgentClient
-from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, GuestVM, VMConfig
+from guestagent.vm.qemu import VMConfig
 from tests.bench.plotting import NOT_DRAWN, pyplot, save
+from tests.bench.vm import booted
 from tests.workloads.reclaim import (
     ANON_MIB,
     HOT_MIB,
@@ -31,13 +30,7 @@ from tests.workloads.reclaim import (
 
 def measure_boot(config: VMConfig) -> dict[str, Any]:
     """Both scenarios in one boot of the image with `config`, on the stall signal it has."""
-    # GUESTAGENT_IMAGE_DIR, as for the VM tests: a kept copy measures one image across runs.
-    image = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
-    with (
-        GuestVM(config, image_dir=image) as vm,
-        AgentClient(vm.agent_target, timeout=600) as agent,
-    ):
-        agent.wait_ready(60)
+    with booted(config) as (vm, agent):
         source = stall_source(agent)
         if "--stall-signal" in config.agent_args:
             source = "delayacct_stall"

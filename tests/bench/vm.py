@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestCommandError, GuestVM, VMConfig
+from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, Disk, GuestCommandError, GuestVM, VMConfig
 from tests.bench.figures import footprint, load_sample, mib_verdict, ratios
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
 from tests.vm.guest import allocate_free_and_compact
@@ -87,6 +90,19 @@ with grpc.insecure_channel(target) as channel:
         if got != bytes.fromhex(reply):
             sys.exit(f"{method} answered {got!r}")
 """
+
+
+@contextmanager
+def booted(config: VMConfig) -> Iterator[tuple[GuestVM, AgentClient]]:
+    """A guest of the image with `config` and a client of its agent, once it serves. The image
+    is GUESTAGENT_IMAGE_DIR's, as for the VM tests: a kept copy measures one image across runs."""
+    image = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
+    with (
+        GuestVM(config, image_dir=image) as vm,
+        AgentClient(vm.agent_target, timeout=600) as agent,
+    ):
+        agent.wait_ready(60)
+        yield vm, agent
 
 
 def enable_latency(agent: AgentClient, serial: str) -> float:
