@@ -156,6 +156,11 @@ class DelayStallMeter:
         self._lock = threading.Lock()
         self._books: dict[Path, _Books] = {}
 
+    def stands_in(self, psi_present: bool) -> bool:
+        """Whether delay accounting is the stall read here: where there is no PSI, and
+        everywhere when preferred. (Whether it can be read is absence()'s question.)"""
+        return not psi_present or self.preferred
+
     def absence(self) -> Absent | None:
         """Why there is no delay-accounting stall in this guest, None when there is one. The
         switch is read every time (anyone may turn it off); taskstats is asked until it has

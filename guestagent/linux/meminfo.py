@@ -293,11 +293,11 @@ def read_report(
         if delay_absent is not None:
             absent = (*absent, delay_absent)
         else:
-            if pressure is None or stall.preferred:
+            if stall.stands_in(pressure is not None):
                 delay_stall_us = stall.total_us(fs.cgroup_root)
             measured = []
             for cgroup, directory in zip(found, directories, strict=True):
-                if cgroup.pressure is None or stall.preferred:
+                if stall.stands_in(cgroup.pressure is not None):
                     try:
                         cgroup = replace(cgroup, delay_stall_us=stall.total_us(directory))
                     except AgentError:

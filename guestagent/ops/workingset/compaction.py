@@ -160,8 +160,7 @@ class CompactionTrigger:
     def _read_system_stall_us(self) -> int | None:
         """The whole guest's stall so far: PSI's, else delay accounting's; None with neither."""
         pressure = read_system_pressure(self.fs)
-        preferred = self._stall is not None and self._stall.preferred
-        if pressure is not None and not preferred:
+        if pressure is not None and not (self._stall and self._stall.stands_in(True)):
             return pressure.some.total_us
         if self._stall is None or self._stall.absence() is not None:
             return None

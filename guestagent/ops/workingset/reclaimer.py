@@ -283,8 +283,7 @@ class Reclaimer:
         accounting; neither is refused: without its stall budget the reclaimer slowed a hot
         set past the bound (docs/design-reclaimer.md: Without PSI)."""
         psi = read_cgroup_psi_absence(self.fs, directory)
-        preferred = self._stall is not None and self._stall.preferred
-        if psi is None and not preferred:
+        if psi is None and not (self._stall and self._stall.stands_in(True)):
             return PSI_STALL
         delay = self._stall.absence() if self._stall is not None else None
         if self._stall is not None and delay is None:
