@@ -19,12 +19,9 @@ from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.delayacct import DelayStallMeter, StallWindow
 from guestagent.linux.features import DELAYACCT, Absent, read_psi_absence
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.memblocks import HotplugReportCache
-from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, SignalHub
-from guestagent.ops.giveback import IdleReport
 from guestagent.ops.idle import IdleSpec
-from guestagent.ops.workingset.reclaimer import TargetStatus
+from guestagent.ops.info import InfoSpec, Report, Reporter
 
 log = EventLog("guestagent.watch")
 repeats = Repeats(log)
@@ -53,14 +50,17 @@ class WatchSpec:
     trigger_asked: bool = False  # The caller set pressure_trigger (else it is the default).
     idle: IdleSpec = field(default_factory=IdleSpec)
 
+    @property
+    def info(self) -> InfoSpec:
+        """What each message reports: GetMemoryInfo's answer for the same request."""
+        return InfoSpec(self.cgroups, self.idle)
+
 
 @dataclass(frozen=True)
 class WatchUpdate:
-    report: MemoryReport
+    answer: Report  # As GetMemoryInfo's (ops/info.py), read afresh for each message.
     reason: WatchReason
     changed: tuple[str, ...] = ()  # Cgroups whose memory.events changed.
-    reclaim: tuple[TargetStatus, ...] = ()  # The reclaimer's, for the watched cgroups it acts on.
-    idle: IdleReport | None = None  # None when the stream reads no idle figures (a test's).
 
 
 def watch_interval_seconds(interval_ms: int) -> float:
@@ -147,37 +147,29 @@ def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, 
     return WatchReason.INTERVAL, ()
 
 
-# A report of the given cgroups; after the first, one that does not exist is listed as removed.
-ReadReport = Callable[[tuple[str, ...], bool], Awaitable[MemoryReport]]
-# A report's idle histograms and give-back figures, read off the event loop's thread.
-ReadIdle = Callable[[MemoryReport, IdleSpec], Awaitable[IdleReport]]
+# The report for a spec; after the first, a cgroup that does not exist is listed as removed.
+ReadReport = Callable[[InfoSpec, bool], Awaitable[Report]]
 
 
 async def watch_memory(
     fs: KernelFS,
     spec: WatchSpec,
     stopping: asyncio.Event,
-    reclaim_status: Callable[[tuple[str, ...]], tuple[TargetStatus, ...]] = lambda names: (),
-    hotplug: HotplugReportCache | None = None,
-    hub: SignalHub | None = None,
     read: ReadReport | None = None,
-    idle: ReadIdle | None = None,
+    hub: SignalHub | None = None,
     stall: DelayStallMeter | None = None,
 ) -> AsyncIterator[WatchUpdate]:
     """Updates until `stopping` is set or the caller stops iterating (which frees its share
-    of the hub's inotify watches and PSI trigger). `read` reads a report off the event loop's
-    thread (the servicer's reader threads); None reads it in place. `idle` adds each
-    report's idle figures; None leaves them out. `stall` is delay accounting's meter, which
-    serves a trigger asked for where there is no PSI."""
+    of the hub's inotify watches and PSI trigger). `read` reads the report GetMemoryInfo
+    answers, off the event loop's thread (the servicer's reader threads); None reads a bare
+    report in place. `stall` is delay accounting's meter, which serves a trigger asked for
+    where there is no PSI."""
     hub = hub or SignalHub(fs)
 
-    async def report(removed_ok: bool = True) -> MemoryReport:
+    async def report(removed_ok: bool = True) -> Report:
         if read is None:
-            return read_report(fs, spec.cgroups, hotplug, stall, removed_ok)
-        return await read(spec.cgroups, removed_ok)
-
-    async def figures(report: MemoryReport) -> IdleReport | None:
-        return await idle(report, spec.idle) if idle is not None else None
+            return Reporter(fs, stall=stall).report(spec.info, removed_ok)
+        return await read(spec.info, removed_ok)
 
     # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
     first = await report(removed_ok=False)
@@ -198,19 +190,15 @@ async def watch_memory(
                 _poll_delay_stall(stall, fs, triggers.delayacct, signals)
             )
         try:
-            yield WatchUpdate(
-                first, WatchReason.INITIAL, (), reclaim_status(spec.cgroups), await figures(first)
-            )
+            yield WatchUpdate(first, WatchReason.INITIAL)
             while True:
                 woke = await _next_signals(signals, spec.interval_s, stopping)
                 if woke is None:
                     return
                 reason, changed = reason_for(woke)
                 now = await report()
-                follow_cgroups(fs, signals, now.removed)
-                yield WatchUpdate(
-                    now, reason, changed, reclaim_status(spec.cgroups), await figures(now)
-                )
+                follow_cgroups(fs, signals, now.report.removed)
+                yield WatchUpdate(now, reason, changed)
         finally:
             if poller is not None:
                 poller.cancel()

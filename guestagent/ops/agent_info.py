@@ -17,7 +17,7 @@ from guestagent.ops.idle import NOT_AGED, IdleState
 
 # 1: the contract before GetAgentInfo. 2: GetAgentInfo, refusal reasons (ErrorInfo), watch
 # streams that report a removed cgroup and go on.
-CONTRACT_REVISION = 2
+CONTRACT_REVISION = 3
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from guestagent.host.refusal import refusal_from
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import IdleAger
 from guestagent.ops.swap import SwapManager
+from guestagent.ops.workingset.reclaimer import Reclaimer
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 
@@ -112,8 +113,10 @@ def make_servicer(fake_root: FakeRoot, ager: IdleAger | None = None) -> MemoryAg
         asyncio.Event(),
         SwapManager(fs),
         HotplugWatcher(fs, OnlinePolicy("online")),
-        peers=PeerTable(),
-        ager=ager,
+        Reclaimer(fs),
+        PeerTable(),
+        ager or IdleAger(fs),
+        stall=None,
     )
 
 
@@ -199,7 +202,7 @@ async def test_a_bug_is_internal_and_logged(
     def broken(*args: object) -> NoReturn:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("guestagent.agent.rpc.memory_info", broken)
+    monkeypatch.setattr("guestagent.ops.info.read_report", broken)
     context: Any = FakeContext()
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):
         await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(), context)
