@@ -226,7 +226,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     async def _watch_report(self, spec: InfoSpec, removed_ok: bool) -> Report:
         return await run_on(self._stream_readers, self.reporter.report, spec, removed_ok)
 
-    @unary(wire.agent_info_from_pb, wire.agent_info_pb)
+    @unary(wire.no_arguments, wire.agent_info_pb)
     async def GetAgentInfo(
         self, _: None, context: Context[pb.GetAgentInfoRequest, pb.AgentInfo]
     ) -> AgentInfo:
@@ -272,7 +272,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     ) -> SwapArea:
         return await asyncio.to_thread(self.swaps.disable, selector)
 
-    @unary(wire.list_swaps_from_pb, wire.swap_list_pb)
+    @unary(wire.no_arguments, wire.swap_list_pb)
     async def ListSwaps(
         self, _: None, context: Context[pb.ListSwapsRequest, pb.ListSwapsResponse]
     ) -> list[SwapArea]:
@@ -301,7 +301,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     ) -> ReclaimResult:
         return await asyncio.to_thread(reclaim, self.fs, spec)
 
-    @unary(wire.online_memory_from_pb, wire.online_result_pb, audited=True)
+    @unary(wire.no_arguments, wire.online_result_pb, audited=True)
     async def OnlineMemory(
         self, _: None, context: Context[pb.OnlineMemoryRequest, pb.OnlineMemoryResult]
     ) -> OnlineResult:

@@ -81,14 +81,10 @@ WATCH_REASON_TO_PB = {
 }
 
 
-# ListSwaps and OnlineMemory take no arguments: their decoders have nothing to check.
-
-
-def list_swaps_from_pb(request: pb.ListSwapsRequest) -> None:
-    return None
-
-
-def online_memory_from_pb(request: pb.OnlineMemoryRequest) -> None:
+def no_arguments(
+    request: pb.ListSwapsRequest | pb.OnlineMemoryRequest | pb.GetAgentInfoRequest,
+) -> None:
+    """The decoder of a request without fields (ListSwaps, OnlineMemory, GetAgentInfo)."""
     return None
 
 
@@ -272,10 +268,6 @@ def report_pb(
 
 def watch_update_pb(update: WatchUpdate) -> pb.MemoryInfo:
     return report_pb(update.answer, WATCH_REASON_TO_PB[update.reason], update.changed)
-
-
-def agent_info_from_pb(_: pb.GetAgentInfoRequest) -> None:
-    return None
 
 
 def selector_from_pb(message: pb.DeviceSelector) -> DeviceSelector:

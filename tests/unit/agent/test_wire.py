@@ -131,8 +131,8 @@ def test_compact_and_reclaim_requests() -> None:
 
 
 def test_requests_without_fields() -> None:
-    assert wire.list_swaps_from_pb(pb.ListSwapsRequest()) is None  # type: ignore[func-returns-value]
-    assert wire.online_memory_from_pb(pb.OnlineMemoryRequest()) is None  # type: ignore[func-returns-value]
+    assert wire.no_arguments(pb.ListSwapsRequest()) is None  # type: ignore[func-returns-value]
+    assert wire.no_arguments(pb.OnlineMemoryRequest()) is None  # type: ignore[func-returns-value]
 
 
 def test_compact_result_carries_the_domain_figures() -> None:
