@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from guestagent.build import runtime
+from guestagent.sizes import MIB
 
 NAME = "guestagent"
 MOUNT_ROOT = PurePosixPath("/run/kata-extensions")
@@ -38,7 +39,6 @@ BLOCK = 4096
 SECTOR = 512
 # Partition 1 starts at 1 MiB, as kata's image builder places it, and both partitions are
 # whole MiBs: sfdisk aligns partitions to its 1 MiB grain.
-MIB = 1 << 20
 FIRST_PARTITION_OFFSET = MIB
 AGENT_SOCKET = "/run/guestagent.sock"
 VSOCK_PORT = 6464

@@ -18,9 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from guestagent.host.client import AgentClient
-from guestagent.host.sizing import MIB, OverheadModel, OverheadSample, overhead_formula
+from guestagent.host.sizing import OverheadModel, OverheadSample, overhead_formula
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.mm import Mapping, parse_smaps
+from guestagent.sizes import MIB
 from guestagent.vm.qemu import GuestVM, GuestVMError, VMConfig, accelerator
 
 

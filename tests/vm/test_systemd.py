@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import FLAVOURS, GuestVM, VMConfig
 from tests.vm.conftest import SWAP_DISK
@@ -20,7 +21,6 @@ from tests.vm.guest import boot_and_record, plug_dimm_and_wait_online, read_gues
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 UNIT = "guestagent.service"
 UNIT_CGROUP = "/system.slice/guestagent.service"
 # The unit's MemoryMin=24M, MemoryHigh=64M, MemoryMax=80M.

@@ -9,7 +9,6 @@ import pytest
 
 from guestagent.build.extension import (
     FIRST_PARTITION_OFFSET,
-    MIB,
     ExtensionError,
     Process,
     VerityParams,
@@ -21,6 +20,7 @@ from guestagent.build.extension import (
     root_hash_of,
     runtime_snippet,
 )
+from guestagent.sizes import MIB
 
 PARAMS = VerityParams("ab" * 32, "cd" * 32, 6400)
 

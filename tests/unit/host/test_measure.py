@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from guestagent.host.measure import guest_ram_resident
-from guestagent.host.sizing import MIB
 from guestagent.linux.mm import parse_smaps
+from guestagent.sizes import MIB
 from tests.unit.linux.test_mm import SMAPS
 
 

@@ -1,7 +1,6 @@
 from guestagent.linux.mm import Mapping, jit_code_rss_bytes, parse_buddyinfo, parse_smaps
+from guestagent.sizes import MIB
 from tests.unit.ops.test_compaction import BUDDYINFO
-
-MIB = 1 << 20
 
 
 def test_buddyinfo_sums_zones_per_order() -> None:
