@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from guestagent.linux.mm import jit_code_rss_bytes, parse_smaps
+from guestagent.host.vmm_memory import read_rss, read_vmm_memory
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
 
 GUEST_AGENT_PORT = DEFAULT_VSOCK_PORT
@@ -609,16 +609,11 @@ class GuestVM:
         return int(plugged), int(requested)
 
     def qemu_rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise GuestVMError(f"no VmRSS in /proc/{self.pid}/status")
+        return read_rss(self.pid)
 
     def qemu_guest_rss_bytes(self) -> int:
-        """VmRSS less TCG's translated-code buffer, which grows (to 1 GiB) as the guest runs
-        new code whatever memory the guest holds: the RSS a give-back is measured by."""
-        smaps = Path(f"/proc/{self.pid}/smaps").read_text()
-        return self.qemu_rss_bytes() - jit_code_rss_bytes(parse_smaps(smaps))
+        """VmRSS less TCG's translated-code buffer (VmmMemory.without_tcg_code)."""
+        return read_vmm_memory(self.pid).without_tcg_code
 
     def disk_allocated_bytes(self, name: str) -> int:
         return self.disk_path(name).stat().st_blocks * 512
