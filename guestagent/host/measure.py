@@ -1,6 +1,6 @@
 """Measure what the guest costs at several VM sizes: the samples `guestctl plan --model` fits.
 
-Each size is one boot of the guest image under QEMU (guestagent.vm.qemu). The agent
+Each size is one boot of the guest image under QEMU (guestagent.host.qemu). The agent
 says what the guest sees (GetGuestOverhead, MemFree); the host side is QEMU's VmRSS and
 /proc/PID/smaps (host/vmm_memory.py). Guest RAM is QEMU's anonymous mapping of exactly a
 memory backend's size (query-memdev), so its resident pages are the guest pages the host
@@ -19,10 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import GuestVMError, QemuGuest, VMConfig, accelerator
 from guestagent.host.sizing import OverheadModel, OverheadSample, overhead_formula
 from guestagent.host.vmm_memory import Mapping, read_vmm_memory
 from guestagent.sizes import MIB
-from guestagent.vm.qemu import GuestVM, GuestVMError, VMConfig, accelerator
 
 
 class MeasureError(Exception):
@@ -56,14 +56,14 @@ def measure_size(
     try:
         return _measure_size(vm_mib, image_dir, boot_timeout, settle_seconds)
     except GuestVMError as e:
-        # The harness is an implementation detail: callers see one error type.
+        # The boot is an implementation detail: callers see one error type.
         raise MeasureError(str(e)) from e
 
 
 def _measure_size(
     vm_mib: int, image_dir: Path | None, boot_timeout: float, settle_seconds: float
 ) -> OverheadSample:
-    with GuestVM(VMConfig(memory_mib=vm_mib), image_dir, boot_timeout=boot_timeout) as vm:
+    with QemuGuest(VMConfig(memory_mib=vm_mib), image_dir, boot_timeout=boot_timeout) as vm:
         with AgentClient(vm.agent_target, timeout=120) as client:
             client.wait_ready(120)
             time.sleep(settle_seconds)  # Let boot-time daemons finish starting.
