@@ -31,8 +31,10 @@ MEMORY_MIN = 24 * MIB
 # A ceiling, not a kill: above it the kernel throttles and reclaims the agent. 80 MiB is what
 # Apple's vminitd sets on its own cgroup, /vminitd, before it serves (apple/containerization,
 # vminitd AgentCommand.swift, next to a 50 MiB memory.low; min here, since low yields to
-# pressure that min does not).
+# pressure that min does not). No memory.max, as vminitd sets none.
 MEMORY_HIGH = 80 * MIB
+# The systemd units (image/guestagent.service, and the Kata extension's, derived from it) set
+# the same: tests/unit/test_units.py fails when they disagree.
 
 
 class Action(Enum):
