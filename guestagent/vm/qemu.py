@@ -7,6 +7,7 @@ guestagent.testexec=1, which starts a test-only command channel on a virtio-seri
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import socket
@@ -55,7 +56,6 @@ __all__ = [
 TESTEXEC_PORT_NAME = "guestagent.testexec"
 # How much longer than the command's own timeout the host waits: TCG guests are slow to answer.
 EXEC_GRACE_SECONDS = 30.0
-DEFAULT_CONFIG = VMConfig()
 
 
 class GuestCommandError(GuestVMError):
@@ -130,19 +130,16 @@ class _TestexecChannel:
 class GuestVM(QemuGuest):
     """A QemuGuest with the test-only command channel; use as a context manager."""
 
-    def __init__(
-        self,
-        config: VMConfig = DEFAULT_CONFIG,
-        image_dir: Path | None = None,
-        workdir: Path | None = None,
-        boot_timeout: float = 240.0,
-    ) -> None:
-        super().__init__(config, image_dir, workdir, boot_timeout)
-        self._testexec = _TestexecChannel(self.workdir / "testexec.sock")
-        self._dimm_ids = itertools.count()
+    @functools.cached_property
+    def _testexec(self) -> _TestexecChannel:
+        return _TestexecChannel(self.workdir / "testexec.sock")
+
+    @functools.cached_property
+    def _dimm_ids(self) -> itertools.count[int]:
+        return itertools.count()
 
     def _harness_options(self) -> tuple[list[str], list[tuple[str, str]]]:
-        testexec_socket = self.workdir / "testexec.sock"
+        testexec_socket = self._testexec.path
         return ["guestagent.testexec=1"], [
             ("-device", "virtio-serial-pci,id=vser0"),
             ("-chardev", f"socket,id=testexec,path={testexec_socket},server=on,wait=off"),
@@ -151,8 +148,7 @@ class GuestVM(QemuGuest):
 
     def _wait_ready(self, deadline: float) -> None:
         """Ready means testexec answers, then the agent (QemuGuest's readiness)."""
-        channel = self.workdir / "testexec.sock"
-        self._wait_for("testexec", channel.exists, deadline, 0.1)
+        self._wait_for("testexec", self._testexec.path.exists, deadline, 0.1)
         if self.flavour.testexec:
             try:
                 self._testexec.call({"argv": ["true"], "timeout": 10}, deadline, self._alive)
