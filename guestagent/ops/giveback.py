@@ -23,8 +23,8 @@ from guestagent.linux.fs import KernelFS
 from guestagent.linux.giveback import GuestFigures, read_guest_figures
 from guestagent.linux.meminfo import CgroupSwap, MemoryReport
 from guestagent.ops.idle import IdleHistogram, IdleSpec, IdleState, IdleView
+from guestagent.sizes import MIB
 
-MIB = 1 << 20
 # Room above the high watermarks for the working set to breathe: ages are as of the last
 # aging and page cache read with read(2) is not aged by the page-table walk, so the figure
 # in use runs short; with no slack a 1 GiB guest thrashed (docs/giveback.md).

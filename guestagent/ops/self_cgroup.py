@@ -17,11 +17,11 @@ from guestagent.errors import AgentError, errno_text
 from guestagent.jsonlog import EventLog
 from guestagent.linux.cgroups import create_cgroup, read_own_cgroup
 from guestagent.linux.fs import KernelFS
+from guestagent.sizes import MIB
 
 log = EventLog("guestagent.ops.self_cgroup")
 
 AGENT_CGROUP = "guestagent"
-MIB = 1 << 20
 # Covers what the serving agent uses (2026-12-04, tests/vm/test_squeeze.py: memory.current 37.7
 # MiB idle, 42.3 at the peak; about 28 MiB of it idle for 30 s or more in the give-back test),
 # so its hot pages are reclaimed after the workloads' memory. Not its whole footprint: the
@@ -31,8 +31,10 @@ MEMORY_MIN = 24 * MIB
 # A ceiling, not a kill: above it the kernel throttles and reclaims the agent. 80 MiB is what
 # Apple's vminitd sets on its own cgroup, /vminitd, before it serves (apple/containerization,
 # vminitd AgentCommand.swift, next to a 50 MiB memory.low; min here, since low yields to
-# pressure that min does not).
+# pressure that min does not). No memory.max, as vminitd sets none.
 MEMORY_HIGH = 80 * MIB
+# The systemd units (image/guestagent.service, and the Kata extension's, derived from it) set
+# the same: tests/unit/test_units.py fails when they disagree.
 
 
 class Action(Enum):

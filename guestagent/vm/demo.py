@@ -11,9 +11,9 @@ import sys
 import time
 
 from guestagent.host.ctl import main as ctl_main
+from guestagent.sizes import MIB
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 
-MIB = 1 << 20
 FILLER = (
     "import time; b = bytearray(200 << 20); "
     "[b.__setitem__(i, 1) for i in range(0, len(b), 4096)]; time.sleep(3600)"

@@ -16,7 +16,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
 
 # Modules at the top of the package that both sides of the vsock use.
-SHARED = {"errors", "jsonlog", "transport"}
+SHARED = {"errors", "jsonlog", "transport", "sizes"}
+# The byte units: the one module the build may share with the agent.
+UNITS = "guestagent.sizes"
 GRPC_OR_CONTRACT = (
     "grpc",
     "grpc_health",
@@ -59,10 +61,6 @@ def within(module: str, *prefixes: str) -> bool:
 
 SOURCES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "_pb2" not in p.name}
 
-# host.measure boots guests to measure them: it is the one production user of the harness,
-# and imports it only when the command runs (the vm extra may be absent).
-VM_USERS_OUTSIDE_VM = {"guestagent.host.measure"}
-
 
 def violations() -> list[str]:
     found = []
@@ -82,9 +80,11 @@ def violations() -> list[str]:
                 found.append(f"{module} imports {target}: agent and host never import each other")
             if theirs == "build" and own != "build":
                 found.append(f"{module} imports {target}: the guest build is a tool, not a library")
-            if own == "build" and theirs not in (None, "build"):
+            if own == "build" and theirs not in (None, "build") and not within(target, UNITS):
                 found.append(f"{module} imports {target}: the build needs nothing of the agent")
-            if theirs == "vm" and own != "vm" and module not in VM_USERS_OUTSIDE_VM:
+            if own == "host" and theirs == "vm":
+                found.append(f"{module} imports {target}: host/ is the product, vm/ builds on it")
+            elif theirs == "vm" and own != "vm":
                 found.append(f"{module} imports {target}: only vm/ and tests use the harness")
     return found
 
@@ -175,7 +175,10 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
     planted = {
         "guestagent.ops.planted": "import grpc\nfrom guestagent.agent import rpc\n",
         "guestagent.linux.planted": "from guestagent.ops import swap\n",
-        "guestagent.host.planted": "def f():\n    from guestagent.agent.wire import x\n",
+        "guestagent.host.planted": (
+            "def f():\n    from guestagent.agent.wire import x\n"
+            "    from guestagent.vm import qemu\n"
+        ),
         "guestagent.agent.planted": "from guestagent.vm import qemu\n",
         "guestagent.build.planted": "from guestagent.linux import fs\n",
     }
@@ -186,6 +189,7 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.ops.planted imports guestagent.agent.rpc",
         "guestagent.linux.planted imports guestagent.ops.swap",
         "guestagent.host.planted imports guestagent.agent.wire",
+        "guestagent.host.planted imports guestagent.vm.qemu: host/ is the product",
         "guestagent.agent.planted imports guestagent.vm.qemu",
         "guestagent.build.planted imports guestagent.linux.fs",
     ):
@@ -234,8 +238,9 @@ def test_the_daemon_loads_no_host_or_harness_code() -> None:
 
 def test_guestctl_loads_no_sizing_measure_or_harness_code_at_start() -> None:
     """guestctl also runs in the guest (it is in the image's venv), which carries neither
-    host/sizing nor host/measure nor vm/, nor qemu.qmp, which host/qmp brings: only the
-    commands that need them import them (give-back its VMM's backend and the follow loop)."""
+    host/sizing nor host/measure (nor the QEMU boot it uses) nor vm/, nor qemu.qmp, which
+    host/qmp brings: only the commands that need them import them (give-back its VMM's
+    backend and the follow loop)."""
     probe = (
         "import sys, guestagent.host.ctl\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('guestagent')))"
@@ -246,6 +251,7 @@ def test_guestctl_loads_no_sizing_measure_or_harness_code_at_start() -> None:
     heavy = (
         "guestagent.host.sizing",
         "guestagent.host.measure",
+        "guestagent.host.qemu",
         "guestagent.host.giveback",
         "guestagent.host.follow",
         "guestagent.host.qmp",

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot_and_record
 from tests.vm.pace import Pace
-from tests.workloads.giveback import FALL_OF_COLD, MIB, grow_after_give_back
+from tests.workloads.giveback import FALL_OF_COLD, grow_after_give_back
 
 pytestmark = pytest.mark.vm
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot, wait_until
@@ -20,7 +21,6 @@ from tests.workloads.reclaim import (
     ANON_MIB,
     CONFIG,
     HOT_MIB,
-    MIB,
     STALL_TARGET_US,
     no_thrash,
     off_then_on,

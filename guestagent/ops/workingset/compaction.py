@@ -17,7 +17,8 @@ from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_pressure
 from guestagent.linux.mm import read_free_blocks_optional
 from guestagent.ops.compaction import Compactor
-from guestagent.ops.workingset.policy import MIB, ReclaimPolicy
+from guestagent.ops.workingset.policy import ReclaimPolicy
+from guestagent.sizes import MIB
 
 # How often the rule is looked at while any target is on; the rule itself limits how often
 # compaction runs.

@@ -12,9 +12,9 @@ from guestagent.ops.info import NOT_CONFIDENTIAL, Report
 from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import TargetStatus
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 
-MIB = 1 << 20
 REPORT = HotplugReport(
     block_size=128 * MIB,
     movable_blocks=4,

@@ -7,9 +7,8 @@ import math
 import pytest
 
 from guestagent.host.metrics import Family, Snapshot, families, limit_value
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-
-MIB = 1 << 20
 
 
 def report(*cgroups: pb.CgroupMemory, psi: bool = True) -> pb.MemoryInfo:

@@ -1,8 +1,8 @@
 import pytest
 
 from guestagent.linux.memcg import same_limit
+from guestagent.sizes import MIB
 
-MiB = 1 << 20
 PAGE = 4096
 
 
@@ -17,7 +17,7 @@ PAGE = 4096
         ("0", "max", False),
         (str(2**63 - 1), "max", True),  # as large as the kernel counts: it shows "max"
         (str(2**64), "max", True),
-        (str(64 * MiB), "max", False),
+        (str(64 * MIB), "max", False),
     ],
 )
 def test_same_limit(a: str, b: str, same: bool) -> None:

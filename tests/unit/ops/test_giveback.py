@@ -22,8 +22,8 @@ from guestagent.ops.giveback import (
     unreclaimable_kernel,
 )
 from guestagent.ops.idle import Book, IdleSpec, IdleState, IdleView, Layer
+from guestagent.sizes import MIB
 
-MIB = 1 << 20
 PAGE = 4096
 
 GUEST = GuestFigures(

@@ -10,7 +10,8 @@ from guestagent.ops.workingset.compaction import (
     CompactionTrigger,
     compaction_decision,
 )
-from guestagent.ops.workingset.policy import MIB, ReclaimPolicy
+from guestagent.ops.workingset.policy import ReclaimPolicy
+from guestagent.sizes import MIB
 from tests.fakes.root import make_fake_root
 from tests.fakes.taskstats import FakeTaskstats, put_procs
 

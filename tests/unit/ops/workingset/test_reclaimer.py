@@ -13,8 +13,9 @@ import pytest
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, kernel_error
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.fs import KernelFS
-from guestagent.ops.workingset.policy import CHUNK_BYTES, MIB, Mode, ReclaimPolicy
+from guestagent.ops.workingset.policy import CHUNK_BYTES, Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import Reclaimer, ReclaimPolicyRequest
+from guestagent.sizes import MIB
 from tests.fakes.root import FakeRoot
 from tests.fakes.taskstats import FakeTaskstats, put_procs
 
