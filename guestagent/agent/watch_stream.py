@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 from guestagent import errors
 from guestagent.jsonlog import EventLog, Repeats
-from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.delayacct import DelayStallMeter, StallWindow
 from guestagent.linux.features import DELAYACCT, Absent, read_psi_absence
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReportCache
+from guestagent.linux.memcg import memory_cgroup
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, SignalHub
 from guestagent.ops.giveback import IdleReport
@@ -181,7 +181,7 @@ async def watch_memory(
 
     # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
     first = await report(removed_ok=False)
-    events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
+    events = {name: memory_cgroup(fs, name).events_file for name in spec.cgroups}
     psi = read_psi_absence(fs)
     delay = None
     if psi is not None and spec.trigger_asked:
@@ -244,7 +244,7 @@ def follow_cgroups(fs: KernelFS, signals: KernelSignals, removed: tuple[str, ...
     for name in signals.unwatched():
         if name not in removed:
             with contextlib.suppress(errors.NotFound):  # Gone again meanwhile.
-                signals.hub.watch(signals, name, cgroup_dir(fs, name) / "memory.events")
+                signals.hub.watch(signals, name, memory_cgroup(fs, name).events_file)
 
 
 async def _next_signals(

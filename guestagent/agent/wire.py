@@ -21,7 +21,9 @@ from guestagent.linux.cgroups import canonical_cgroup_name
 from guestagent.linux.delayacct import DELAYACCT_STALL
 from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import HotplugReport
-from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
+from guestagent.linux.memcg import CgroupMemory
+from guestagent.linux.meminfo import MemoryReport
+from guestagent.linux.psi import Pressure, PressureLine
 from guestagent.linux.vmstat import VmStat
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
 from guestagent.ops.agent_info import AgentInfo

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from guestagent.linux.features import Absent
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.giveback import GuestFigures, read_guest_figures
-from guestagent.linux.meminfo import CgroupSwap, MemoryReport
+from guestagent.linux.memcg import CgroupSwap
+from guestagent.linux.meminfo import MemoryReport
 from guestagent.ops.idle import IdleHistogram, IdleSpec, IdleState, IdleView
 
 MIB = 1 << 20

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guestagent.linux.abi import PAGE_SIZE
-from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.features import Absent
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import block_size_bytes, memory_blocks
-from guestagent.linux.meminfo import read_current, read_system_memory
+from guestagent.linux.memcg import memory_cgroup
+from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.mm import read_own_rss, read_present_bytes
 from guestagent.linux.swiotlb import Swiotlb, read_swiotlb
 
@@ -33,7 +33,7 @@ class GuestOverhead:
 
 
 def guest_overhead(fs: KernelFS, workload_cgroups: tuple[str, ...] = ()) -> GuestOverhead:
-    workloads = sum(read_current(fs, cgroup_dir(fs, name), name) for name in workload_cgroups)
+    workloads = sum(memory_cgroup(fs, name).current() for name in workload_cgroups)
     present = read_present_bytes(fs, PAGE_SIZE)
     if present is None:
         online = sum(1 for state in memory_blocks(fs).values() if state == "online")

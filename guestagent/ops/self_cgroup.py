@@ -15,7 +15,13 @@ from enum import Enum
 
 from guestagent.errors import AgentError, errno_text
 from guestagent.jsonlog import EventLog
-from guestagent.linux.cgroups import create_cgroup, read_own_cgroup
+from guestagent.linux import memcg
+from guestagent.linux.cgroups import (
+    create_cgroup,
+    move_process,
+    read_mount_facts,
+    read_own_cgroup,
+)
 from guestagent.linux.fs import KernelFS
 
 log = EventLog("guestagent.ops.self_cgroup")
@@ -82,12 +88,8 @@ def protect_self(fs: KernelFS, pid: int | None = None, euid: int | None = None) 
     Never fatal: an agent without its own cgroup still serves, it just competes for memory.
     """
     pid = os.getpid() if pid is None else pid
-    mount = fs.cgroup_root
     decision = decide(
-        os.geteuid() if euid is None else euid,
-        read_own_cgroup(fs),
-        fs.read_optional(mount / "cgroup.controllers"),
-        fs.exists(mount / "cgroup.type"),
+        os.geteuid() if euid is None else euid, read_own_cgroup(fs), *read_mount_facts(fs)
     )
     if decision.action is not Action.MOVE:
         log.info(
@@ -98,10 +100,11 @@ def protect_self(fs: KernelFS, pid: int | None = None, euid: int | None = None) 
         )
         return decision
     try:
-        directory = create_cgroup(fs, AGENT_CGROUP).path
-        fs.write(directory / "cgroup.procs", str(pid))
-        fs.write(directory / "memory.min", str(MEMORY_MIN))
-        fs.write(directory / "memory.high", str(MEMORY_HIGH))
+        create_cgroup(fs, AGENT_CGROUP)
+        move_process(fs, AGENT_CGROUP, pid)
+        memory = memcg.memory_cgroup(fs, AGENT_CGROUP)
+        memory.set_limit(memcg.MEMORY_MIN, MEMORY_MIN)
+        memory.set_limit(memcg.MEMORY_HIGH, MEMORY_HIGH)
     except (AgentError, OSError) as e:
         error = errno_text(e) if isinstance(e, OSError) else str(e)
         log.warning("self_cgroup_failed", reason=decision.reason, error=error)

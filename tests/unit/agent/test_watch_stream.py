@@ -22,6 +22,7 @@ from guestagent.linux import meminfo
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import DELAYACCT, PSI, Absent
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.memcg import CgroupMemory, MemoryCgroup
 from guestagent.linux.watch import PressureTriggerSpec, Signal, SignalHub
 from tests.fakes.root import MEMORY_EVENTS, FakeRoot, make_fake_root
 from tests.fakes.taskstats import FakeTaskstats, put_procs
@@ -177,13 +178,13 @@ async def test_a_cgroup_gone_between_reads_is_removed_not_an_error(
 ) -> None:
     fake_root.add_cgroup("pod")
     directory = fake_root.root / "sys/fs/cgroup/pod"
-    real = meminfo.read_cgroup_dir
+    real = MemoryCgroup.read
 
-    def removed_meanwhile(fs: KernelFS, where: Path, name: str) -> object:
+    def removed_meanwhile(memory: MemoryCgroup) -> CgroupMemory:
         shutil.rmtree(directory)  # rmdir after the lookup, before the files are read.
-        return real(fs, where, name)
+        return real(memory)
 
-    monkeypatch.setattr(meminfo, "read_cgroup_dir", removed_meanwhile)
+    monkeypatch.setattr(MemoryCgroup, "read", removed_meanwhile)
     report = meminfo.read_report(fake_root.fs, ("pod",), removed_ok=True)
     assert (report.cgroups, report.removed) == ((), ("pod",))
 
