@@ -17,9 +17,8 @@ from guestagent import errors
 from guestagent.jsonlog import EventLog, Repeats
 from guestagent.linux.delayacct import DelayStallMeter, StallWindow
 from guestagent.linux.features import DELAYACCT, Absent, read_psi_absence
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import HotplugReportCache
-from guestagent.linux.memcg import memory_cgroup
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, SignalHub
 from guestagent.ops.giveback import IdleReport
@@ -154,7 +153,7 @@ ReadIdle = Callable[[MemoryReport, IdleSpec], Awaitable[IdleReport]]
 
 
 async def watch_memory(
-    fs: KernelFS,
+    fs: Kernel,
     spec: WatchSpec,
     stopping: asyncio.Event,
     reclaim_status: Callable[[tuple[str, ...]], tuple[TargetStatus, ...]] = lambda names: (),
@@ -181,7 +180,7 @@ async def watch_memory(
 
     # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
     first = await report(removed_ok=False)
-    events = {name: memory_cgroup(fs, name).events_file for name in spec.cgroups}
+    events = {name: fs.cgroup(name).events_file for name in spec.cgroups}
     psi = read_psi_absence(fs)
     delay = None
     if psi is not None and spec.trigger_asked:
@@ -219,7 +218,7 @@ async def watch_memory(
 
 
 async def _poll_delay_stall(
-    stall: DelayStallMeter, fs: KernelFS, trigger: PressureTriggerSpec, signals: KernelSignals
+    stall: DelayStallMeter, fs: Kernel, trigger: PressureTriggerSpec, signals: KernelSignals
 ) -> None:
     """The guest's stall from delay accounting, polled through the trigger's window; a
     PRESSURE signal whenever the trigger's rule fires (StallWindow)."""
@@ -227,7 +226,7 @@ async def _poll_delay_stall(
     period_s = trigger.window_us / POLLS_PER_WINDOW / 1_000_000
     while True:
         try:
-            total = await asyncio.to_thread(stall.total_us, fs.cgroup_root)
+            total = await asyncio.to_thread(stall.guest_total_us)
         except errors.AgentError as e:
             # The stream goes on with its interval and memory.events; the next poll may work.
             repeats.warning("delay_stall_unread", error=str(e))
@@ -237,14 +236,14 @@ async def _poll_delay_stall(
         await asyncio.sleep(period_s)
 
 
-def follow_cgroups(fs: KernelFS, signals: KernelSignals, removed: tuple[str, ...]) -> None:
+def follow_cgroups(fs: Kernel, signals: KernelSignals, removed: tuple[str, ...]) -> None:
     """Keep a stream's watches on its cgroups as they come and go: a removed one loses its
     watch, and one created again under its name is watched again."""
     signals.hub.forget(signals, removed)
     for name in signals.unwatched():
         if name not in removed:
             with contextlib.suppress(errors.NotFound):  # Gone again meanwhile.
-                signals.hub.watch(signals, name, memory_cgroup(fs, name).events_file)
+                signals.hub.watch(signals, name, fs.cgroup(name).events_file)
 
 
 async def _next_signals(

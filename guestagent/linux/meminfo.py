@@ -153,7 +153,7 @@ def read_report(
             absent = (*absent, delay_absent)
         else:
             if stall.stands_in(pressure is not None):
-                delay_stall_us = stall.total_us(fs.cgroup_root)
+                delay_stall_us = stall.guest_total_us()
             measured = []
             for cgroup, directory in zip(found, directories, strict=True):
                 if stall.stands_in(cgroup.pressure is not None):

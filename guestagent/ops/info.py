@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from guestagent.linux.confidential import Confidential
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.statefile import state_unavailable
@@ -33,7 +33,7 @@ class Report:
 
 
 def memory_info(
-    fs: KernelFS,
+    fs: Kernel,
     spec: InfoSpec,
     reclaimer: Reclaimer,
     hotplug: HotplugReportCache,

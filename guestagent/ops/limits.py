@@ -30,13 +30,12 @@ from guestagent.linux.cgroups import (
     planned_creation,
     undo_create,
 )
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import (
     MEMORY_LOW,
     MEMORY_MAX,
     SWAP_MAX,
     MemoryCgroup,
-    memory_cgroup,
     same_limit,
 )
 from guestagent.linux.statefile import StateFileError
@@ -157,7 +156,7 @@ class SetLimitsSpec:
     create: bool = False
 
 
-def apply_memory_limits(fs: KernelFS, spec: SetLimitsSpec) -> AppliedLimits:
+def apply_memory_limits(fs: Kernel, spec: SetLimitsSpec) -> AppliedLimits:
     """Write the limits of `spec` to its cgroup, all of them or none.
 
     Lowering memory.max below what the cgroup uses makes the kernel reclaim, and then
@@ -172,7 +171,7 @@ def apply_memory_limits(fs: KernelFS, spec: SetLimitsSpec) -> AppliedLimits:
         if made:
             journaling.save(Journal(cgroup, (), made, enabled))
         created = bool(create_cgroup(fs, cgroup).made) if spec.create else False
-        memory = memory_cgroup(fs, cgroup)
+        memory = fs.cgroup(cgroup)
         try:
             writes, untouched = _plan(memory, values)
             if writes:
@@ -205,7 +204,7 @@ class _Journaling:
     leaves the journal to the next start.
     """
 
-    def __init__(self, fs: KernelFS) -> None:
+    def __init__(self, fs: Kernel) -> None:
         self.fs = fs
         self.journal: Journal | None = None
 
@@ -271,10 +270,10 @@ def rollback_plan(
     return tuple(writes)
 
 
-def roll_back(fs: KernelFS, journal: Journal) -> Rollback:
+def roll_back(fs: Kernel, journal: Journal) -> Rollback:
     """Put the journal's files back as they were, then remove the cgroups it made."""
     try:
-        memory: MemoryCgroup | None = memory_cgroup(fs, journal.cgroup)
+        memory: MemoryCgroup | None = fs.cgroup(journal.cgroup)
     except NotFound:
         memory = None
     found: dict[str, str | None] = {}
@@ -295,7 +294,7 @@ def roll_back(fs: KernelFS, journal: Journal) -> Rollback:
     return Rollback(journal, found, tuple(restored), tuple(failed), undone, memory is None)
 
 
-def roll_back_and_log(fs: KernelFS, journal: Journal) -> Rollback:
+def roll_back_and_log(fs: Kernel, journal: Journal) -> Rollback:
     rollback = roll_back(fs, journal)
     if rollback.cgroup_gone:
         log.warning(
@@ -324,7 +323,7 @@ def roll_back_and_log(fs: KernelFS, journal: Journal) -> Rollback:
     return rollback
 
 
-def recover(fs: KernelFS) -> Journal | None:
+def recover(fs: Kernel) -> Journal | None:
     """At start: roll back the change a dead agent left in flight, log it, drop the journal.
 
     Returns the journal that was found, if any. Nothing here raises: a rollback that fails is

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from guestagent.errors import InvalidArgument
 from guestagent.jsonlog import EventLog
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.memcg import memory_cgroup
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.mm import drop_caches as drop_caches_now
 
 log = EventLog("guestagent.ops.reclaim")
@@ -51,10 +50,10 @@ def validate_reclaim(bytes_: int, drop_caches: int) -> None:
         )
 
 
-def reclaim(fs: KernelFS, spec: ReclaimSpec) -> ReclaimResult:
+def reclaim(fs: Kernel, spec: ReclaimSpec) -> ReclaimResult:
     cgroup, bytes_, drop_caches = spec.cgroup, spec.bytes, spec.drop_caches
     validate_reclaim(bytes_, drop_caches)
-    memory = memory_cgroup(fs, cgroup)
+    memory = fs.cgroup(cgroup)
     memory.require_reclaim()
     before = memory.current()
     if drop_caches:

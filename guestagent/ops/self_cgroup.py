@@ -22,7 +22,7 @@ from guestagent.linux.cgroups import (
     read_mount_facts,
     read_own_cgroup,
 )
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 
 log = EventLog("guestagent.ops.self_cgroup")
 
@@ -82,7 +82,7 @@ def decide(
     return Decision(Action.MOVE, "running in the root cgroup", current)
 
 
-def protect_self(fs: KernelFS, pid: int | None = None, euid: int | None = None) -> Decision:
+def protect_self(fs: Kernel, pid: int | None = None, euid: int | None = None) -> Decision:
     """Move this process into /guestagent with its protection, and log what was done.
 
     Never fatal: an agent without its own cgroup still serves, it just competes for memory.
@@ -102,7 +102,7 @@ def protect_self(fs: KernelFS, pid: int | None = None, euid: int | None = None) 
     try:
         create_cgroup(fs, AGENT_CGROUP)
         move_process(fs, AGENT_CGROUP, pid)
-        memory = memcg.memory_cgroup(fs, AGENT_CGROUP)
+        memory = fs.cgroup(AGENT_CGROUP)
         memory.set_limit(memcg.MEMORY_MIN, MEMORY_MIN)
         memory.set_limit(memcg.MEMORY_HIGH, MEMORY_HIGH)
     except (AgentError, OSError) as e:

@@ -25,8 +25,8 @@ from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.cgroups import canonical_cgroup_name
 from guestagent.linux.delayacct import DELAYACCT_STALL, PSI_STALL, DelayStallMeter
 from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.memcg import MemoryCgroup, memory_cgroup
+from guestagent.linux.kernel import Kernel
+from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.mm import read_lru_gen
 from guestagent.linux.statefile import RECLAIM_POLICIES, StateFileError, state_file
 from guestagent.linux.swaps import active_swaps
@@ -192,7 +192,7 @@ def decode_policies(value: object) -> dict[str, tuple[bool, ReclaimPolicy]]:
 class Reclaimer:
     def __init__(
         self,
-        fs: KernelFS,
+        fs: Kernel,
         clock: Callable[[], float] = time.monotonic,
         compaction_rule: CompactionRule | None = None,
         write: WriteReclaim = MemoryCgroup.reclaim,
@@ -219,7 +219,7 @@ class Reclaimer:
     def set_policy(self, request: ReclaimPolicyRequest, persist: bool = True) -> TargetStatus:
         cgroup, enabled, policy = request.cgroup, request.enabled, request.policy
         validate_policy(policy)
-        memory = memory_cgroup(self.fs, cgroup)
+        memory = self.fs.cgroup(cgroup)
         source, absent = self._check_kernel(memory, policy) if enabled else (PSI_STALL, ())
         with self._lock:
             if persist:
