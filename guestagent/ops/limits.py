@@ -31,13 +31,7 @@ from guestagent.linux.cgroups import (
     undo_create,
 )
 from guestagent.linux.kernel import Kernel
-from guestagent.linux.memcg import (
-    MEMORY_LOW,
-    MEMORY_MAX,
-    SWAP_MAX,
-    MemoryCgroup,
-    same_limit,
-)
+from guestagent.linux.memcg import MEMORY_LOW, MEMORY_MAX, SWAP_MAX, MemoryCgroup, same_limit
 from guestagent.linux.statefile import StateFileError
 from guestagent.ops import limits_journal
 from guestagent.ops.limits_journal import FileChange, Journal

@@ -16,12 +16,7 @@ from enum import Enum
 from guestagent.errors import AgentError, errno_text
 from guestagent.jsonlog import EventLog
 from guestagent.linux import memcg
-from guestagent.linux.cgroups import (
-    create_cgroup,
-    move_process,
-    read_mount_facts,
-    read_own_cgroup,
-)
+from guestagent.linux.cgroups import create_cgroup, move_process, read_mount_facts, read_own_cgroup
 from guestagent.linux.kernel import Kernel
 
 log = EventLog("guestagent.ops.self_cgroup")
