@@ -120,8 +120,9 @@ def kernel_knowledge(path: Path) -> list[str]:
             owner_name = owner.id if isinstance(owner, ast.Name) else None
             if name in KERNEL_PATHS and owner_name != "os":
                 found.append(f"{line}: names a kernel path (.{name}())")
-            if name in FILE_ACCESS and (owner_name or getattr(owner, "attr", None)) == "fs":
-                found.append(f"{line}: touches a kernel file itself (fs.{name}())")
+            holder = owner_name or getattr(owner, "attr", None)
+            if name in FILE_ACCESS and holder in ("fs", "kernel"):
+                found.append(f"{line}: touches a kernel file itself ({holder}.{name}())")
             if owner_name == "os" and (
                 name in OS_PROCESS_CALLS or name.startswith(("exec", "spawn"))
             ):
@@ -226,6 +227,7 @@ def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.Mo
             "    fs.read(fs.proc('buddyinfo'))\n"
             "    return os.sysconf('SC_PAGE_SIZE')\n"
             "def g(self): self.fs.write(self.fs.cgroup_root, '+memory')\n"
+            "def h(kernel, path): return kernel.exists(path)\n"
         ),
         "guestagent.agent.planted": "PATH = '/sys/kernel/mm'\ndef g(fs): fs.sys('x')\n",
         "guestagent.agent.planted_name": (
@@ -246,6 +248,7 @@ def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.Mo
         "guestagent.ops.planted:5: touches a kernel file itself (fs.read())",
         "guestagent.ops.planted:7: touches a kernel file itself (fs.write())",
         "guestagent.ops.planted:7: names a kernel path (.cgroup_root)",
+        "guestagent.ops.planted:8: touches a kernel file itself (kernel.exists())",
         "guestagent.agent.planted:1: names a kernel path ('/sys/kernel/mm')",
         "guestagent.agent.planted:2: names a kernel path (.sys())",
         "guestagent.agent.planted_name:1: names a kernel path ('memory.events')",
