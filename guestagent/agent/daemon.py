@@ -34,7 +34,7 @@ from guestagent.jsonlog import EventLog
 from guestagent.linux import statefile
 from guestagent.linux.confidential import decide, read_facts
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import give_heap_back
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES
 from guestagent.ops import kernel_switches, limits
@@ -83,7 +83,7 @@ RESERVED_FDS = 128
 @dataclass
 class ServerConfig:
     listen: tuple[Address, ...]
-    fs: KernelFS = field(default_factory=KernelFS)
+    fs: Kernel = field(default_factory=Kernel)
     allowed_cids: frozenset[int] = frozenset({HOST_CID})
     grace_seconds: float = 10.0
     # How hot-plugged memory is onlined; None leaves it offline.

@@ -27,7 +27,7 @@ from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import give_heap_back
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES, SignalHub
 from guestagent.ops.agent_info import AgentInfo, agent_info
@@ -185,7 +185,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
 
     def __init__(
         self,
-        fs: KernelFS,
+        fs: Kernel,
         stopping: asyncio.Event,
         swaps: SwapManager,
         hotplug: HotplugWatcher,

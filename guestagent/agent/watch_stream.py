@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 
 from guestagent import errors
 from guestagent.jsonlog import EventLog, Repeats
-from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.delayacct import DelayStallMeter, StallWindow
 from guestagent.linux.features import DELAYACCT, Absent, read_psi_absence
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, SignalHub
 from guestagent.ops.idle import IdleSpec
 from guestagent.ops.info import InfoSpec, Report, Reporter
@@ -152,7 +151,7 @@ ReadReport = Callable[[InfoSpec, bool], Awaitable[Report]]
 
 
 async def watch_memory(
-    fs: KernelFS,
+    fs: Kernel,
     spec: WatchSpec,
     stopping: asyncio.Event,
     read: ReadReport | None = None,
@@ -173,7 +172,7 @@ async def watch_memory(
 
     # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
     first = await report(removed_ok=False)
-    events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
+    events = {name: fs.cgroup(name).events_file for name in spec.cgroups}
     psi = read_psi_absence(fs)
     delay = None
     if psi is not None and spec.trigger_asked:
@@ -207,7 +206,7 @@ async def watch_memory(
 
 
 async def _poll_delay_stall(
-    stall: DelayStallMeter, fs: KernelFS, trigger: PressureTriggerSpec, signals: KernelSignals
+    stall: DelayStallMeter, fs: Kernel, trigger: PressureTriggerSpec, signals: KernelSignals
 ) -> None:
     """The guest's stall from delay accounting, polled through the trigger's window; a
     PRESSURE signal whenever the trigger's rule fires (StallWindow)."""
@@ -215,7 +214,7 @@ async def _poll_delay_stall(
     period_s = trigger.window_us / POLLS_PER_WINDOW / 1_000_000
     while True:
         try:
-            total = await asyncio.to_thread(stall.total_us, fs.cgroup_root)
+            total = await asyncio.to_thread(stall.guest_total_us)
         except errors.AgentError as e:
             # The stream goes on with its interval and memory.events; the next poll may work.
             repeats.warning("delay_stall_unread", error=str(e))
@@ -225,14 +224,14 @@ async def _poll_delay_stall(
         await asyncio.sleep(period_s)
 
 
-def follow_cgroups(fs: KernelFS, signals: KernelSignals, removed: tuple[str, ...]) -> None:
+def follow_cgroups(fs: Kernel, signals: KernelSignals, removed: tuple[str, ...]) -> None:
     """Keep a stream's watches on its cgroups as they come and go: a removed one loses its
     watch, and one created again under its name is watched again."""
     signals.hub.forget(signals, removed)
     for name in signals.unwatched():
         if name not in removed:
             with contextlib.suppress(errors.NotFound):  # Gone again meanwhile.
-                signals.hub.watch(signals, name, cgroup_dir(fs, name) / "memory.events")
+                signals.hub.watch(signals, name, fs.cgroup(name).events_file)
 
 
 async def _next_signals(

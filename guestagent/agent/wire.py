@@ -25,14 +25,9 @@ from guestagent.linux.confidential import Confidential
 from guestagent.linux.delayacct import DELAYACCT_STALL
 from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import HotplugReport, RegionBlocks
-from guestagent.linux.meminfo import (
-    CgroupMemory,
-    MemoryEvents,
-    MemoryReport,
-    Pressure,
-    PressureLine,
-    SystemMemory,
-)
+from guestagent.linux.memcg import CgroupMemory, MemoryEvents
+from guestagent.linux.meminfo import MemoryReport, SystemMemory
+from guestagent.linux.psi import Pressure, PressureLine
 from guestagent.linux.swiotlb import Swiotlb
 from guestagent.linux.vmstat import VmStat
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec

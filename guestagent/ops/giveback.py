@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guestagent.linux.features import Absent
-from guestagent.linux.fs import KernelFS
 from guestagent.linux.giveback import GuestFigures, read_guest_figures
-from guestagent.linux.meminfo import CgroupSwap, MemoryReport
+from guestagent.linux.kernel import Kernel
+from guestagent.linux.memcg import CgroupSwap
+from guestagent.linux.meminfo import MemoryReport
 from guestagent.ops.idle import IdleHistogram, IdleSpec, IdleState, IdleView
 from guestagent.sizes import MIB
 
@@ -254,7 +255,7 @@ def cgroup_swap_room(guest: int | None, swap: CgroupSwap | None) -> int | None:
     return min(guest, max(0, swap.max - swap.current))
 
 
-def idle_report(fs: KernelFS, report: MemoryReport, state: IdleState, spec: IdleSpec) -> IdleReport:
+def idle_report(fs: Kernel, report: MemoryReport, state: IdleState, spec: IdleSpec) -> IdleReport:
     figures = read_guest_figures(fs, report.system, report.hotplug)
     page = figures.page_size
     cgroups = []

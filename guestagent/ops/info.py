@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from guestagent.linux.confidential import NONE, Confidential
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.linux.statefile import state_unavailable
@@ -41,7 +41,7 @@ class Reporter:
     """What a report is read from. One per agent, shared by GetMemoryInfo and every stream;
     a part left None (a test's) leaves its figures out of the report."""
 
-    fs: KernelFS
+    fs: Kernel
     hotplug: HotplugReportCache = field(default_factory=HotplugReportCache)
     confidential: Confidential = NOT_CONFIDENTIAL
     reclaimer: Reclaimer | None = None

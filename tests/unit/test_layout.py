@@ -7,6 +7,7 @@ import is still a dependency), so a violation fails here whether or not the code
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,8 @@ def violations() -> list[str]:
                 found.append(f"{module} imports {target}: linux/ is the bottom layer")
             if own == "ops" and theirs in ("agent", "host", "vm"):
                 found.append(f"{module} imports {target}: ops/ knows no daemon or host")
+            if own in ("ops", "agent") and within(target, "guestagent.linux.fs"):
+                found.append(f"{module} imports {target}: ops/ and agent/ hold a Kernel, not files")
             if own == "shared" and theirs not in (None, "shared", "v1"):
                 found.append(f"{module} imports {target}: shared modules stay leaf-ward")
             if {own, theirs} == {"agent", "host"}:
@@ -93,8 +96,18 @@ def violations() -> list[str]:
 # run no process (linux/tools.py runs them).
 KNOWS_NO_KERNEL = ("ops", "agent")
 KERNEL_PATHS = {"proc", "sys", "dev"}  # KernelFS's methods that name a kernel file.
+# KernelFS's file access: a Kernel is a KernelFS, so only linux/ may call these on it.
+FILE_ACCESS = {"read", "read_bytes", "read_optional", "read_parsed", "read_int", "write", "open"}
+FILE_ACCESS |= {"exists", "is_dir", "listdir", "subdirectories", "mkdir", "rmdir", "host_path"}
 PROCESS_MODULES = {"subprocess", "multiprocessing", "pty"}
 OS_PROCESS_CALLS = {"sysconf", "system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"}
+# A kernel file named as a whole string: absolute, or a cgroup's file relative to its directory.
+KERNEL_FILE = re.compile(
+    r"/(proc|sys|dev)(/.*)?"
+    r"|(cgroup|memory|cpu|io|pids)\.(procs|threads|controllers|subtree_control|type|events"
+    r"|events\.local|stat|current|min|low|high|max|peak|pressure|reclaim|oom\.group"
+    r"|swap\.(current|max|high|peak|events)|zswap\.(current|max))"
+)
 
 
 def kernel_knowledge(path: Path) -> list[str]:
@@ -107,12 +120,17 @@ def kernel_knowledge(path: Path) -> list[str]:
             owner_name = owner.id if isinstance(owner, ast.Name) else None
             if name in KERNEL_PATHS and owner_name != "os":
                 found.append(f"{line}: names a kernel path (.{name}())")
+            holder = owner_name or getattr(owner, "attr", None)
+            if name in FILE_ACCESS and holder in ("fs", "kernel"):
+                found.append(f"{line}: touches a kernel file itself ({holder}.{name}())")
             if owner_name == "os" and (
                 name in OS_PROCESS_CALLS or name.startswith(("exec", "spawn"))
             ):
                 found.append(f"{line}: asks the kernel directly (os.{name})")
             if owner_name == "asyncio" and name.startswith("create_subprocess"):
                 found.append(f"{line}: runs a process (asyncio.{name})")
+        elif isinstance(node, ast.Attribute) and node.attr == "cgroup_root":
+            found.append(f"{line}: names a kernel path (.cgroup_root)")
         elif isinstance(node, ast.Import | ast.ImportFrom):
             names = [a.name for a in node.names]
             modules = names if isinstance(node, ast.Import) else [node.module or ""]
@@ -132,7 +150,10 @@ def kernel_knowledge(path: Path) -> list[str]:
         elif (
             isinstance(node, ast.Constant)
             and isinstance(node.value, str)
-            and node.value.startswith(("/proc/", "/sys/", "/dev/"))
+            and (
+                node.value.startswith(("/proc/", "/sys/", "/dev/"))
+                or KERNEL_FILE.fullmatch(node.value)
+            )
         ):
             found.append(f"{line}: names a kernel path ({node.value!r})")
     return found
@@ -181,6 +202,8 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         ),
         "guestagent.agent.planted": "from guestagent.vm import qemu\n",
         "guestagent.build.planted": "from guestagent.linux import fs\n",
+        "guestagent.ops.planted_fs": "from guestagent.linux.fs import KernelFS\n",
+        "guestagent.agent.planted_fs": "from guestagent.linux import fs\n",
     }
     plant(planted, tmp_path, monkeypatch)
     found = "\n".join(violations())
@@ -192,6 +215,8 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.host.planted imports guestagent.vm.qemu: host/ is the product",
         "guestagent.agent.planted imports guestagent.vm.qemu",
         "guestagent.build.planted imports guestagent.linux.fs",
+        "guestagent.ops.planted_fs imports guestagent.linux.fs: ops/ and agent/ hold a Kernel",
+        "guestagent.agent.planted_fs imports guestagent.linux.fs: ops/ and agent/ hold a Kernel",
     ):
         assert expected in found
 
@@ -205,8 +230,15 @@ def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.Mo
             "def f(fs):\n"
             "    fs.read(fs.proc('buddyinfo'))\n"
             "    return os.sysconf('SC_PAGE_SIZE')\n"
+            "def g(self): self.fs.write(self.fs.cgroup_root, '+memory')\n"
+            "def h(kernel, path): return kernel.exists(path)\n"
         ),
         "guestagent.agent.planted": "PATH = '/sys/kernel/mm'\ndef g(fs): fs.sys('x')\n",
+        "guestagent.agent.planted_name": (
+            "def watch(memory): return memory.directory / 'memory.events'\n"
+            "CONTROL, PROC = 'memory.reclaim', '/proc'\n"
+            "FIELD = 'memory.swap'  # The OCI spec's field, not a file: not a breach.\n"
+        ),
         "guestagent.linux.planted": "import subprocess\ndef parse_x(fs): fs.proc('x')\n",
     }
     plant(planted, tmp_path, monkeypatch)
@@ -217,10 +249,18 @@ def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.Mo
         "guestagent.ops.planted:3: defines a kernel-text parser (parse_buddyinfo)",
         "guestagent.ops.planted:5: names a kernel path (.proc())",
         "guestagent.ops.planted:6: asks the kernel directly (os.sysconf)",
+        "guestagent.ops.planted:5: touches a kernel file itself (fs.read())",
+        "guestagent.ops.planted:7: touches a kernel file itself (fs.write())",
+        "guestagent.ops.planted:7: names a kernel path (.cgroup_root)",
+        "guestagent.ops.planted:8: touches a kernel file itself (kernel.exists())",
         "guestagent.agent.planted:1: names a kernel path ('/sys/kernel/mm')",
         "guestagent.agent.planted:2: names a kernel path (.sys())",
+        "guestagent.agent.planted_name:1: names a kernel path ('memory.events')",
+        "guestagent.agent.planted_name:2: names a kernel path ('memory.reclaim')",
+        "guestagent.agent.planted_name:2: names a kernel path ('/proc')",
     ):
         assert expected in found
+    assert "planted_name:3" not in found
     assert "guestagent.linux.planted" not in found
 
 

@@ -21,7 +21,8 @@ from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux import meminfo
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import DELAYACCT, PSI, Absent
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
+from guestagent.linux.memcg import CgroupMemory, MemoryCgroup
 from guestagent.linux.watch import PressureTriggerSpec, Signal, SignalHub
 from tests.fakes.root import MEMORY_EVENTS, FakeRoot, make_fake_root
 from tests.fakes.taskstats import FakeTaskstats, put_procs
@@ -67,7 +68,7 @@ def test_a_full_trigger_without_psi_is_refused_saying_only_psi_measures_it() -> 
 async def test_without_psi_the_watch_runs_on_its_interval(tmp_path: Path) -> None:
     fake = make_fake_root(tmp_path / "root", psi=False)
     fake.add_cgroup("pod", psi=False)
-    fs = KernelFS(fake.root)
+    fs = Kernel(fake.root)
     stopping = asyncio.Event()
     updates = watch_memory(fs, WatchSpec(("pod",), interval_s=0.05), stopping)
     first = await anext(updates)
@@ -177,13 +178,13 @@ async def test_a_cgroup_gone_between_reads_is_removed_not_an_error(
 ) -> None:
     fake_root.add_cgroup("pod")
     directory = fake_root.root / "sys/fs/cgroup/pod"
-    real = meminfo.read_cgroup_dir
+    real = MemoryCgroup.read
 
-    def removed_meanwhile(fs: KernelFS, where: Path, name: str) -> object:
+    def removed_meanwhile(memory: MemoryCgroup) -> CgroupMemory:
         shutil.rmtree(directory)  # rmdir after the lookup, before the files are read.
-        return real(fs, where, name)
+        return real(memory)
 
-    monkeypatch.setattr(meminfo, "read_cgroup_dir", removed_meanwhile)
+    monkeypatch.setattr(MemoryCgroup, "read", removed_meanwhile)
     report = meminfo.read_report(fake_root.fs, ("pod",), removed_ok=True)
     assert (report.cgroups, report.removed) == ((), ("pod",))
 
@@ -223,7 +224,7 @@ async def test_without_psi_an_asked_trigger_is_served_by_delay_accounting(tmp_pa
     fake.write("proc/sys/kernel/task_delayacct", "1\n")
     put_procs(fake.root / "sys/fs/cgroup", 1)
     put_procs(fake.root / "sys/fs/cgroup/pod", 10)
-    fs = KernelFS(fake.root)
+    fs = Kernel(fake.root)
     kernel = FakeTaskstats({1: 0, 10: 0})
     meter = DelayStallMeter(fs, kernel)
     stopping = asyncio.Event()

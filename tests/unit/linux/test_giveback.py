@@ -4,7 +4,7 @@ import pytest
 
 from guestagent.linux.giveback import (
     Protection,
-    protection,
+    protected_of,
     read_guest_figures,
     read_protected,
     read_reporting_order,
@@ -39,13 +39,13 @@ def test_high_watermarks_sum_zones_not_pagesets() -> None:
 
 
 @pytest.mark.parametrize(
-    ("current", "low", "min_", "protected"),
-    [(100, "0", "0", 0), (100, "40", "10", 40), (100, "max", "0", 100), (30, "40", "0", 30)],
+    ("current", "protection", "protected"),
+    [(100, 0, 0), (100, 40, 40), (100, None, 100), (30, 40, 30)],
 )
 def test_protection_is_what_min_or_low_covers_of_use(
-    current: int, low: str, min_: str, protected: int
+    current: int, protection: int | None, protected: int
 ) -> None:
-    assert protection(current, low, min_) == protected
+    assert protected_of(current, protection) == protected
 
 
 def test_protections_sum_the_top_level(fake_root: FakeRoot) -> None:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guestagent.linux.giveback import DeviceBlocks, GuestFigures, Protection
-from guestagent.linux.meminfo import CgroupSwap
+from guestagent.linux.memcg import CgroupSwap
 from guestagent.ops.giveback import (
     cgroup_giveback,
     cgroup_swap_room,
