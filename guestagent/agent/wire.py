@@ -33,7 +33,7 @@ from guestagent.linux.vmstat import VmStat
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
 from guestagent.ops.agent_info import AgentInfo
 from guestagent.ops.compaction import CompactResult
-from guestagent.ops.giveback import Figure, GiveBack, IdleReport, VirtioMemTarget
+from guestagent.ops.giveback_figures import Figure, GiveBack, GiveBackFigures, VirtioMemTarget
 from guestagent.ops.hotplug import OnlineResult
 from guestagent.ops.idle import IdleBin, IdleHistogram, IdleSpec, idle_spec
 from guestagent.ops.info import InfoSpec, Report
@@ -47,7 +47,7 @@ from guestagent.ops.swap import (
     SwapArea,
     SwapEncryption,
 )
-from guestagent.ops.workingset.compaction import CompactionStatus
+from guestagent.ops.workingset.compaction_trigger import CompactionStatus
 from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import (
     ReclaimOverview,
@@ -226,7 +226,7 @@ declare(
 )
 
 
-def add_idle_pb(message: pb.MemoryInfo, idle: IdleReport) -> None:
+def add_idle_pb(message: pb.MemoryInfo, idle: GiveBackFigures) -> None:
     """The idle histograms and give-back figures into a report (its cgroups in order)."""
     if idle.idle is not None:
         message.idle.CopyFrom(encode(idle.idle, pb.IdleHistogram))

@@ -31,8 +31,8 @@ class SystemMemory:
     swap_total: int
     swap_free: int
     shmem: int
-    # For the give-back figures (ops/giveback.py), from the same read; 0 where a kernel lacks
-    # the lines.
+    # For the give-back figures (ops/giveback_figures.py), from the same read; 0 where a
+    # kernel lacks the lines.
     lru_anon: int = 0  # Active(anon) + Inactive(anon): shmem is here too.
     lru_file: int = 0  # Active(file) + Inactive(file).
     reclaimable_slab: int = 0  # SReclaimable.

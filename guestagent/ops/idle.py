@@ -29,7 +29,7 @@ from guestagent.errors import AgentError, InvalidArgument
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.features import MGLRU, Absent, read_idle_ages_absence
-from guestagent.linux.giveback import read_swap_barred
+from guestagent.linux.giveback_sources import read_swap_barred
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.lru_gen import (
     Lruvec,

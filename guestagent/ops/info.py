@@ -11,10 +11,10 @@ from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
-from guestagent.linux.statefile import state_unavailable
-from guestagent.ops.giveback import IdleReport, idle_report
+from guestagent.ops.giveback_figures import GiveBackFigures, giveback_figures
 from guestagent.ops.idle import IdleAger, IdleSpec
 from guestagent.ops.workingset.reclaimer import Reclaimer, TargetStatus
+from guestagent.statestore import state_unavailable
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Report:
     reclaim: tuple[TargetStatus, ...] = ()
     # Why the agent does not persist its state, "" when it does.
     state_unavailable: str = ""
-    idle: IdleReport | None = None
+    idle: GiveBackFigures | None = None
 
 
 NOT_CONFIDENTIAL = Confidential(NONE, "")
@@ -58,7 +58,7 @@ class Reporter:
             self.reclaimer.known(spec.cgroups) if self.reclaimer is not None else (),
             state_unavailable(self.fs),
             (
-                idle_report(self.fs, report, self.ager.state, spec.idle)
+                giveback_figures(self.fs, report, self.ager.state, spec.idle)
                 if self.ager is not None
                 else None
             ),

@@ -67,7 +67,6 @@ from guestagent.linux.dm import (
     read_mappings,
 )
 from guestagent.linux.kernel import Kernel
-from guestagent.linux.statefile import SWAPS, state_file
 from guestagent.linux.swaps import (
     ActiveSwap,
     SwapHeader,
@@ -76,6 +75,7 @@ from guestagent.linux.swaps import (
     read_swap_header,
 )
 from guestagent.linux.tools import run_mkswap
+from guestagent.statestore import SWAPS, state_file
 
 log = EventLog("guestagent.ops.swap")
 

@@ -85,6 +85,10 @@ def violations() -> list[str]:
                 found.append(f"{module} imports {target}: the guest build is a tool, not a library")
             if own == "build" and theirs not in (None, "build") and not within(target, UNITS):
                 found.append(f"{module} imports {target}: the build needs nothing of the agent")
+            if own == "statestore" and theirs not in (None, "shared", "linux"):
+                found.append(f"{module} imports {target}: the agent's store builds on linux/ only")
+            if theirs == "statestore" and own not in ("ops", "agent", "statestore"):
+                found.append(f"{module} imports {target}: only the agent keeps state")
             if own == "host" and theirs == "vm":
                 found.append(f"{module} imports {target}: host/ is the product, vm/ builds on it")
             elif theirs == "vm" and own != "vm":
@@ -170,7 +174,17 @@ def kernel_violations() -> list[str]:
 
 def test_every_module_is_in_a_layer() -> None:
     layers = {layer(m) for m in SOURCES}
-    assert layers <= {"shared", "linux", "ops", "agent", "host", "vm", "v1", "build"}, layers
+    assert layers <= {
+        "shared",
+        "linux",
+        "statestore",
+        "ops",
+        "agent",
+        "host",
+        "vm",
+        "v1",
+        "build",
+    }, layers
 
 
 def test_import_contracts_hold() -> None:
@@ -204,6 +218,8 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.build.planted": "from guestagent.linux import fs\n",
         "guestagent.ops.planted_fs": "from guestagent.linux.fs import KernelFS\n",
         "guestagent.agent.planted_fs": "from guestagent.linux import fs\n",
+        "guestagent.linux.planted_store": "from guestagent import statestore\n",
+        "guestagent.statestore.planted": "from guestagent.ops import swap\n",
     }
     plant(planted, tmp_path, monkeypatch)
     found = "\n".join(violations())
@@ -217,6 +233,8 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.build.planted imports guestagent.linux.fs",
         "guestagent.ops.planted_fs imports guestagent.linux.fs: ops/ and agent/ hold a Kernel",
         "guestagent.agent.planted_fs imports guestagent.linux.fs: ops/ and agent/ hold a Kernel",
+        "guestagent.linux.planted_store imports guestagent.statestore: only the agent keeps",
+        "guestagent.statestore.planted imports guestagent.ops.swap: the agent's store builds",
     ):
         assert expected in found
 

@@ -28,9 +28,8 @@ from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglr
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.mm import read_lru_gen
-from guestagent.linux.statefile import RECLAIM_POLICIES, StateFileError, state_file
 from guestagent.linux.swaps import active_swaps
-from guestagent.ops.workingset.compaction import (
+from guestagent.ops.workingset.compaction_trigger import (
     CompactionRule,
     CompactionStatus,
     CompactionTrigger,
@@ -45,6 +44,7 @@ from guestagent.ops.workingset.policy import (
     validate_policy,
 )
 from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
+from guestagent.statestore import RECLAIM_POLICIES, StateFileError, state_file
 
 log = EventLog("guestagent.ops.workingset")
 
@@ -65,7 +65,7 @@ class ReclaimPolicyRequest:
 
 
 @dataclass(frozen=True)
-class Figures:
+class Progress:
     """What a target's last intervals did, as its status shows them."""
 
     reclaimed_total: int = 0
@@ -126,13 +126,13 @@ class _Target:
     generation: int = 0
     due: float = 0.0
     baseline: _Baseline | None = None
-    figures: Figures = field(default_factory=Figures)
+    progress: Progress = field(default_factory=Progress)
     absent: tuple[Absent, ...] = ()
     stall_source: str = PSI_STALL
 
     def status(self) -> TargetStatus:
         mode = self.state.mode if self.enabled else Mode.DISABLED
-        f = self.figures
+        f = self.progress
         return TargetStatus(
             self.cgroup,
             self.enabled,
@@ -414,12 +414,12 @@ class Reclaimer:
                 return
             previous = target.baseline
             target.baseline = _Baseline(started, reading.stall_total_us, reading.refault_pages)
-            figures = replace(
-                target.figures,
+            progress = replace(
+                target.progress,
                 current=reading.current,
                 floor=floor_of(policy, reading.protected),
             )
-            target.figures = figures
+            target.progress = progress
             if previous is None:
                 return  # The first reading is the baseline for the next interval's deltas.
             stall = reading.stall_total_us - previous.stall_total_us
@@ -431,16 +431,16 @@ class Reclaimer:
                 int(max(0, refaults) * self._page_size * scale),
                 reading.current,
                 reading.protected,
-                figures.reclaimed_last,
-                figures.low_yield,
+                progress.reclaimed_last,
+                progress.low_yield,
             )
             decision = decide(sample, policy, target.state, self._page_size)
             target.state = decision.state
-            target.figures = replace(
-                figures,
+            target.progress = replace(
+                progress,
                 last_stall_us=sample.stall_us,
                 last_refault_bytes=sample.refault_bytes,
-                intervals=figures.intervals + 1,
+                intervals=progress.intervals + 1,
                 reclaimed_last=0,
                 low_yield="",
             )
@@ -454,11 +454,11 @@ class Reclaimer:
             )
             with self._lock:
                 if target.generation == generation:
-                    target.figures = replace(
-                        target.figures,
+                    target.progress = replace(
+                        target.progress,
                         reclaimed_last=result.reclaimed,
                         low_yield=result.low_yield,
-                        reclaimed_total=target.figures.reclaimed_total + result.reclaimed,
+                        reclaimed_total=target.progress.reclaimed_total + result.reclaimed,
                     )
                     self._compaction.reclaimed(result.reclaimed)
                     if result.stopped:

@@ -201,7 +201,7 @@ def test_limit_value(limit: pb.Limit, expected: float) -> None:
     assert limit_value(limit) == expected
 
 
-def idle_report() -> pb.MemoryInfo:
+def giveback_figures() -> pb.MemoryInfo:
     histogram = pb.IdleHistogram(
         source="mglru",
         bins=[
@@ -223,7 +223,7 @@ def idle_report() -> pb.MemoryInfo:
 
 
 def test_idle_bytes_are_cumulative_by_le_seconds() -> None:
-    found = by_name(families(up(idle_report())))
+    found = by_name(families(up(giveback_figures())))
     assert values(found["guestagent_cgroup_memory_idle_bytes"]) == {
         ("pod", "anon", "60"): 100 * MIB,
         ("pod", "anon", "+Inf"): 500 * MIB,

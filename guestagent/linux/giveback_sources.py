@@ -1,4 +1,4 @@
-"""The kernel values the give-back figures (ops/giveback.py) come from: /proc/meminfo's LRU
+"""The kernel values the give-back figures (ops/giveback_figures.py) come from: /proc/meminfo's LRU
 and slab lines, free blocks per order, the zones' high watermarks, the order free page
 reporting takes, the cgroups' protections and the virtio-mem devices' blocks."""
 
@@ -37,7 +37,7 @@ class Protection:
 
 
 @dataclass(frozen=True)
-class GuestFigures:
+class GiveBackSources:
     """The system-wide kernel values the figures come from, in bytes."""
 
     mem_total: int
@@ -128,16 +128,16 @@ def devices_of(hotplug: HotplugReport | None) -> tuple[DeviceBlocks, ...]:
     )
 
 
-def read_guest_figures(
+def read_giveback_sources(
     fs: KernelFS,
     system: SystemMemory,
     hotplug: HotplugReport | None,
     page_size: int = PAGE_SIZE,
-) -> GuestFigures:
+) -> GiveBackSources:
     """system: the report's own /proc/meminfo reading, so both describe the same moment."""
     free_blocks = read_free_blocks_optional(fs) or ()
     zoneinfo = fs.read_optional(fs.proc("zoneinfo"))
-    return GuestFigures(
+    return GiveBackSources(
         mem_total=system.mem_total,
         mem_free=system.mem_free,
         lru_anon=system.lru_anon,

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.ops.workingset.compaction import (
+from guestagent.ops.workingset.compaction_trigger import (
     CompactionRule,
     CompactionTrigger,
     compaction_decision,
