@@ -229,6 +229,12 @@ def move_process(fs: KernelFS, name: str, pid: int) -> None:
     fs.write(fs.cgroup_root.joinpath(*validate_cgroup_name(name), "cgroup.procs"), str(pid))
 
 
+def read_cgroup_procs(fs: KernelFS, path: str) -> tuple[int, ...]:
+    """The processes in a cgroup named as /proc/self/cgroup names it ("/a/b"); () if gone."""
+    text = fs.read_optional(fs.cgroup_root.joinpath(path.lstrip("/"), "cgroup.procs"))
+    return tuple(int(line) for line in (text or "").split())
+
+
 def read_own_cgroup(fs: KernelFS) -> str | None:
     """The cgroup2 cgroup this process runs in, None without cgroup2 (or without /proc)."""
     return own_cgroup(fs.read_optional(fs.proc("self", "cgroup")) or "")

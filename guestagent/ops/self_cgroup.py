@@ -4,7 +4,8 @@ The agent is needed most when the guest is short of memory. Left in the root cgr
 pages are reclaimed and swapped like anyone's, and every call then waits for them to come
 back. In a cgroup of its own with memory.min covering its footprint, the kernel reclaims
 elsewhere first; memory.high bounds what a leak in the agent could take from the workloads.
-Under systemd the unit already gives it a cgroup with MemoryMin/MemoryHigh, so it stays there.
+Under systemd the unit already gives it a cgroup with MemoryMin/MemoryHigh, so it stays there;
+started by kata-agent (a guest extension), it shares kata-agent's cgroup, so it moves out.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from enum import Enum
 from guestagent.errors import AgentError, errno_text
 from guestagent.jsonlog import EventLog
 from guestagent.linux import memcg
-from guestagent.linux.cgroups import create_cgroup, move_process, read_mount_facts, read_own_cgroup
+from guestagent.linux.cgroups import (
+    create_cgroup,
+    move_process,
+    read_cgroup_procs,
+    read_mount_facts,
+    read_own_cgroup,
+)
 from guestagent.linux.kernel import Kernel
 from guestagent.sizes import MIB
 
@@ -56,6 +63,7 @@ def decide(
     current: str | None,
     root_controllers: str | None,
     root_has_type: bool,
+    shared: bool = False,
 ) -> Decision:
     """Whether the agent should move itself into its own cgroup, from what it can read.
 
@@ -63,6 +71,7 @@ def decide(
     the mount's cgroup.controllers (None: not cgroup2), `root_has_type`
     whether the mount has cgroup.type, which the kernel gives every cgroup but the real root:
     in a cgroup namespace the mount shows some other cgroup, whose parent owns the agent.
+    `shared`: other processes run in `current` too, so it is not the agent's own.
     """
     if euid != 0:
         return Decision(Action.SKIP, "not running as root")
@@ -74,8 +83,12 @@ def decide(
         return Decision(Action.SKIP, "this process is in no cgroup2 cgroup")
     if current == f"/{AGENT_CGROUP}":
         return Decision(Action.MOVE, "already in its cgroup; setting its protection", current)
-    if current != "/":
+    if current != "/" and not shared:
         return Decision(Action.STAY, "already in a cgroup of its own (a service unit)", current)
+    if current != "/":
+        # kata-agent starts an extension's processes in its own cgroup: there the agent's
+        # bounds would be kata-agent's, or none.
+        return Decision(Action.MOVE, "sharing its cgroup with other processes", current)
     return Decision(Action.MOVE, "running in the root cgroup", current)
 
 
@@ -85,8 +98,10 @@ def protect_self(fs: Kernel, pid: int | None = None, euid: int | None = None) ->
     Never fatal: an agent without its own cgroup still serves, it just competes for memory.
     """
     pid = os.getpid() if pid is None else pid
+    current = read_own_cgroup(fs)
+    others = set(read_cgroup_procs(fs, current)) - {pid} if current not in (None, "/") else ()
     decision = decide(
-        os.geteuid() if euid is None else euid, read_own_cgroup(fs), *read_mount_facts(fs)
+        os.geteuid() if euid is None else euid, current, *read_mount_facts(fs), bool(others)
     )
     if decision.action is not Action.MOVE:
         log.info(

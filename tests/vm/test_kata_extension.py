@@ -20,6 +20,7 @@ import pytest
 
 from guestagent.build.extension import FIRST_PARTITION_OFFSET, PREFIX, VerityParams
 from guestagent.host.client import AgentClient
+from guestagent.ops.self_cgroup import MEMORY_HIGH
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, ReadOnlyDisk, VMConfig
@@ -95,6 +96,14 @@ def test_memory_info(agent: AgentClient) -> None:
     info = agent.info()
     assert info.system.mem_total_bytes > 256 * MIB
     assert 0 < info.system.mem_available_bytes <= info.system.mem_total_bytes
+
+
+def test_the_agent_takes_its_own_cgroup_out_of_kata_agents(agent: AgentClient) -> None:
+    """Started by kata-agent (the stand-in's service), the agent would share its cgroup and
+    bounds: it moves to /guestagent with the same ceiling as under its own systemd unit."""
+    (own,) = agent.info(cgroups=["guestagent"]).cgroups
+    assert own.current_bytes > 0
+    assert own.high.bytes == MEMORY_HIGH
 
 
 def test_enable_swap_by_serial_without_udevd(agent: AgentClient) -> None:

@@ -36,6 +36,7 @@ IN_ROOT = "0::/\n"
     ("euid", "proc", "controllers", "has_type", "action", "words"),
     [
         (0, IN_ROOT, ROOT_CONTROLLERS, False, Action.MOVE, "root cgroup"),
+        (0, "0::/kata-agent\n", ROOT_CONTROLLERS, "shared", Action.MOVE, "sharing its cgroup"),
         (0, "0::/guestagent\n", ROOT_CONTROLLERS, False, Action.MOVE, "already in its cgroup"),
         (0, "0::/system.slice/ga.service\n", ROOT_CONTROLLERS, False, Action.STAY, "unit"),
         (1000, IN_ROOT, ROOT_CONTROLLERS, False, Action.SKIP, "not running as root"),
@@ -51,11 +52,12 @@ def test_decide(
     euid: int,
     proc: str | None,
     controllers: str | None,
-    has_type: bool,
+    has_type: bool | str,
     action: Action,
     words: str,
 ) -> None:
-    decision = decide(euid, own_cgroup(proc or ""), controllers, has_type)
+    shared = has_type == "shared"
+    decision = decide(euid, own_cgroup(proc or ""), controllers, has_type is True, shared)
     assert decision.action is action
     assert words in decision.reason
 
@@ -112,6 +114,23 @@ def test_leaves_everything_alone_otherwise(
     assert not (guest.root / "sys/fs/cgroup/guestagent").exists()
     (record,) = [r for r in caplog.records if r.getMessage() == "self_cgroup"]
     assert vars(record)["fields"]["reason"] == decision.reason
+
+
+def test_started_by_kata_agent_it_moves_out_of_kata_agents_cgroup(guest: FakeRoot) -> None:
+    """An extension's processes start in kata-agent's cgroup: the agent takes its own, with
+    the same bounds as everywhere, and leaves kata-agent where it was."""
+    guest.write("proc/self/cgroup", "0::/kata-agent.service\n")
+    guest.write("sys/fs/cgroup/kata-agent.service/cgroup.procs", "300\n4242\n")
+    decision = protect_self(guest.fs, pid=4242, euid=0)
+    assert (decision.action, decision.current) == (Action.MOVE, "/kata-agent.service")
+    assert agent_files(guest)["cgroup.procs"] == "4242"
+    assert agent_files(guest)["memory.min"] == str(MEMORY_MIN)
+
+
+def test_alone_in_a_units_cgroup_it_stays(guest: FakeRoot) -> None:
+    guest.write("proc/self/cgroup", "0::/system.slice/guestagent.service\n")
+    guest.write("sys/fs/cgroup/system.slice/guestagent.service/cgroup.procs", "4242\n")
+    assert protect_self(guest.fs, pid=4242, euid=0).action is Action.STAY
 
 
 def test_a_failure_is_logged_not_fatal(guest: FakeRoot, caplog: pytest.LogCaptureFixture) -> None:
