@@ -22,7 +22,7 @@ class StartingAgent(health_pb2_grpc.HealthServicer):
     def __init__(self) -> None:
         self.checks = 0
 
-    def Check(  # noqa: N802 (grpc's name)
+    def Check(
         self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext
     ) -> health_pb2.HealthCheckResponse:
         self.checks += 1
