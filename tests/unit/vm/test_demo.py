@@ -15,7 +15,7 @@ from guestagent.vm import demo
 NOT_SERVING_CHECKS = 3
 
 
-class StartingAgent(health_pb2_grpc.HealthServicer):
+class StartingAgent(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     """An agent whose port answers before its state is loaded: NOT_SERVING to the first
     checks, as agent/daemon.py says until start-up is done, then SERVING."""
 
