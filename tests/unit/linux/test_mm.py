@@ -1,5 +1,5 @@
 from guestagent.linux.mm import Mapping, jit_code_rss_bytes, parse_buddyinfo, parse_smaps
-from tests.unit.ops.test_compaction import BUDDYINFO
+from tests.fakes.root import BUDDYINFO
 
 MIB = 1 << 20
 

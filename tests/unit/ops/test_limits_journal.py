@@ -23,8 +23,8 @@ from guestagent.ops.limits_journal import (
     decode,
     encode,
 )
+from tests.fakes.cgroups import FakeCgroupKernel
 from tests.fakes.root import FakeRoot, Proceed
-from tests.unit.linux.test_cgroups import FakeCgroupKernel
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

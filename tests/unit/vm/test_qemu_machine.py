@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.vm.qemu import GuestVM, VirtioMem, VMConfig, qemu_version
-from tests.unit.vm.test_qemu_flavour import command_line, option
+from tests.fakes.qemu_command import command_line, option
 
 
 @pytest.fixture(autouse=True)
