@@ -8,7 +8,8 @@ from typing import Any
 
 from guestagent.host.client import AgentClient
 from guestagent.vm.qemu import GuestVM, VirtioMem, VMConfig
-from tests.vm.test_virtio_mem import MIB, meminfo_bytes, plug, unplug_after_workload
+from tests.vm.guest import MIB, meminfo_bytes
+from tests.workloads.virtio_mem import plug, unplug_after_workload
 
 
 def measure_virtio_mem() -> dict[str, Any]:
