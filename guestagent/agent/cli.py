@@ -16,7 +16,7 @@ from pathlib import Path
 from guestagent import jsonlog
 from guestagent.errors import AgentError
 from guestagent.linux.confidential import SETTINGS
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import limit_malloc_arenas
 from guestagent.ops import kernel_switches
 from guestagent.ops.hotplug import AUTO_MOVABLE, DEFAULT_MOVABLE_RATIO, POLICIES, OnlinePolicy
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     jsonlog.configure(args.log_level)
     if "MALLOC_ARENA_MAX" not in os.environ:  # An operator's setting wins.
         limit_malloc_arenas(MALLOC_ARENAS)
-    fs = KernelFS(args.root, args.cgroup_mount)
+    fs = Kernel(args.root, args.cgroup_mount)
     if not args.no_self_cgroup:
         protect_self(fs)
     import asyncio

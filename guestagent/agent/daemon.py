@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from guestagent import errors
+from guestagent import errors, statestore
 from guestagent.agent.audit import audit_kernel_switch
 from guestagent.agent.listen import (
     AddressInUse,
@@ -31,10 +31,9 @@ from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.undecodable import UndecodableRequests
 from guestagent.jsonlog import EventLog
-from guestagent.linux import statefile
 from guestagent.linux.confidential import decide, read_facts
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import give_heap_back
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES
 from guestagent.ops import kernel_switches, limits
@@ -83,7 +82,7 @@ RESERVED_FDS = 128
 @dataclass
 class ServerConfig:
     listen: tuple[Address, ...]
-    fs: KernelFS = field(default_factory=KernelFS)
+    fs: Kernel = field(default_factory=Kernel)
     allowed_cids: frozenset[int] = frozenset({HOST_CID})
     grace_seconds: float = 10.0
     # How hot-plugged memory is onlined; None leaves it offline.
@@ -154,11 +153,11 @@ class Agent:
                 self.stopping,
                 self.swaps,
                 self.hotplug,
-                reclaimer=self.reclaimer,
-                peers=self.peers,
-                ager=self.ager,
-                max_watches=config.max_watches,
-                stall=self.stall,
+                self.reclaimer,
+                self.peers,
+                self.ager,
+                self.stall,
+                config.max_watches,
             ),
             self.server,
         )
@@ -345,7 +344,7 @@ async def serve(config: ServerConfig) -> None:
     raise_nofile_limit()
     # Before anything reads its state: a directory that is not the agent's own is refused,
     # and the agent serves without persisting (GetMemoryInfo's state_unavailable says so).
-    statefile.check_directory(config.fs)
+    statestore.check_directory(config.fs)
     # Before any listener: a limits change a dead agent left half done is rolled back
     # before a caller can see or change that cgroup.
     limits.recover(config.fs)

@@ -27,17 +27,14 @@ from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.memblocks import HotplugReportCache
-from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import give_heap_back
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES, SignalHub
 from guestagent.ops.agent_info import AgentInfo, agent_info
 from guestagent.ops.compaction import Compactor, CompactResult
-from guestagent.ops.giveback import IdleReport, idle_report
 from guestagent.ops.hotplug import HotplugWatcher, OnlineResult
-from guestagent.ops.idle import IdleAger, IdleSpec
-from guestagent.ops.info import InfoSpec, Report, memory_info
+from guestagent.ops.idle import IdleAger
+from guestagent.ops.info import InfoSpec, Report, Reporter
 from guestagent.ops.limits import AppliedLimits, SetLimitsSpec, apply_memory_limits
 from guestagent.ops.overhead import GuestOverhead, guest_overhead
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec, reclaim
@@ -188,29 +185,32 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
 
     def __init__(
         self,
-        fs: KernelFS,
+        fs: Kernel,
         stopping: asyncio.Event,
         swaps: SwapManager,
         hotplug: HotplugWatcher,
-        reclaimer: Reclaimer | None = None,
-        peers: PeerTable | None = None,
-        ager: IdleAger | None = None,
+        reclaimer: Reclaimer,
+        peers: PeerTable,
+        ager: IdleAger,
+        stall: DelayStallMeter | None,
         max_watches: int = DEFAULT_MAX_WATCHES,
-        stall: DelayStallMeter | None = None,
     ) -> None:
+        """The parts are the daemon's (agent/daemon.py wires them, once). `stall` is delay
+        accounting's meter, read where the guest has no PSI; None reads PSI only. The ager is
+        not started here: the daemon runs the one aging loop."""
         self.fs = fs
-        # Delay accounting's stall, read where the guest has no PSI; None reads PSI only.
         self.stall = stall
-        self.reclaimer = reclaimer or Reclaimer(fs, stall=stall)
-        # Not started here: the daemon runs the one aging loop (its idle figures are absent
-        # until it has aged once).
-        self.ager = ager or IdleAger(fs)
+        self.reclaimer = reclaimer
+        self.ager = ager
         self._stopping = stopping
         self.swaps = swaps
         self.compactor = Compactor(fs)
         self.hotplug = hotplug
-        self.hotplug_reports = HotplugReportCache()  # Shared by GetMemoryInfo and every watch.
-        self.peers = peers or PeerTable()
+        self.peers = peers
+        # One report for GetMemoryInfo and every stream (its hotplug section cached for all).
+        self.reporter = Reporter(
+            fs, confidential=swaps.confidential, reclaimer=reclaimer, ager=ager, stall=stall
+        )
         self.signals = SignalHub(fs, max_watches)  # Every stream's inotify watches and triggers.
         self._readers = IdleExitPool(READ_THREADS, "read", after_burst=give_heap_back)
         self._stream_readers = IdleExitPool(
@@ -223,23 +223,10 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         """Kernel reads on a reader thread, so the event loop answers other calls meanwhile."""
         return await run_on(self._readers, read, *args, **kwargs)
 
-    async def _watch_report(self, cgroups: tuple[str, ...], removed_ok: bool) -> MemoryReport:
-        return await run_on(
-            self._stream_readers,
-            read_report,
-            self.fs,
-            cgroups,
-            self.hotplug_reports,
-            self.stall,
-            removed_ok,
-        )
+    async def _watch_report(self, spec: InfoSpec, removed_ok: bool) -> Report:
+        return await run_on(self._stream_readers, self.reporter.report, spec, removed_ok)
 
-    async def _idle_report(self, report: MemoryReport, spec: IdleSpec) -> IdleReport:
-        return await run_on(
-            self._stream_readers, idle_report, self.fs, report, self.ager.state, spec
-        )
-
-    @unary(wire.agent_info_from_pb, wire.agent_info_pb)
+    @unary(wire.no_arguments, wire.agent_info_pb)
     async def GetAgentInfo(
         self, _: None, context: Context[pb.GetAgentInfoRequest, pb.AgentInfo]
     ) -> AgentInfo:
@@ -249,29 +236,12 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     async def GetMemoryInfo(
         self, spec: InfoSpec, context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
     ) -> Report:
-        return await self._read(
-            memory_info,
-            self.fs,
-            spec,
-            self.reclaimer,
-            self.hotplug_reports,
-            self.swaps.confidential,
-            self.ager.state,
-            self.stall,
-        )
+        return await self._read(self.reporter.report, spec)
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:
         return watch_memory(
-            self.fs,
-            spec,
-            self._stopping,
-            self.reclaimer.known,
-            self.hotplug_reports,
-            hub=self.signals,
-            read=self._watch_report,
-            idle=self._idle_report,
-            stall=self.stall,
+            self.fs, spec, self._stopping, self._watch_report, hub=self.signals, stall=self.stall
         )
 
     @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)
@@ -302,7 +272,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     ) -> SwapArea:
         return await asyncio.to_thread(self.swaps.disable, selector)
 
-    @unary(wire.list_swaps_from_pb, wire.swap_list_pb)
+    @unary(wire.no_arguments, wire.swap_list_pb)
     async def ListSwaps(
         self, _: None, context: Context[pb.ListSwapsRequest, pb.ListSwapsResponse]
     ) -> list[SwapArea]:
@@ -331,7 +301,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     ) -> ReclaimResult:
         return await asyncio.to_thread(reclaim, self.fs, spec)
 
-    @unary(wire.online_memory_from_pb, wire.online_result_pb, audited=True)
+    @unary(wire.no_arguments, wire.online_result_pb, audited=True)
     async def OnlineMemory(
         self, _: None, context: Context[pb.OnlineMemoryRequest, pb.OnlineMemoryResult]
     ) -> OnlineResult:

@@ -15,16 +15,12 @@ from dataclasses import dataclass, field
 
 from guestagent import errors
 from guestagent.jsonlog import EventLog, Repeats
-from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.delayacct import DelayStallMeter, StallWindow
 from guestagent.linux.features import DELAYACCT, Absent, read_psi_absence
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.memblocks import HotplugReportCache
-from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, SignalHub
-from guestagent.ops.giveback import IdleReport
 from guestagent.ops.idle import IdleSpec
-from guestagent.ops.workingset.reclaimer import TargetStatus
+from guestagent.ops.info import InfoSpec, Report, Reporter
 
 log = EventLog("guestagent.watch")
 repeats = Repeats(log)
@@ -53,14 +49,17 @@ class WatchSpec:
     trigger_asked: bool = False  # The caller set pressure_trigger (else it is the default).
     idle: IdleSpec = field(default_factory=IdleSpec)
 
+    @property
+    def info(self) -> InfoSpec:
+        """What each message reports: GetMemoryInfo's answer for the same request."""
+        return InfoSpec(self.cgroups, self.idle)
+
 
 @dataclass(frozen=True)
 class WatchUpdate:
-    report: MemoryReport
+    answer: Report  # As GetMemoryInfo's (ops/info.py), read afresh for each message.
     reason: WatchReason
     changed: tuple[str, ...] = ()  # Cgroups whose memory.events changed.
-    reclaim: tuple[TargetStatus, ...] = ()  # The reclaimer's, for the watched cgroups it acts on.
-    idle: IdleReport | None = None  # None when the stream reads no idle figures (a test's).
 
 
 def watch_interval_seconds(interval_ms: int) -> float:
@@ -147,41 +146,33 @@ def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, 
     return WatchReason.INTERVAL, ()
 
 
-# A report of the given cgroups; after the first, one that does not exist is listed as removed.
-ReadReport = Callable[[tuple[str, ...], bool], Awaitable[MemoryReport]]
-# A report's idle histograms and give-back figures, read off the event loop's thread.
-ReadIdle = Callable[[MemoryReport, IdleSpec], Awaitable[IdleReport]]
+# The report for a spec; after the first, a cgroup that does not exist is listed as removed.
+ReadReport = Callable[[InfoSpec, bool], Awaitable[Report]]
 
 
 async def watch_memory(
-    fs: KernelFS,
+    fs: Kernel,
     spec: WatchSpec,
     stopping: asyncio.Event,
-    reclaim_status: Callable[[tuple[str, ...]], tuple[TargetStatus, ...]] = lambda names: (),
-    hotplug: HotplugReportCache | None = None,
-    hub: SignalHub | None = None,
     read: ReadReport | None = None,
-    idle: ReadIdle | None = None,
+    hub: SignalHub | None = None,
     stall: DelayStallMeter | None = None,
 ) -> AsyncIterator[WatchUpdate]:
     """Updates until `stopping` is set or the caller stops iterating (which frees its share
-    of the hub's inotify watches and PSI trigger). `read` reads a report off the event loop's
-    thread (the servicer's reader threads); None reads it in place. `idle` adds each
-    report's idle figures; None leaves them out. `stall` is delay accounting's meter, which
-    serves a trigger asked for where there is no PSI."""
+    of the hub's inotify watches and PSI trigger). `read` reads the report GetMemoryInfo
+    answers, off the event loop's thread (the servicer's reader threads); None reads a bare
+    report in place. `stall` is delay accounting's meter, which serves a trigger asked for
+    where there is no PSI."""
     hub = hub or SignalHub(fs)
 
-    async def report(removed_ok: bool = True) -> MemoryReport:
+    async def report(removed_ok: bool = True) -> Report:
         if read is None:
-            return read_report(fs, spec.cgroups, hotplug, stall, removed_ok)
-        return await read(spec.cgroups, removed_ok)
-
-    async def figures(report: MemoryReport) -> IdleReport | None:
-        return await idle(report, spec.idle) if idle is not None else None
+            return Reporter(fs, stall=stall).report(spec.info, removed_ok)
+        return await read(spec.info, removed_ok)
 
     # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
     first = await report(removed_ok=False)
-    events = {name: cgroup_dir(fs, name) / "memory.events" for name in spec.cgroups}
+    events = {name: fs.cgroup(name).events_file for name in spec.cgroups}
     psi = read_psi_absence(fs)
     delay = None
     if psi is not None and spec.trigger_asked:
@@ -198,19 +189,15 @@ async def watch_memory(
                 _poll_delay_stall(stall, fs, triggers.delayacct, signals)
             )
         try:
-            yield WatchUpdate(
-                first, WatchReason.INITIAL, (), reclaim_status(spec.cgroups), await figures(first)
-            )
+            yield WatchUpdate(first, WatchReason.INITIAL)
             while True:
                 woke = await _next_signals(signals, spec.interval_s, stopping)
                 if woke is None:
                     return
                 reason, changed = reason_for(woke)
                 now = await report()
-                follow_cgroups(fs, signals, now.removed)
-                yield WatchUpdate(
-                    now, reason, changed, reclaim_status(spec.cgroups), await figures(now)
-                )
+                follow_cgroups(fs, signals, now.report.removed)
+                yield WatchUpdate(now, reason, changed)
         finally:
             if poller is not None:
                 poller.cancel()
@@ -219,7 +206,7 @@ async def watch_memory(
 
 
 async def _poll_delay_stall(
-    stall: DelayStallMeter, fs: KernelFS, trigger: PressureTriggerSpec, signals: KernelSignals
+    stall: DelayStallMeter, fs: Kernel, trigger: PressureTriggerSpec, signals: KernelSignals
 ) -> None:
     """The guest's stall from delay accounting, polled through the trigger's window; a
     PRESSURE signal whenever the trigger's rule fires (StallWindow)."""
@@ -227,7 +214,7 @@ async def _poll_delay_stall(
     period_s = trigger.window_us / POLLS_PER_WINDOW / 1_000_000
     while True:
         try:
-            total = await asyncio.to_thread(stall.total_us, fs.cgroup_root)
+            total = await asyncio.to_thread(stall.guest_total_us)
         except errors.AgentError as e:
             # The stream goes on with its interval and memory.events; the next poll may work.
             repeats.warning("delay_stall_unread", error=str(e))
@@ -237,14 +224,14 @@ async def _poll_delay_stall(
         await asyncio.sleep(period_s)
 
 
-def follow_cgroups(fs: KernelFS, signals: KernelSignals, removed: tuple[str, ...]) -> None:
+def follow_cgroups(fs: Kernel, signals: KernelSignals, removed: tuple[str, ...]) -> None:
     """Keep a stream's watches on its cgroups as they come and go: a removed one loses its
     watch, and one created again under its name is watched again."""
     signals.hub.forget(signals, removed)
     for name in signals.unwatched():
         if name not in removed:
             with contextlib.suppress(errors.NotFound):  # Gone again meanwhile.
-                signals.hub.watch(signals, name, cgroup_dir(fs, name) / "memory.events")
+                signals.hub.watch(signals, name, fs.cgroup(name).events_file)
 
 
 async def _next_signals(

@@ -1,14 +1,17 @@
 """Protobuf messages to domain values and back, so the modules stay free of gRPC.
 
 Every request has a decoder (`*_from_pb`) that checks what protobuf cannot and returns plain
-values or frozen dataclasses; every response has an encoder (`*_pb`). Nothing here computes,
-and the request and answer types belong to the operations (ops/).
+values or frozen dataclasses: ops/' specs, and linux/' selectors and trigger specs. Every
+answer type is declared once with its message and encoded by the naming convention
+(encoding.py); what is written out here is only what the convention cannot carry. Nothing
+here computes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from guestagent.agent.encoding import declare, encode, encoder
 from guestagent.agent.watch_stream import (
     WatchReason,
     WatchSpec,
@@ -18,17 +21,21 @@ from guestagent.agent.watch_stream import (
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.cgroups import canonical_cgroup_name
+from guestagent.linux.confidential import Confidential
 from guestagent.linux.delayacct import DELAYACCT_STALL
 from guestagent.linux.features import Absent
-from guestagent.linux.memblocks import HotplugReport
-from guestagent.linux.meminfo import CgroupMemory, MemoryReport, Pressure, PressureLine
+from guestagent.linux.memblocks import HotplugReport, RegionBlocks
+from guestagent.linux.memcg import CgroupMemory, MemoryEvents
+from guestagent.linux.meminfo import MemoryReport, SystemMemory
+from guestagent.linux.psi import Pressure, PressureLine
+from guestagent.linux.swiotlb import Swiotlb
 from guestagent.linux.vmstat import VmStat
 from guestagent.linux.watch import PressureTriggerSpec, pressure_trigger_spec
 from guestagent.ops.agent_info import AgentInfo
 from guestagent.ops.compaction import CompactResult
-from guestagent.ops.giveback import Figure, GiveBack, IdleReport
+from guestagent.ops.giveback_figures import Figure, GiveBack, GiveBackFigures, VirtioMemTarget
 from guestagent.ops.hotplug import OnlineResult
-from guestagent.ops.idle import IdleHistogram, IdleSpec, idle_spec
+from guestagent.ops.idle import IdleBin, IdleHistogram, IdleSpec, idle_spec
 from guestagent.ops.info import InfoSpec, Report
 from guestagent.ops.limits import AppliedLimits, MemorySpec, SetLimitsSpec
 from guestagent.ops.overhead import GuestOverhead
@@ -40,6 +47,7 @@ from guestagent.ops.swap import (
     SwapArea,
     SwapEncryption,
 )
+from guestagent.ops.workingset.compaction_trigger import CompactionStatus
 from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import (
     ReclaimOverview,
@@ -68,14 +76,10 @@ WATCH_REASON_TO_PB = {
 }
 
 
-# ListSwaps and OnlineMemory take no arguments: their decoders have nothing to check.
-
-
-def list_swaps_from_pb(request: pb.ListSwapsRequest) -> None:
-    return None
-
-
-def online_memory_from_pb(request: pb.OnlineMemoryRequest) -> None:
+def no_arguments(
+    request: pb.ListSwapsRequest | pb.OnlineMemoryRequest | pb.GetAgentInfoRequest,
+) -> None:
+    """The decoder of a request without fields (ListSwaps, OnlineMemory, GetAgentInfo)."""
     return None
 
 
@@ -146,200 +150,119 @@ def limit_pb(value: int | None) -> pb.Limit:
     return pb.Limit(unlimited=True) if value is None else pb.Limit(bytes=value)
 
 
-def pressure_line_pb(line: PressureLine) -> pb.PressureLine:
-    return pb.PressureLine(
-        avg10=line.avg10, avg60=line.avg60, avg300=line.avg300, total_us=line.total_us
+def delay_stall_pb(total_us: int | None) -> pb.MemoryStall | None:
+    return None if total_us is None else pb.MemoryStall(source=DELAYACCT_STALL, total_us=total_us)
+
+
+def virtio_mem_region_pb(r: RegionBlocks) -> pb.VirtioMemRegion:
+    return pb.VirtioMemRegion(
+        device=r.region.device,
+        start_address=r.region.start,
+        region_bytes=r.region.size,
+        plugged_bytes=r.added,
+        movable_blocks=r.movable,
+        normal_blocks=r.normal,
+        offline_blocks=r.offline,
     )
 
 
-def pressure_pb(pressure: Pressure) -> pb.Pressure:
-    return pb.Pressure(some=pressure_line_pb(pressure.some), full=pressure_line_pb(pressure.full))
+def feature_pb(feature: tuple[str, Absent | None]) -> pb.Feature:
+    name, absent = feature
+    return pb.Feature(name=name, present=absent is None, reason=absent.reason if absent else "")
 
 
-def cgroup_pb(cgroup: CgroupMemory) -> pb.CgroupMemory:
-    message = pb.CgroupMemory(
-        path=cgroup.path,
-        current_bytes=cgroup.current,
-        max=limit_pb(cgroup.max),
-        high=limit_pb(cgroup.high),
-        low_bytes=cgroup.low,
-        events=pb.MemoryEvents(
-            low=cgroup.events.low,
-            high=cgroup.events.high,
-            max=cgroup.events.max,
-            oom=cgroup.events.oom,
-            oom_kill=cgroup.events.oom_kill,
-        ),
-        anon_bytes=cgroup.anon,
-        file_bytes=cgroup.file,
-    )
-    if cgroup.swap is not None:
-        message.swap_current_bytes = cgroup.swap.current
-        message.swap_max.CopyFrom(limit_pb(cgroup.swap.max))
-    if cgroup.pressure is not None:
-        message.pressure.CopyFrom(pressure_pb(cgroup.pressure))
-    if cgroup.delay_stall_us is not None:
-        message.delay_stall.CopyFrom(delay_stall_pb(cgroup.delay_stall_us))
-    return message
+# The answers, declared once each (encoding.py); what is named here is what the naming
+# convention cannot carry.
+declare(Absent, pb.Absent)
+declare(PressureLine, pb.PressureLine)
+declare(Pressure, pb.Pressure)
+declare(MemoryEvents, pb.MemoryEvents)
+declare(SystemMemory, pb.SystemMemory, off_wire={"lru_anon", "lru_file", "reclaimable_slab"})
+declare(VmStat, pb.VmStat)
+declare(
+    CgroupMemory,
+    pb.CgroupMemory,
+    by_hand={
+        "max": ("max", limit_pb),
+        "high": ("high", limit_pb),
+        "swap_current_bytes": ("swap", lambda swap: swap and swap.current),
+        "swap_max": ("swap", lambda swap: swap and limit_pb(swap.max)),
+        "delay_stall": ("delay_stall_us", delay_stall_pb),
+    },
+    off_wire={"lru_anon", "lru_file"},
+    elsewhere={"idle", "giveback"},  # The idle report's, by add_idle_pb.
+)
+declare(
+    HotplugReport,
+    pb.MemoryHotplug,
+    by_hand={"virtio_mem": ("regions", lambda regions: [virtio_mem_region_pb(r) for r in regions])},
+)
+declare(
+    MemoryReport,
+    pb.MemoryInfo,
+    by_hand={"delay_stall": ("delay_stall_us", delay_stall_pb)},
+    renamed={"removed_cgroups": "removed"},
+    # The rest of the answer's (report_pb).
+    elsewhere={
+        "reason",
+        "changed_cgroups",
+        "reclaim",
+        "state_unavailable",
+        "confidential",
+        "idle",
+        "giveback",
+    },
+)
+declare(Confidential, pb.ConfidentialGuest)
+declare(IdleBin, pb.IdleBin)
+declare(IdleHistogram, pb.IdleHistogram)
+declare(Figure, pb.Figure)
+declare(VirtioMemTarget, pb.VirtioMemTarget)
+declare(GiveBack, pb.GiveBack)
+declare(
+    AgentInfo,
+    pb.AgentInfo,
+    by_hand={"features": ("features", lambda features: [feature_pb(f) for f in features])},
+)
 
 
-def delay_stall_pb(total_us: int) -> pb.MemoryStall:
-    return pb.MemoryStall(source=DELAYACCT_STALL, total_us=total_us)
-
-
-def hotplug_pb(report: HotplugReport) -> pb.MemoryHotplug:
-    return pb.MemoryHotplug(
-        block_size_bytes=report.block_size,
-        movable_blocks=report.movable_blocks,
-        normal_blocks=report.normal_blocks,
-        offline_blocks=report.offline_blocks,
-        virtio_mem=[
-            pb.VirtioMemRegion(
-                device=r.region.device,
-                start_address=r.region.start,
-                region_bytes=r.region.size,
-                plugged_bytes=r.added,
-                movable_blocks=r.movable,
-                normal_blocks=r.normal,
-                offline_blocks=r.offline,
-            )
-            for r in report.regions
-        ],
-    )
-
-
-def idle_histogram_pb(histogram: IdleHistogram) -> pb.IdleHistogram:
-    return pb.IdleHistogram(
-        source=histogram.source,
-        bins=[
-            pb.IdleBin(
-                idle_at_least_ms=b.idle_at_least_ms,
-                anon_bytes=b.anon_bytes,
-                file_bytes=b.file_bytes,
-            )
-            for b in histogram.bins
-        ],
-        aged_at_unix_ns=histogram.aged_at_unix_ns,
-    )
-
-
-def figure_pb(figure: Figure) -> pb.Figure:
-    return pb.Figure(bytes=figure.bytes, reason=figure.reason)
-
-
-def giveback_pb(giveback: GiveBack) -> pb.GiveBack:
-    message = pb.GiveBack(
-        cold_after_ms=giveback.cold_after_ms,
-        virtio_mem=[
-            pb.VirtioMemTarget(
-                device=t.device,
-                plugged_bytes=t.plugged_bytes,
-                safe_requested_size=figure_pb(t.safe_requested_size),
-            )
-            for t in giveback.virtio_mem
-        ],
-    )
-    for name in ("free_reportable", "free_fragmented", "cold", "safe_balloon_target"):
-        figure = getattr(giveback, name)
-        if figure is not None:
-            getattr(message, name).CopyFrom(figure_pb(figure))
-    return message
-
-
-def add_idle_pb(message: pb.MemoryInfo, idle: IdleReport) -> None:
+def add_idle_pb(message: pb.MemoryInfo, idle: GiveBackFigures) -> None:
     """The idle histograms and give-back figures into a report (its cgroups in order)."""
     if idle.idle is not None:
-        message.idle.CopyFrom(idle_histogram_pb(idle.idle))
-    message.giveback.CopyFrom(giveback_pb(idle.giveback))
+        message.idle.CopyFrom(encode(idle.idle, pb.IdleHistogram))
+    message.giveback.CopyFrom(encode(idle.giveback, pb.GiveBack))
     for cgroup, figures in zip(message.cgroups, idle.cgroups, strict=True):
         if figures.idle is not None:
-            cgroup.idle.CopyFrom(idle_histogram_pb(figures.idle))
-        cgroup.giveback.CopyFrom(giveback_pb(figures.giveback))
+            cgroup.idle.CopyFrom(encode(figures.idle, pb.IdleHistogram))
+        cgroup.giveback.CopyFrom(encode(figures.giveback, pb.GiveBack))
     known = {a.feature for a in message.absent}
     if idle.absent is not None and idle.absent.feature not in known:
-        message.absent.append(absent_pb(idle.absent))
+        message.absent.append(encode(idle.absent, pb.Absent))
 
 
-def memory_info_pb(
-    report: MemoryReport,
+def memory_info_pb(report: MemoryReport) -> pb.MemoryInfo:
+    return encode(report, pb.MemoryInfo)
+
+
+def report_pb(
+    answer: Report,
     reason: pb.WatchReason.ValueType = pb.WATCH_REASON_UNSPECIFIED,
     changed: tuple[str, ...] = (),
-    reclaim: tuple[TargetStatus, ...] = (),
-    idle: IdleReport | None = None,
 ) -> pb.MemoryInfo:
-    system = report.system
-    message = pb.MemoryInfo(
-        collected_at_unix_ns=report.collected_at_unix_ns,
-        system=pb.SystemMemory(
-            mem_total_bytes=system.mem_total,
-            mem_free_bytes=system.mem_free,
-            mem_available_bytes=system.mem_available,
-            buffers_bytes=system.buffers,
-            cached_bytes=system.cached,
-            swap_total_bytes=system.swap_total,
-            swap_free_bytes=system.swap_free,
-            shmem_bytes=system.shmem,
-        ),
-        cgroups=[cgroup_pb(c) for c in report.cgroups],
-        reason=reason,
-        changed_cgroups=changed,
-        removed_cgroups=report.removed,
-    )
-    if report.pressure is not None:
-        message.pressure.CopyFrom(pressure_pb(report.pressure))
-    if report.delay_stall_us is not None:
-        message.delay_stall.CopyFrom(delay_stall_pb(report.delay_stall_us))
-    if report.hotplug is not None:
-        message.hotplug.CopyFrom(hotplug_pb(report.hotplug))
-    if report.vmstat is not None:
-        message.vmstat.CopyFrom(vmstat_pb(report.vmstat))
-    message.reclaim.extend(reclaim_target_pb(status) for status in reclaim)
-    message.absent.extend(absent_pb(a) for a in report.absent)
-    if idle is not None:
-        add_idle_pb(message, idle)
-    return message
-
-
-def absent_pb(absent: Absent) -> pb.Absent:
-    return pb.Absent(feature=absent.feature, reason=absent.reason)
-
-
-def agent_info_from_pb(_: pb.GetAgentInfoRequest) -> None:
-    return None
-
-
-def agent_info_pb(info: AgentInfo) -> pb.AgentInfo:
-    return pb.AgentInfo(
-        version=info.version,
-        contract_revision=info.contract_revision,
-        features=[
-            pb.Feature(name=name, present=absent is None, reason=absent.reason if absent else "")
-            for name, absent in info.features
-        ],
-        error_domain=info.error_domain,
-    )
-
-
-def report_pb(answer: Report) -> pb.MemoryInfo:
-    message = memory_info_pb(answer.report, reclaim=answer.reclaim, idle=answer.idle)
+    """GetMemoryInfo's answer, and each of WatchMemory's with why it was sent."""
+    message = memory_info_pb(answer.report)
+    message.reason = reason
+    message.changed_cgroups.extend(changed)
+    message.reclaim.extend(reclaim_target_pb(status) for status in answer.reclaim)
     message.state_unavailable = answer.state_unavailable
-    message.confidential.platform = answer.confidential.platform
-    message.confidential.evidence = answer.confidential.evidence
+    message.confidential.CopyFrom(encode(answer.confidential, pb.ConfidentialGuest))
+    if answer.idle is not None:
+        add_idle_pb(message, answer.idle)
     return message
 
 
 def watch_update_pb(update: WatchUpdate) -> pb.MemoryInfo:
-    return memory_info_pb(
-        update.report,
-        WATCH_REASON_TO_PB[update.reason],
-        update.changed,
-        update.reclaim,
-        update.idle,
-    )
-
-
-def vmstat_pb(vmstat: VmStat) -> pb.VmStat:
-    return pb.VmStat(**vmstat.__dict__)
+    return report_pb(update.answer, WATCH_REASON_TO_PB[update.reason], update.changed)
 
 
 def selector_from_pb(message: pb.DeviceSelector) -> DeviceSelector:
@@ -381,32 +304,6 @@ def disable_swap_from_pb(request: pb.DisableSwapRequest) -> DeviceSelector:
     return selector_from_pb(request.device)
 
 
-def swap_area_pb(area: SwapArea) -> pb.SwapArea:
-    message = pb.SwapArea(
-        device=area.device,
-        size_bytes=area.size_bytes,
-        used_bytes=area.used_bytes,
-        priority=area.priority,
-        discard_supported=area.discard_supported,
-        uuid=area.uuid,
-        label=area.label,
-        already_active=area.already_active,
-        formatted=area.formatted,
-        encrypted=area.encrypted,
-        mapping=area.mapping,
-        backing_device=area.backing_device,
-    )
-    if area.discard is not None:
-        message.discard = DISCARD_TO_PB[area.discard]
-    if area.rotational is not None:
-        message.rotational = area.rotational
-    return message
-
-
-def swap_list_pb(areas: list[SwapArea]) -> pb.ListSwapsResponse:
-    return pb.ListSwapsResponse(areas=[swap_area_pb(a) for a in areas])
-
-
 def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
     # cgroup v1 knobs with no cgroup v2 file: refusing them beats silently dropping them.
     v1_only = {
@@ -436,65 +333,6 @@ def set_limits_spec_from_pb(request: pb.SetMemoryLimitsRequest) -> SetLimitsSpec
     )
 
 
-def applied_limits_pb(applied: AppliedLimits) -> pb.AppliedLimits:
-    return pb.AppliedLimits(
-        memory_max=applied.memory_max,
-        swap_max=applied.swap_max or "",
-        memory_low=applied.memory_low,
-        untouched=applied.untouched,
-        created=applied.created,
-    )
-
-
-def compact_result_pb(result: CompactResult) -> pb.CompactResult:
-    return pb.CompactResult(
-        duration_us=int(result.duration_s * 1e6),
-        free_blocks_before=result.free_blocks_before,
-        free_blocks_after=result.free_blocks_after,
-        free_huge_bytes_before=result.free_huge_bytes_before,
-        free_huge_bytes_after=result.free_huge_bytes_after,
-        counters=result.counters,
-        shared=result.shared,
-        huge_block_bytes=result.huge_block_bytes,
-    )
-
-
-def reclaim_result_pb(result: ReclaimResult) -> pb.ReclaimResult:
-    return pb.ReclaimResult(
-        current_before_bytes=result.current_before,
-        current_after_bytes=result.current_after,
-        complete=result.complete,
-    )
-
-
-def online_result_pb(result: OnlineResult) -> pb.OnlineMemoryResult:
-    return pb.OnlineMemoryResult(
-        onlined_blocks=result.onlined,
-        failed_blocks=result.failed,
-        block_size_bytes=result.block_size,
-        mem_total_bytes=result.mem_total,
-        movable_blocks=result.movable,
-    )
-
-
-def overhead_pb(overhead: GuestOverhead) -> pb.GuestOverhead:
-    message = pb.GuestOverhead(
-        present_bytes=overhead.present,
-        mem_total_bytes=overhead.mem_total,
-        kernel_reserved_bytes=overhead.kernel_reserved,
-        outside_workloads_bytes=overhead.outside_workloads,
-        agent_rss_bytes=overhead.agent_rss,
-        workloads_bytes=overhead.workloads,
-    )
-    if isinstance(overhead.swiotlb, Absent):
-        message.swiotlb_absent.CopyFrom(absent_pb(overhead.swiotlb))
-    else:
-        message.swiotlb_size.CopyFrom(
-            pb.SwiotlbSize(bytes=overhead.swiotlb.size, source=overhead.swiotlb.source)
-        )
-    return message
-
-
 RECLAIM_STATE_TO_PB = {
     Mode.PROBING: pb.RECLAIM_STATE_PROBING,
     Mode.BACKING_OFF: pb.RECLAIM_STATE_BACKING_OFF,
@@ -518,36 +356,55 @@ def reclaim_policy_request_from_pb(request: pb.SetReclaimPolicyRequest) -> Recla
     )
 
 
-def reclaim_policy_pb(policy: ReclaimPolicy) -> pb.ReclaimPolicy:
-    return pb.ReclaimPolicy(**policy.__dict__)
+declare(SwapArea, pb.SwapArea, by_hand={"discard": ("discard", DISCARD_TO_PB.get)})
+declare(AppliedLimits, pb.AppliedLimits)
+declare(
+    CompactResult,
+    pb.CompactResult,
+    by_hand={"duration_us": ("duration_s", lambda seconds: int(seconds * 1e6))},
+    off_wire={"node"},  # The caller's own request.
+)
+declare(ReclaimResult, pb.ReclaimResult, off_wire={"cgroup", "requested_bytes", "dropped_caches"})
+declare(OnlineResult, pb.OnlineMemoryResult)
 
 
-def reclaim_target_pb(status: TargetStatus) -> pb.ReclaimTargetStatus:
-    return pb.ReclaimTargetStatus(
-        cgroup=status.cgroup,
-        enabled=status.enabled,
-        policy=reclaim_policy_pb(status.policy),
-        state=RECLAIM_STATE_TO_PB[status.mode],
-        reason=status.why,
-        reclaimed_total_bytes=status.reclaimed_total,
-        reclaimed_last_bytes=status.reclaimed_last,
-        last_stall_us=status.last_stall_us,
-        last_refault_bytes=status.last_refault_bytes,
-        intervals=status.intervals,
-        current_bytes=status.current,
-        effective_floor_bytes=status.floor,
-        signals=status.signals,
-        absent=[absent_pb(a) for a in status.absent],
-    )
+def swiotlb_size_pb(swiotlb: Swiotlb | Absent) -> pb.SwiotlbSize | None:
+    if isinstance(swiotlb, Absent):
+        return None
+    return pb.SwiotlbSize(bytes=swiotlb.size, source=swiotlb.source)
 
 
-def reclaim_status_pb(overview: ReclaimOverview) -> pb.ReclaimStatus:
-    compaction = overview.compaction
-    return pb.ReclaimStatus(
-        targets=[reclaim_target_pb(t) for t in overview.targets],
-        compaction=pb.ReclaimCompaction(
-            runs=compaction.runs,
-            last_decision=compaction.last_decision,
-            last_run_unix_ns=compaction.last_run_unix_ns,
-        ),
-    )
+declare(
+    GuestOverhead,
+    pb.GuestOverhead,
+    by_hand={
+        "swiotlb_size": ("swiotlb", swiotlb_size_pb),
+        "swiotlb_absent": ("swiotlb", lambda s: s if isinstance(s, Absent) else None),
+    },
+)
+declare(ReclaimPolicy, pb.ReclaimPolicy)
+declare(
+    TargetStatus,
+    pb.ReclaimTargetStatus,
+    by_hand={"state": ("mode", RECLAIM_STATE_TO_PB.__getitem__)},
+    renamed={"reason": "why", "effective_floor_bytes": "floor"},
+)
+declare(CompactionStatus, pb.ReclaimCompaction)
+declare(ReclaimOverview, pb.ReclaimStatus)
+
+
+def swap_list_pb(areas: list[SwapArea]) -> pb.ListSwapsResponse:
+    return pb.ListSwapsResponse(areas=[swap_area_pb(a) for a in areas])
+
+
+# The answers that need no more than their declaration.
+agent_info_pb = encoder(pb.AgentInfo)
+hotplug_pb = encoder(pb.MemoryHotplug)
+swap_area_pb = encoder(pb.SwapArea)
+applied_limits_pb = encoder(pb.AppliedLimits)
+compact_result_pb = encoder(pb.CompactResult)
+reclaim_result_pb = encoder(pb.ReclaimResult)
+online_result_pb = encoder(pb.OnlineMemoryResult)
+overhead_pb = encoder(pb.GuestOverhead)
+reclaim_target_pb = encoder(pb.ReclaimTargetStatus)
+reclaim_status_pb = encoder(pb.ReclaimStatus)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from guestagent.build import runtime
+from guestagent.sizes import MIB
 
 NAME = "guestagent"
 MOUNT_ROOT = PurePosixPath("/run/kata-extensions")
@@ -38,7 +39,6 @@ BLOCK = 4096
 SECTOR = 512
 # Partition 1 starts at 1 MiB, as kata's image builder places it, and both partitions are
 # whole MiBs: sfdisk aligns partitions to its 1 MiB grain.
-MIB = 1 << 20
 FIRST_PARTITION_OFFSET = MIB
 AGENT_SOCKET = "/run/guestagent.sock"
 VSOCK_PORT = 6464
@@ -46,6 +46,8 @@ VSOCK_PORT = 6464
 LOCALE = "C"
 COMPONENTS = PurePosixPath("etc/kata-extensions/components.toml")
 OPERATOR_UNIT = PurePosixPath("etc/systemd/system/guestagent-extension.service")
+# The bundle's unit, which the extension's is made from.
+BUNDLE_UNIT = Path(__file__).resolve().parents[2] / "image" / "guestagent.service"
 
 
 class ExtensionError(RuntimeError):
@@ -177,29 +179,37 @@ def agent_process(extra_args: Sequence[str] = ()) -> Process:
     )
 
 
-def operator_unit(extra_args: Sequence[str] = ()) -> str:
+def operator_unit(bundle_unit: str, extra_args: Sequence[str] = ()) -> str:
     """The unit an operator copies into a systemd base image while kata-agent launches
-    processes only from the extension named coco (docs/kata-extension.md)."""
+    processes only from the extension named coco (docs/kata-extension.md): the bundle's unit
+    (image/guestagent.service), its hardening and memory bounds included, started from the
+    extension's mount."""
     mount = f"kata-extension-mount@{NAME}.service"
-    return (
-        "# Starts guestagent from its Kata guest extension. Copy into the base image's\n"
-        "# /etc/systemd/system and enable it (docs/kata-extension.md says why).\n"
-        "[Unit]\n"
-        "Description=guestagent memory agent, from its Kata guest extension\n"
-        f"Requires={mount}\n"
-        f"After={mount}\n"
-        "\n"
-        "[Service]\n"
-        "Type=exec\n"
-        f"Environment=LC_ALL={LOCALE}\n"
-        f"ExecStart={PREFIX}/bin/guestagent {' '.join(agent_args(extra_args))}\n"
-        "Restart=on-failure\n"
-        "RestartSec=1\n"
-        "OOMScoreAdjust=-1000\n"
-        "\n"
-        "[Install]\n"
-        "WantedBy=kata-containers.target multi-user.target\n"
-    )
+    replaced = {
+        "Description": "guestagent memory agent, from its Kata guest extension",
+        "ExecStart": f"{PREFIX}/bin/guestagent {' '.join(agent_args(extra_args))}",
+    }
+    lines = [
+        "# Starts guestagent from its Kata guest extension. Copy into the base image's",
+        "# /etc/systemd/system and enable it (docs/kata-extension.md says why). Made by",
+        "# guestagent/build/extension.py from the bundle's image/guestagent.service.",
+    ]
+    body = bundle_unit[bundle_unit.index("[Unit]") :]  # Not the bundle's own header.
+    for line in body.splitlines():
+        key = line.partition("=")[0]
+        if key == "EnvironmentFile":  # The arguments are in ExecStart, as in components.toml.
+            continue
+        lines.append(f"{key}={replaced[key]}" if key in replaced else line)
+        if key == "Description":
+            lines += [f"Requires={mount}", f"After={mount}"]
+        elif key == "ProtectSystem":
+            lines += [
+                f"# Its socket is {AGENT_SOCKET}, components.toml's (docs/kata-extension.md",
+                "# says why not in its RuntimeDirectory), linked into place from a private",
+                "# directory beside it: /run stays writable.",
+                "ReadWritePaths=/run",
+            ]
+    return "\n".join(lines) + "\n"
 
 
 def runtime_snippet(path: Path, params: VerityParams, name: str = NAME) -> str:
@@ -326,7 +336,7 @@ def assemble_disk(data: Path, hashes: Path, params: VerityParams, out: Path) -> 
 def add_extension_files(tree: Path, extra_args: Sequence[str]) -> None:
     for relative, text in (
         (COMPONENTS, components_toml([agent_process(extra_args)])),
-        (OPERATOR_UNIT, operator_unit(extra_args)),
+        (OPERATOR_UNIT, operator_unit(BUNDLE_UNIT.read_text(), extra_args)),
     ):
         path = tree / relative
         path.parent.mkdir(parents=True, exist_ok=True)

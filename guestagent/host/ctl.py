@@ -40,6 +40,7 @@ from guestagent.host.units import SIZE_HELP, parse_limit, parse_size
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.watch import PSI_MIN_WINDOW_US
+from guestagent.sizes import MIB
 from guestagent.transport.address import TcpAddress, parse_address
 from guestagent.v1 import agent_pb2 as pb
 
@@ -409,9 +410,6 @@ def _overhead(client: AgentClient, args: argparse.Namespace) -> str:
 
 def _pod_limit(text: str) -> int | None:
     return None if text.strip().lower() in ("max", "none", "-1") else _size(text)
-
-
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)

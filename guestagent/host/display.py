@@ -7,9 +7,8 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-
-MIB = 1024 * 1024
 
 
 def as_json(message: Any) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from guestagent.host.unixhttp import ApiError, UnixHttpClient, peer_pid
-from guestagent.host.vmm import BALLOON_PAGE, FIRECRACKER, MIB, Balloon, VirtioMemDevice, VmmError
+from guestagent.host.vmm import BALLOON_PAGE, FIRECRACKER, Balloon, VirtioMemDevice, VmmError
+from guestagent.sizes import MIB
 
 DEVICE = "hotplug"  # Firecracker has one virtio-mem device, with no id of its own.
 

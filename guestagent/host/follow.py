@@ -36,7 +36,8 @@ from guestagent.host.giveback import (
     safe_virtio_mem,
     virtio_mem_device,
 )
-from guestagent.host.vmm import MIB, Vmm, VmmError
+from guestagent.host.vmm import Vmm, VmmError
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 
 PSI_SOME, DELAYACCT = "psi_some", "delayacct_stall"

@@ -31,8 +31,7 @@ from google.protobuf.json_format import MessageToDict
 from guestagent.host.client import AgentClient
 from guestagent.host.display import mib
 from guestagent.host.vmm import Balloon, VirtioMemDevice, Vmm, VmmError
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.mm import jit_code_rss_bytes, parse_smaps, rss_bytes
+from guestagent.host.vmm_memory import read_vmm_memory
 from guestagent.v1 import agent_pb2 as pb
 
 BALLOON, VIRTIO_MEM = "balloon", "virtio-mem"
@@ -254,13 +253,8 @@ def qemu_rss(pid: int) -> dict[str, int]:
     """The VMM's VmRSS and, of it, TCG's translated code (0 under KVM and for the other VMMs):
     that buffer grows as the guest runs new code whatever the guest holds, so what was given
     back is measured without it. The names are QEMU's, as the first VMM's; any VMM's pid."""
-    fs = KernelFS()
-    return {
-        "qemu_rss_bytes": rss_bytes(fs.read(fs.proc(str(pid), "status"))),
-        "qemu_tcg_code_rss_bytes": jit_code_rss_bytes(
-            parse_smaps(fs.read(fs.proc(str(pid), "smaps")))
-        ),
-    }
+    memory = read_vmm_memory(pid)
+    return {"qemu_rss_bytes": memory.rss, "qemu_tcg_code_rss_bytes": memory.tcg_code}
 
 
 def guest_rss(side: dict[str, Any]) -> int:

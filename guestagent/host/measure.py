@@ -1,12 +1,13 @@
 """Measure what the guest costs at several VM sizes: the samples `guestctl plan --model` fits.
 
-Each size is one boot of the guest image under QEMU (guestagent.vm.qemu). The agent
-says what the guest sees (GetGuestOverhead, MemFree); the host side is QEMU's
-/proc/PID/smaps. Guest RAM is QEMU's anonymous mapping of exactly a memory backend's size
-(query-memdev), so its resident pages are the guest pages the host really holds, and the
-rest of QEMU's RSS is the VMM's own. If that mapping cannot be told apart, guest pages
-touched are estimated from the guest as MemTotal - MemFree + the kernel's reserve; that
-misses pages the guest touched and freed (boot, initrd), so it overstates the VMM.
+Each size is one boot of the guest image under QEMU (guestagent.host.qemu). The agent
+says what the guest sees (GetGuestOverhead, MemFree); the host side is QEMU's VmRSS and
+/proc/PID/smaps (host/vmm_memory.py). Guest RAM is QEMU's anonymous mapping of exactly a
+memory backend's size (query-memdev), so its resident pages are the guest pages the host
+really holds, and the rest of QEMU's RSS is the VMM's own. If that mapping cannot be told
+apart, guest pages touched are estimated from the guest as MemTotal - MemFree + the
+kernel's reserve; that misses pages the guest touched and freed (boot, initrd), so it
+overstates the VMM.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from guestagent.host.client import AgentClient
-from guestagent.host.sizing import MIB, OverheadModel, OverheadSample, overhead_formula
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.mm import Mapping, parse_smaps
-from guestagent.vm.qemu import GuestVM, GuestVMError, VMConfig, accelerator
+from guestagent.host.qemu import GuestVMError, QemuGuest, VMConfig, accelerator
+from guestagent.host.sizing import OverheadModel, OverheadSample, overhead_formula
+from guestagent.host.vmm_memory import Mapping, read_vmm_memory
+from guestagent.sizes import MIB
 
 
 class MeasureError(Exception):
@@ -55,25 +56,23 @@ def measure_size(
     try:
         return _measure_size(vm_mib, image_dir, boot_timeout, settle_seconds)
     except GuestVMError as e:
-        # The harness is an implementation detail: callers see one error type.
+        # The boot is an implementation detail: callers see one error type.
         raise MeasureError(str(e)) from e
 
 
 def _measure_size(
     vm_mib: int, image_dir: Path | None, boot_timeout: float, settle_seconds: float
 ) -> OverheadSample:
-    host = KernelFS(Path("/"))
-    with GuestVM(VMConfig(memory_mib=vm_mib), image_dir, boot_timeout=boot_timeout) as vm:
+    with QemuGuest(VMConfig(memory_mib=vm_mib), image_dir, boot_timeout=boot_timeout) as vm:
         with AgentClient(vm.agent_target, timeout=120) as client:
             client.wait_ready(120)
             time.sleep(settle_seconds)  # Let boot-time daemons finish starting.
             overhead = client.overhead()
             mem_free = client.info().system.mem_free_bytes
         ram_sizes = [int(backend["size"]) for backend in vm.qmp("query-memdev")]
-        mappings = parse_smaps(host.read(host.proc(str(vm.pid), "smaps")))
+        qemu = read_vmm_memory(vm.pid)
         accel = accelerator(vm.image_dir / "vmlinuz")[0]
-    qemu_rss = sum(m.rss for m in mappings)
-    counted = guest_ram_resident(mappings, ram_sizes)
+    counted = guest_ram_resident(qemu.mappings, ram_sizes)
     sample = OverheadSample(
         vm_size=vm_mib * MIB,
         present=overhead.present_bytes,
@@ -81,7 +80,7 @@ def _measure_size(
         mem_free=mem_free,
         used=overhead.outside_workloads_bytes,
         agent_rss=overhead.agent_rss_bytes,
-        qemu_rss=qemu_rss,
+        qemu_rss=qemu.rss,
         guest_resident=counted or 0,
         guest_resident_method="smaps",
         accel=accel,

@@ -16,7 +16,6 @@ from typing import Protocol
 QEMU, CLOUD_HYPERVISOR, FIRECRACKER = "qemu", "cloud-hypervisor", "firecracker"
 VMMS = (QEMU, CLOUD_HYPERVISOR, FIRECRACKER)
 BALLOON_PAGE = 4096  # virtio-balloon's page, whatever the guest's (VIRTIO_BALLOON_PFN_SHIFT).
-MIB = 1 << 20
 
 
 class VmmError(Exception):

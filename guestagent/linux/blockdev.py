@@ -395,15 +395,21 @@ def resolve_device(finder: DeviceFinder, selector: DeviceSelector, wait_ms: int)
     return device
 
 
-def device_for_node(fs: KernelFS, devnode: str) -> BlockDevice | None:
-    """The block device behind a /dev node, from sysfs (no udev needed)."""
+def device_number(fs: KernelFS, devnode: str) -> tuple[int, int] | None:
+    """(major, minor) of a device node as the kernel names it; None where there is none."""
     try:
         rdev = os.stat(fs.host_path(devnode)).st_rdev
     except OSError:
         return None
-    if rdev == 0:
+    return (os.major(rdev), os.minor(rdev)) if rdev else None
+
+
+def device_for_node(fs: KernelFS, devnode: str) -> BlockDevice | None:
+    """The block device behind a /dev node, from sysfs (no udev needed)."""
+    number = device_number(fs, devnode)
+    if number is None:
         return None
-    major, minor = os.major(rdev), os.minor(rdev)
+    major, minor = number
     link = fs.sys("dev", "block", f"{major}:{minor}")
     try:
         sysname = os.path.basename(os.readlink(link))

@@ -218,6 +218,17 @@ def own_cgroup(proc_self_cgroup: str) -> str | None:
     return None
 
 
+def read_mount_facts(fs: KernelFS) -> tuple[str | None, bool]:
+    """The mount's cgroup.controllers (None: not cgroup2), and whether it has cgroup.type,
+    which the kernel gives every cgroup but the real root."""
+    mount = fs.cgroup_root
+    return fs.read_optional(mount / "cgroup.controllers"), fs.exists(mount / "cgroup.type")
+
+
+def move_process(fs: KernelFS, name: str, pid: int) -> None:
+    fs.write(fs.cgroup_root.joinpath(*validate_cgroup_name(name), "cgroup.procs"), str(pid))
+
+
 def read_own_cgroup(fs: KernelFS) -> str | None:
     """The cgroup2 cgroup this process runs in, None without cgroup2 (or without /proc)."""
     return own_cgroup(fs.read_optional(fs.proc("self", "cgroup")) or "")

@@ -177,6 +177,10 @@ class DelayStallMeter:
             self._answered = True
         return None
 
+    def guest_total_us(self) -> int:
+        """total_us of every process in the guest (the root cgroup's subtree)."""
+        return self.total_us(self.fs.cgroup_root)
+
     def total_us(self, directory: Path) -> int:
         """The cgroup's stall so far: from its processes' delays when first read, then growing
         by what each read sees. AgentError (ENOENT) when the cgroup is gone."""

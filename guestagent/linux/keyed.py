@@ -19,3 +19,10 @@ def parse_flat_keyed(text: str, prefix: str = "") -> dict[str, int]:
         except ValueError:
             raise KernelFormat(f"line {line!r} has a non-integer value") from None
     return values
+
+
+def workingset_refaults(values: dict[str, int]) -> tuple[int, int]:
+    """memory.stat's or /proc/vmstat's refaults, (anon, file): before 5.9 there was one
+    counter, workingset_refault, which counts as file."""
+    file = values.get("workingset_refault_file", values.get("workingset_refault", 0))
+    return values.get("workingset_refault_anon", 0), file

@@ -144,6 +144,16 @@ def memory_root(fs: KernelFS) -> Path:
     return fs.sys("devices", "system", "memory")
 
 
+def set_block_state(fs: KernelFS, name: str, state: str) -> None:
+    fs.write(memory_root(fs) / name / "state", state)
+
+
+def block_state(fs: KernelFS, name: str) -> str | None:
+    """A memory block's state ("online", "offline", ...), None when it is gone."""
+    text = fs.read_optional(memory_root(fs) / name / "state")
+    return text.strip() if text is not None else None
+
+
 def block_size_bytes(fs: KernelFS) -> int:
     # The kernel prints it in hex without a 0x prefix.
     return fs.read_parsed(memory_root(fs) / "block_size_bytes", lambda text: int(text, 16))

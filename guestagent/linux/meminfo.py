@@ -11,16 +11,14 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, NotFound, quoted
-from guestagent.linux.cgroups import cgroup_dir
+from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, NotFound
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import Absent, read_absent
-from guestagent.linux.fs import KernelFS, parsed
-from guestagent.linux.keyed import parse_flat_keyed
+from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReport, HotplugReportCache, read_hotplug_report
+from guestagent.linux.memcg import CgroupMemory, memory_cgroup
+from guestagent.linux.psi import Pressure, read_pressure
 from guestagent.linux.vmstat import VmStat, read_vmstat
-
-UNLIMITED = None  # How a "max" limit is represented: no number at all.
 
 
 @dataclass(frozen=True)
@@ -33,61 +31,11 @@ class SystemMemory:
     swap_total: int
     swap_free: int
     shmem: int
-    # For the give-back figures (ops/giveback.py), from the same read; 0 where a kernel lacks
-    # the lines.
+    # For the give-back figures (ops/giveback_figures.py), from the same read; 0 where a
+    # kernel lacks the lines.
     lru_anon: int = 0  # Active(anon) + Inactive(anon): shmem is here too.
     lru_file: int = 0  # Active(file) + Inactive(file).
     reclaimable_slab: int = 0  # SReclaimable.
-
-
-@dataclass(frozen=True)
-class PressureLine:
-    avg10: float
-    avg60: float
-    avg300: float
-    total_us: int
-
-
-@dataclass(frozen=True)
-class Pressure:
-    some: PressureLine
-    full: PressureLine
-
-
-@dataclass(frozen=True)
-class MemoryEvents:
-    low: int = 0
-    high: int = 0
-    max: int = 0
-    oom: int = 0
-    oom_kill: int = 0
-
-
-@dataclass(frozen=True)
-class CgroupSwap:
-    current: int
-    max: int | None
-
-
-@dataclass(frozen=True)
-class CgroupMemory:
-    path: str
-    current: int
-    max: int | None
-    high: int | None
-    low: int
-    # None when the kernel does no swap accounting (no memory.swap.* files).
-    swap: CgroupSwap | None
-    events: MemoryEvents
-    pressure: Pressure | None
-    anon: int
-    file: int
-    # The subtree's LRU pages as memory.stat counts them (shmem with anon, as the LRU has
-    # it), for the give-back figures.
-    lru_anon: int = 0
-    lru_file: int = 0
-    # Delay accounting's stall total (delayacct.py), where there is no PSI; else None.
-    delay_stall_us: int | None = None
 
 
 @dataclass(frozen=True)
@@ -148,102 +96,13 @@ def system_memory_from(values: dict[str, int]) -> SystemMemory:
     )
 
 
-def parse_pressure(text: str) -> Pressure:
-    """A PSI file: 'some avg10=0.00 avg60=0.00 avg300=0.00 total=0' and a 'full' line."""
-    lines: dict[str, PressureLine] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        kind, *pairs = line.split()
-        fields = dict(pair.partition("=")[::2] for pair in pairs)
-        try:
-            lines[kind] = PressureLine(
-                avg10=float(fields["avg10"]),
-                avg60=float(fields["avg60"]),
-                avg300=float(fields["avg300"]),
-                total_us=int(fields["total"]),
-            )
-        except (KeyError, ValueError):
-            raise KernelFormat(f"pressure line {line!r} is malformed") from None
-    if "some" not in lines:
-        raise KernelFormat(f"pressure text {text!r} has no 'some' line")
-    # Kernels before 5.13 print no 'full' line for the system-wide cpu file only;
-    # memory always has it, but a zero line keeps the type total.
-    return Pressure(some=lines["some"], full=lines.get("full", PressureLine(0.0, 0.0, 0.0, 0)))
-
-
-def parse_limit(text: str) -> int | None:
-    """A cgroup limit file: 'max' is unlimited (None), otherwise bytes."""
-    value = text.strip()
-    if value == "max":
-        return UNLIMITED
-    try:
-        return int(value)
-    except ValueError:
-        raise KernelFormat(f"limit {value!r} is neither 'max' nor bytes") from None
-
-
-def memory_events_from(values: dict[str, int]) -> MemoryEvents:
-    return MemoryEvents(
-        low=values.get("low", 0),
-        high=values.get("high", 0),
-        max=values.get("max", 0),
-        oom=values.get("oom", 0),
-        oom_kill=values.get("oom_kill", 0),
-    )
-
-
 def read_system_memory(fs: KernelFS) -> SystemMemory:
     return system_memory_from(fs.read_parsed(fs.proc("meminfo"), parse_meminfo))
-
-
-def read_pressure(fs: KernelFS, path: Path) -> Pressure | None:
-    text = fs.read_optional(path)
-    return parsed(path, text, parse_pressure) if text is not None else None
 
 
 def read_system_pressure(fs: KernelFS) -> Pressure | None:
     """/proc/pressure/memory, None on a kernel without PSI."""
     return read_pressure(fs, fs.proc("pressure", "memory"))
-
-
-def read_current(fs: KernelFS, directory: Path, name: str) -> int:
-    """memory.current of a cgroup, or why it has none."""
-    current = fs.read_optional(directory / "memory.current")
-    if current is None:
-        raise FailedPrecondition(
-            f"cgroup {quoted(name)} has no memory.current: the memory controller is not enabled "
-            "in its parent's cgroup.subtree_control",
-            "MEMORY_CONTROLLER_OFF",
-            metadata={"cgroup": name},
-        )
-    return parsed(directory / "memory.current", current, int)
-
-
-def read_cgroup_dir(fs: KernelFS, directory: Path, name: str) -> CgroupMemory:
-    current = read_current(fs, directory, name)
-    swap_current = fs.read_optional(directory / "memory.swap.current")
-    swap_max = fs.read_optional(directory / "memory.swap.max")
-    stat = fs.read_parsed(directory / "memory.stat", parse_flat_keyed)
-    return CgroupMemory(
-        path=name,
-        current=current,
-        max=fs.read_parsed(directory / "memory.max", parse_limit),
-        high=fs.read_parsed(directory / "memory.high", parse_limit),
-        low=fs.read_int(directory / "memory.low"),
-        swap=CgroupSwap(
-            parsed(directory / "memory.swap.current", swap_current, int),
-            parsed(directory / "memory.swap.max", swap_max, parse_limit),
-        )
-        if swap_current is not None and swap_max is not None
-        else None,
-        events=memory_events_from(fs.read_parsed(directory / "memory.events", parse_flat_keyed)),
-        pressure=read_pressure(fs, directory / "memory.pressure"),
-        anon=stat.get("anon", 0),
-        file=stat.get("file", 0),
-        lru_anon=stat.get("active_anon", 0) + stat.get("inactive_anon", 0),
-        lru_file=stat.get("active_file", 0) + stat.get("inactive_file", 0),
-    )
 
 
 def read_present_cgroups(
@@ -256,8 +115,8 @@ def read_present_cgroups(
     removed: list[str] = []
     for name in cgroups:
         try:
-            directory = cgroup_dir(fs, name)
-            found.append((read_cgroup_dir(fs, directory, name), directory))
+            cgroup = memory_cgroup(fs, name)
+            found.append((cgroup.read(), cgroup.directory))
         except NotFound:
             removed.append(name)
         except AgentError:
@@ -280,8 +139,8 @@ def read_report(
     if removed_ok:
         present, removed = read_present_cgroups(fs, cgroups)
     else:
-        named = [(cgroup_dir(fs, name), name) for name in cgroups]  # Refuse bad names first.
-        present, removed = [(read_cgroup_dir(fs, d, name), d) for d, name in named], ()
+        named = [memory_cgroup(fs, name) for name in cgroups]  # Refuse bad names first.
+        present, removed = [(cgroup.read(), cgroup.directory) for cgroup in named], ()
     found = [cgroup for cgroup, _ in present]
     directories = [directory for _, directory in present]
     system = read_system_memory(fs)
@@ -294,7 +153,7 @@ def read_report(
             absent = (*absent, delay_absent)
         else:
             if stall.stands_in(pressure is not None):
-                delay_stall_us = stall.total_us(fs.cgroup_root)
+                delay_stall_us = stall.guest_total_us()
             measured = []
             for cgroup, directory in zip(found, directories, strict=True):
                 if stall.stands_in(cgroup.pressure is not None):

@@ -4,7 +4,6 @@ process's own footprint."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, KernelFormat, NotFound
@@ -60,47 +59,6 @@ def rss_bytes(status_text: str) -> int:
             except (IndexError, ValueError):
                 raise KernelFormat(f"status line {line!r} is malformed") from None
     return 0
-
-
-@dataclass(frozen=True)
-class Mapping:
-    size: int
-    perms: str
-    path: str  # "" for anonymous memory
-    rss: int
-
-
-def parse_smaps(text: str) -> list[Mapping]:
-    """/proc/PID/smaps: a header line per mapping ("start-end perms offset dev inode path"),
-    then "Key: N kB" lines."""
-    mappings: list[Mapping] = []
-    header: list[str] | None = None
-    rss = 0
-
-    def close() -> None:
-        if header is not None:
-            start, end = (int(part, 16) for part in header[0].split("-"))
-            path = header[5] if len(header) > 5 else ""
-            mappings.append(Mapping(end - start, header[1], path, rss))
-
-    for line in text.splitlines():
-        fields = line.split()
-        if not fields:
-            continue
-        if not fields[0].endswith(":") and "-" in fields[0]:
-            close()
-            header, rss = fields, 0
-        elif fields[0] == "Rss:":
-            rss = int(fields[1]) * 1024
-    close()
-    return mappings
-
-
-def jit_code_rss_bytes(mappings: list[Mapping]) -> int:
-    """Resident bytes of the anonymous writable-and-executable mappings: in QEMU under TCG,
-    the buffer of translated guest code (up to 1 GiB, filled as the guest runs new code and
-    kept resident), which is no guest memory."""
-    return sum(m.rss for m in mappings if m.path == "" and m.perms == "rwxp")
 
 
 def read_free_blocks(fs: KernelFS, node: int | None = None) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.keyed import parse_flat_keyed
+from guestagent.linux.keyed import parse_flat_keyed, workingset_refaults
 
 
 @dataclass(frozen=True)
@@ -26,15 +26,13 @@ class VmStat:
 
 
 def vmstat_from(values: dict[str, int]) -> VmStat:
-    # Before 5.9 the refault counter was one, workingset_refault: it counts as file.
+    anon, file = workingset_refaults(values)
     return VmStat(
         pswpin=values.get("pswpin", 0),
         pswpout=values.get("pswpout", 0),
         pgmajfault=values.get("pgmajfault", 0),
-        workingset_refault_anon=values.get("workingset_refault_anon", 0),
-        workingset_refault_file=values.get(
-            "workingset_refault_file", values.get("workingset_refault", 0)
-        ),
+        workingset_refault_anon=anon,
+        workingset_refault_file=file,
         oom_kill=values.get("oom_kill", 0),
         allocstall=sum(v for k, v in values.items() if k.startswith("allocstall")),
         compact_stall=values.get("compact_stall", 0),

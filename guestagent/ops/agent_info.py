@@ -12,12 +12,12 @@ from guestagent import __version__
 from guestagent.errors import ERROR_DOMAIN
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import DELAYACCT, IDLE_AGES, Absent, read_features
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.ops.idle import NOT_AGED, IdleState
 
 # 1: the contract before GetAgentInfo. 2: GetAgentInfo, refusal reasons (ErrorInfo), watch
 # streams that report a removed cgroup and go on.
-CONTRACT_REVISION = 2
+CONTRACT_REVISION = 3
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class AgentInfo:
 
 
 def agent_info(
-    fs: KernelFS, stall: DelayStallMeter | None = None, idle: IdleState | None = None
+    fs: Kernel, stall: DelayStallMeter | None = None, idle: IdleState | None = None
 ) -> AgentInfo:
     """`stall`: the agent's delay-accounting meter, which knows whether taskstats answers.
     `idle`: the aging loop's state, which knows when the agent ages nothing (--idle-aging 0)

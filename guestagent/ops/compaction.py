@@ -16,7 +16,7 @@ from pathlib import Path
 from guestagent.errors import DeadlineExceeded
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE, huge_order
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.mm import (
     compaction_trigger,
     read_compaction_counters,
@@ -51,7 +51,7 @@ def free_bytes_at_or_above(free_blocks: tuple[int, ...], order: int, page_size: 
 class Compactor:
     """Runs one compaction per node at a time; callers arriving meanwhile share its result."""
 
-    def __init__(self, fs: KernelFS, page_size: int | None = None) -> None:
+    def __init__(self, fs: Kernel, page_size: int | None = None) -> None:
         self.fs = fs
         self.page_size = page_size or PAGE_SIZE
         self._running: dict[int | None, asyncio.Task[CompactResult]] = {}

@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING
 
 from guestagent.errors import AgentError, FailedPrecondition, InvalidArgument
 from guestagent.jsonlog import EventLog
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import (
     MemoryBlock,
     block_size_bytes,
-    memory_root,
+    block_state,
     read_memory_blocks,
     read_virtio_mem_regions,
+    set_block_state,
 )
 from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.uevents import is_memory_added, open_uevents, read_uevents
@@ -100,17 +101,16 @@ def online_states(policy: OnlinePolicy, blocks: list[MemoryBlock]) -> dict[int, 
     return states
 
 
-def online_memory(fs: KernelFS, policy: OnlinePolicy = OnlinePolicy()) -> OnlineResult:
+def online_memory(fs: Kernel, policy: OnlinePolicy = OnlinePolicy()) -> OnlineResult:
     blocks = read_memory_blocks(fs, read_virtio_mem_regions(fs))
     onlined, movable, failed = [], [], []
     for index, state in online_states(policy, blocks).items():
         name = f"memory{index}"
         try:
-            fs.write(memory_root(fs) / name / "state", state)
+            set_block_state(fs, name, state)
         except AgentError as e:
             # The kernel's auto-onlining (or another writer) may have got there first.
-            current = fs.read_optional(memory_root(fs) / name / "state")
-            if current is None or current.strip() != "online":
+            if block_state(fs, name) != "online":
                 failed.append(f"{name}: {e}")
             continue
         onlined.append(name)
@@ -139,7 +139,7 @@ class HotplugWatcher:
     """Onlines memory when a block is added (udev or kernel uevents): the event loop reads
     the events, a blocking-pool thread makes the pass."""
 
-    def __init__(self, fs: KernelFS, policy: OnlinePolicy | None) -> None:
+    def __init__(self, fs: Kernel, policy: OnlinePolicy | None) -> None:
         """policy None: onlining is off (--online-memory off), on demand too."""
         self.fs = fs
         self.policy = policy

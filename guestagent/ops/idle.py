@@ -29,8 +29,8 @@ from guestagent.errors import AgentError, InvalidArgument
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.features import MGLRU, Absent, read_idle_ages_absence
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.giveback import read_swap_barred
+from guestagent.linux.giveback_sources import read_swap_barred
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.lru_gen import (
     Lruvec,
     debugfs,
@@ -283,7 +283,7 @@ class IdleAger:
 
     def __init__(
         self,
-        fs: KernelFS,
+        fs: Kernel,
         interval: float = DEFAULT_AGING_INTERVAL_S,
         clock: Callable[[], int] = time.monotonic_ns,
         wall: Callable[[], int] = time.time_ns,

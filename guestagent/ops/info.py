@@ -1,19 +1,20 @@
-"""GetMemoryInfo's answer: the memory report, its idle ages and give-back figures, and the
-reclaimer's status for the cgroups it acts on among those asked about."""
+"""The memory report as the host gets it, by GetMemoryInfo and by each WatchMemory message
+alike: the kernel's figures, their idle ages and give-back figures, the reclaimer's status for
+the cgroups it acts on among those asked about, and what kind of guest this is."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from guestagent.linux.confidential import Confidential
+from guestagent.linux.confidential import NONE, Confidential
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
-from guestagent.linux.statefile import state_unavailable
-from guestagent.ops.giveback import IdleReport, idle_report
-from guestagent.ops.idle import IdleSpec, IdleState
+from guestagent.ops.giveback_figures import GiveBackFigures, giveback_figures
+from guestagent.ops.idle import IdleAger, IdleSpec
 from guestagent.ops.workingset.reclaimer import Reclaimer, TargetStatus
+from guestagent.statestore import state_unavailable
 
 
 @dataclass(frozen=True)
@@ -29,23 +30,36 @@ class Report:
     reclaim: tuple[TargetStatus, ...] = ()
     # Why the agent does not persist its state, "" when it does.
     state_unavailable: str = ""
-    idle: IdleReport | None = None
+    idle: GiveBackFigures | None = None
 
 
-def memory_info(
-    fs: KernelFS,
-    spec: InfoSpec,
-    reclaimer: Reclaimer,
-    hotplug: HotplugReportCache,
-    confidential: Confidential,
-    idle: IdleState,
-    stall: DelayStallMeter | None = None,
-) -> Report:
-    report = read_report(fs, spec.cgroups, hotplug, stall)
-    return Report(
-        report,
-        confidential,
-        reclaimer.known(spec.cgroups),
-        state_unavailable(fs),
-        idle_report(fs, report, idle, spec.idle),
-    )
+NOT_CONFIDENTIAL = Confidential(NONE, "")
+
+
+@dataclass(frozen=True)
+class Reporter:
+    """What a report is read from. One per agent, shared by GetMemoryInfo and every stream;
+    a part left None (a test's) leaves its figures out of the report."""
+
+    fs: Kernel
+    hotplug: HotplugReportCache = field(default_factory=HotplugReportCache)
+    confidential: Confidential = NOT_CONFIDENTIAL
+    reclaimer: Reclaimer | None = None
+    ager: IdleAger | None = None  # Its state as of each report.
+    stall: DelayStallMeter | None = None
+
+    def report(self, spec: InfoSpec, removed_ok: bool = False) -> Report:
+        """removed_ok lists an asked-for cgroup that does not exist in the report's `removed`
+        (a stream's, after its first message) instead of refusing the call."""
+        report = read_report(self.fs, spec.cgroups, self.hotplug, self.stall, removed_ok)
+        return Report(
+            report,
+            self.confidential,
+            self.reclaimer.known(spec.cgroups) if self.reclaimer is not None else (),
+            state_unavailable(self.fs),
+            (
+                giveback_figures(self.fs, report, self.ager.state, spec.idle)
+                if self.ager is not None
+                else None
+            ),
+        )

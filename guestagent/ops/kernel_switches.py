@@ -21,7 +21,7 @@ from guestagent.linux.features import (
     read_lru_gen_enabled,
     write_lru_gen_enabled,
 )
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 
 ON, KEEP = "on", "keep"
 MODES = (ON, KEEP)
@@ -72,7 +72,7 @@ def _shown(value: bool | None) -> str:
     return "absent" if value is None else str(int(value))
 
 
-def switch_delayacct(fs: KernelFS, mode: str) -> Switch:
+def switch_delayacct(fs: Kernel, mode: str) -> Switch:
     before = read_task_delayacct(fs)
     turn, why = delayacct_switch(mode, before)
     if not turn:
@@ -84,7 +84,7 @@ def switch_delayacct(fs: KernelFS, mode: str) -> Switch:
     return Switch(DELAYACCT_SETTING, _shown(before), _shown(read_task_delayacct(fs)))
 
 
-def switch_mglru(fs: KernelFS, mode: str) -> Switch:
+def switch_mglru(fs: Kernel, mode: str) -> Switch:
     before = read_lru_gen_enabled(fs)
     shown = (before or "absent").strip()
     turn, why = mglru_switch(mode, before)

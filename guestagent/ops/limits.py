@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from guestagent.errors import (
     Aborted,
@@ -26,18 +25,16 @@ from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import LONG_MAX, PAGE_SIZE
 from guestagent.linux.cgroups import (
     SUBTREE_CONTROL,
-    CreatedCgroup,
-    cgroup_dir,
     create_cgroup,
     creation_plan,
     planned_creation,
     undo_create,
 )
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.memcg import MEMORY_LOW, MEMORY_MAX, SWAP_MAX, same_limit
-from guestagent.linux.statefile import StateFileError
+from guestagent.linux.kernel import Kernel
+from guestagent.linux.memcg import MEMORY_LOW, MEMORY_MAX, SWAP_MAX, MemoryCgroup, same_limit
 from guestagent.ops import limits_journal
 from guestagent.ops.limits_journal import FileChange, Journal
+from guestagent.statestore import StateFileError
 
 log = EventLog("guestagent.ops.limits")
 
@@ -153,7 +150,7 @@ class SetLimitsSpec:
     create: bool = False
 
 
-def apply_memory_limits(fs: KernelFS, spec: SetLimitsSpec) -> AppliedLimits:
+def apply_memory_limits(fs: Kernel, spec: SetLimitsSpec) -> AppliedLimits:
     """Write the limits of `spec` to its cgroup, all of them or none.
 
     Lowering memory.max below what the cgroup uses makes the kernel reclaim, and then
@@ -167,15 +164,14 @@ def apply_memory_limits(fs: KernelFS, spec: SetLimitsSpec) -> AppliedLimits:
         made, enabled = creation_plan(fs, cgroup) if spec.create else ((), ())
         if made:
             journaling.save(Journal(cgroup, (), made, enabled))
-        created = (
-            create_cgroup(fs, cgroup) if spec.create else CreatedCgroup(cgroup_dir(fs, cgroup))
-        )
+        created = bool(create_cgroup(fs, cgroup).made) if spec.create else False
+        memory = fs.cgroup(cgroup)
         try:
-            writes, untouched = _plan(fs, created.path, cgroup, values)
+            writes, untouched = _plan(memory, values)
             if writes:
                 journaling.save(Journal(cgroup, writes, made, enabled))
-            _write_all(fs, created.path, cgroup, writes)
-            applied = _read_back(fs, created.path, tuple(untouched), bool(created.made))
+            _write_all(memory, writes)
+            applied = _read_back(memory, tuple(untouched), created)
             _check_read_back(cgroup, writes, applied)
         except AgentError as e:
             if journaling.journal is None:
@@ -202,7 +198,7 @@ class _Journaling:
     leaves the journal to the next start.
     """
 
-    def __init__(self, fs: KernelFS) -> None:
+    def __init__(self, fs: Kernel) -> None:
         self.fs = fs
         self.journal: Journal | None = None
 
@@ -268,20 +264,20 @@ def rollback_plan(
     return tuple(writes)
 
 
-def roll_back(fs: KernelFS, journal: Journal) -> Rollback:
+def roll_back(fs: Kernel, journal: Journal) -> Rollback:
     """Put the journal's files back as they were, then remove the cgroups it made."""
     try:
-        directory: Path | None = cgroup_dir(fs, journal.cgroup)
+        memory: MemoryCgroup | None = fs.cgroup(journal.cgroup)
     except NotFound:
-        directory = None
+        memory = None
     found: dict[str, str | None] = {}
     restored: list[FileChange] = []
     failed: list[tuple[FileChange, str]] = []
-    if directory is not None:
-        found = {c.file: _read(fs, directory / c.file) for c in journal.changes}
+    if memory is not None:
+        found = {c.file: _read(memory, c.file) for c in journal.changes}
         for write in rollback_plan(journal, found, PAGE_SIZE):
             try:
-                fs.write(directory / write.file, write.new)
+                memory.set_limit_text(write.file, write.new)
                 restored.append(write)
             except AgentError as e:
                 failed.append((write, str(e)))
@@ -289,10 +285,10 @@ def roll_back(fs: KernelFS, journal: Journal) -> Rollback:
     if journal.made or journal.enabled:
         created = planned_creation(fs, journal.cgroup, journal.made, journal.enabled, "memory")
         undone = undo_create(fs, created)
-    return Rollback(journal, found, tuple(restored), tuple(failed), undone, directory is None)
+    return Rollback(journal, found, tuple(restored), tuple(failed), undone, memory is None)
 
 
-def roll_back_and_log(fs: KernelFS, journal: Journal) -> Rollback:
+def roll_back_and_log(fs: Kernel, journal: Journal) -> Rollback:
     rollback = roll_back(fs, journal)
     if rollback.cgroup_gone:
         log.warning(
@@ -321,7 +317,7 @@ def roll_back_and_log(fs: KernelFS, journal: Journal) -> Rollback:
     return rollback
 
 
-def recover(fs: KernelFS) -> Journal | None:
+def recover(fs: Kernel) -> Journal | None:
     """At start: roll back the change a dead agent left in flight, log it, drop the journal.
 
     Returns the journal that was found, if any. Nothing here raises: a rollback that fails is
@@ -339,21 +335,22 @@ def recover(fs: KernelFS) -> Journal | None:
     return journal
 
 
-def _read(fs: KernelFS, path: Path) -> str | None:
+def _read(memory: MemoryCgroup, file: str) -> str | None:
     try:
-        return fs.read_optional(path)
+        return memory.limit_text_if_any(file)
     except AgentError:
         return None
 
 
 def _plan(
-    fs: KernelFS, directory: Path, cgroup: str, values: CgroupMemoryValues
+    memory: MemoryCgroup, values: CgroupMemoryValues
 ) -> tuple[tuple[FileChange, ...], list[str]]:
     """The writes to make, each with the value to put back; refused before anything changes."""
-    if not fs.exists(directory / MEMORY_MAX):
+    cgroup = memory.name
+    if not memory.has_limits():
         raise FailedPrecondition(
             f"cgroup {quoted(cgroup)} has no {MEMORY_MAX}: the memory controller is not enabled in "
-            f"{directory.parent / SUBTREE_CONTROL}",
+            f"{memory.directory.parent / SUBTREE_CONTROL}",
             "MEMORY_CONTROLLER_OFF",
             metadata={"cgroup": cgroup},
         )
@@ -371,9 +368,9 @@ def _plan(
         if value is None:
             untouched.append(file)
             continue
-        before = fs.read_optional(directory / file)
+        before = memory.limit_text_if_any(file)
         if before is not None:
-            writes.append(FileChange(file, before.strip(), value))
+            writes.append(FileChange(file, before, value))
         elif file == SWAP_MAX and value in ("max", "0"):
             # No swap accounting (CONFIG_MEMCG_SWAP off, or swapaccount=0): with no swap to
             # limit, "max" and "0" already hold and are skipped; a number of bytes cannot be.
@@ -394,15 +391,20 @@ def _plan(
     return tuple(writes), untouched
 
 
-def _write_all(fs: KernelFS, directory: Path, cgroup: str, writes: tuple[FileChange, ...]) -> None:
+def _write_all(memory: MemoryCgroup, writes: tuple[FileChange, ...]) -> None:
     for write in writes:
         try:
-            fs.write(directory / write.file, write.new)
+            memory.set_limit_text(write.file, write.new)
         except AgentError as e:
             raise Aborted(
-                f"setting limits of cgroup {quoted(cgroup)} failed: {e}",
+                f"setting limits of cgroup {quoted(memory.name)} failed: {e}",
                 "LIMIT_WRITE_FAILED",
-                metadata={**caused_by(e), "cgroup": cgroup, "file": write.file, "value": write.new},
+                metadata={
+                    **caused_by(e),
+                    "cgroup": memory.name,
+                    "file": write.file,
+                    "value": write.new,
+                },
             ) from e
 
 
@@ -425,15 +427,12 @@ def _check_read_back(cgroup: str, writes: tuple[FileChange, ...], applied: Appli
             )
 
 
-def _read_back(
-    fs: KernelFS, directory: Path, untouched: tuple[str, ...], created: bool
-) -> AppliedLimits:
+def _read_back(memory: MemoryCgroup, untouched: tuple[str, ...], created: bool) -> AppliedLimits:
     # The kernel rounds bytes down to whole pages, so what it holds can differ from the text.
-    swap = fs.read_optional(directory / SWAP_MAX)
     return AppliedLimits(
-        memory_max=fs.read(directory / MEMORY_MAX).strip(),
-        swap_max=swap.strip() if swap is not None else None,
-        memory_low=fs.read(directory / MEMORY_LOW).strip(),
+        memory_max=memory.limit_text(MEMORY_MAX),
+        swap_max=memory.limit_text_if_any(SWAP_MAX),
+        memory_low=memory.limit_text(MEMORY_LOW),
         untouched=untouched,
         created=created,
     )

@@ -18,9 +18,9 @@ from typing import Any
 
 from guestagent.errors import InvalidArgument, quoted
 from guestagent.linux.cgroups import validate_cgroup_name
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import LIMIT_FILES
-from guestagent.linux.statefile import LIMITS_JOURNAL, StateFile, StateFileError, state_file
+from guestagent.statestore import LIMITS_JOURNAL, StateFile, StateFileError, state_file
 
 FORMAT_VERSION = 1
 
@@ -125,18 +125,18 @@ def limit_text_valid(text: str) -> bool:
     return text == "max" or (0 < len(text) <= 20 and text.isascii() and text.isdigit())
 
 
-def store(fs: KernelFS) -> StateFile:
+def store(fs: Kernel) -> StateFile:
     return state_file(fs, LIMITS_JOURNAL)
 
 
-def save(fs: KernelFS, journal: Journal) -> None:
+def save(fs: Kernel, journal: Journal) -> None:
     store(fs).save(encode(journal))
 
 
-def load(fs: KernelFS) -> Journal | None:
+def load(fs: Kernel) -> Journal | None:
     """The journal a call left; None if none, or if it was not one (then moved aside)."""
     return store(fs).load_valid(decode)
 
 
-def discard(fs: KernelFS) -> None:
+def discard(fs: Kernel) -> None:
     store(fs).remove()

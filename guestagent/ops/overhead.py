@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guestagent.linux.abi import PAGE_SIZE
-from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.features import Absent
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import block_size_bytes, memory_blocks
-from guestagent.linux.meminfo import read_current, read_system_memory
+from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.mm import read_own_rss, read_present_bytes
 from guestagent.linux.swiotlb import Swiotlb, read_swiotlb
 
@@ -32,8 +31,8 @@ class GuestOverhead:
     swiotlb: Swiotlb | Absent  # within kernel_reserved
 
 
-def guest_overhead(fs: KernelFS, workload_cgroups: tuple[str, ...] = ()) -> GuestOverhead:
-    workloads = sum(read_current(fs, cgroup_dir(fs, name), name) for name in workload_cgroups)
+def guest_overhead(fs: Kernel, workload_cgroups: tuple[str, ...] = ()) -> GuestOverhead:
+    workloads = sum(fs.cgroup(name).current() for name in workload_cgroups)
     present = read_present_bytes(fs, PAGE_SIZE)
     if present is None:
         online = sum(1 for state in memory_blocks(fs).values() if state == "online")

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from guestagent.errors import FailedPrecondition, InvalidArgument
+from guestagent.errors import InvalidArgument
 from guestagent.jsonlog import EventLog
-from guestagent.linux.cgroups import cgroup_dir
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.memcg import MEMORY_RECLAIM, write_memory_reclaim
-from guestagent.linux.meminfo import read_current
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.mm import drop_caches as drop_caches_now
 
 log = EventLog("guestagent.ops.reclaim")
@@ -53,22 +50,16 @@ def validate_reclaim(bytes_: int, drop_caches: int) -> None:
         )
 
 
-def reclaim(fs: KernelFS, spec: ReclaimSpec) -> ReclaimResult:
+def reclaim(fs: Kernel, spec: ReclaimSpec) -> ReclaimResult:
     cgroup, bytes_, drop_caches = spec.cgroup, spec.bytes, spec.drop_caches
     validate_reclaim(bytes_, drop_caches)
-    directory = cgroup_dir(fs, cgroup)
-    control = directory / MEMORY_RECLAIM
-    if not fs.exists(control):
-        raise FailedPrecondition(
-            f"{control} is missing: memory.reclaim needs Linux 5.19 or later",
-            "MEMORY_RECLAIM_ABSENT",
-            metadata={"path": control},
-        )
-    before = read_current(fs, directory, cgroup)
+    memory = fs.cgroup(cgroup)
+    memory.require_reclaim()
+    before = memory.current()
     if drop_caches:
         drop_caches_now(fs, drop_caches)
-    complete = write_memory_reclaim(fs, directory, str(bytes_))
-    after = read_current(fs, directory, cgroup)
+    complete = memory.reclaim(str(bytes_))
+    after = memory.current()
     log.info(
         "reclaimed", cgroup=cgroup, requested=bytes_, before=before, after=after, complete=complete
     )

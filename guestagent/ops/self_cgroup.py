@@ -15,13 +15,14 @@ from enum import Enum
 
 from guestagent.errors import AgentError, errno_text
 from guestagent.jsonlog import EventLog
-from guestagent.linux.cgroups import create_cgroup, read_own_cgroup
-from guestagent.linux.fs import KernelFS
+from guestagent.linux import memcg
+from guestagent.linux.cgroups import create_cgroup, move_process, read_mount_facts, read_own_cgroup
+from guestagent.linux.kernel import Kernel
+from guestagent.sizes import MIB
 
 log = EventLog("guestagent.ops.self_cgroup")
 
 AGENT_CGROUP = "guestagent"
-MIB = 1 << 20
 # Covers what the serving agent uses (2026-12-04, tests/vm/test_squeeze.py: memory.current 37.7
 # MiB idle, 42.3 at the peak; about 28 MiB of it idle for 30 s or more in the give-back test),
 # so its hot pages are reclaimed after the workloads' memory. Not its whole footprint: the
@@ -31,8 +32,10 @@ MEMORY_MIN = 24 * MIB
 # A ceiling, not a kill: above it the kernel throttles and reclaims the agent. 80 MiB is what
 # Apple's vminitd sets on its own cgroup, /vminitd, before it serves (apple/containerization,
 # vminitd AgentCommand.swift, next to a 50 MiB memory.low; min here, since low yields to
-# pressure that min does not).
+# pressure that min does not). No memory.max, as vminitd sets none.
 MEMORY_HIGH = 80 * MIB
+# The systemd units (image/guestagent.service, and the Kata extension's, derived from it) set
+# the same: tests/unit/test_units.py fails when they disagree.
 
 
 class Action(Enum):
@@ -76,18 +79,14 @@ def decide(
     return Decision(Action.MOVE, "running in the root cgroup", current)
 
 
-def protect_self(fs: KernelFS, pid: int | None = None, euid: int | None = None) -> Decision:
+def protect_self(fs: Kernel, pid: int | None = None, euid: int | None = None) -> Decision:
     """Move this process into /guestagent with its protection, and log what was done.
 
     Never fatal: an agent without its own cgroup still serves, it just competes for memory.
     """
     pid = os.getpid() if pid is None else pid
-    mount = fs.cgroup_root
     decision = decide(
-        os.geteuid() if euid is None else euid,
-        read_own_cgroup(fs),
-        fs.read_optional(mount / "cgroup.controllers"),
-        fs.exists(mount / "cgroup.type"),
+        os.geteuid() if euid is None else euid, read_own_cgroup(fs), *read_mount_facts(fs)
     )
     if decision.action is not Action.MOVE:
         log.info(
@@ -98,10 +97,11 @@ def protect_self(fs: KernelFS, pid: int | None = None, euid: int | None = None) 
         )
         return decision
     try:
-        directory = create_cgroup(fs, AGENT_CGROUP).path
-        fs.write(directory / "cgroup.procs", str(pid))
-        fs.write(directory / "memory.min", str(MEMORY_MIN))
-        fs.write(directory / "memory.high", str(MEMORY_HIGH))
+        create_cgroup(fs, AGENT_CGROUP)
+        move_process(fs, AGENT_CGROUP, pid)
+        memory = fs.cgroup(AGENT_CGROUP)
+        memory.set_limit(memcg.MEMORY_MIN, MEMORY_MIN)
+        memory.set_limit(memcg.MEMORY_HIGH, MEMORY_HIGH)
     except (AgentError, OSError) as e:
         error = errno_text(e) if isinstance(e, OSError) else str(e)
         log.warning("self_cgroup_failed", reason=decision.reason, error=error)

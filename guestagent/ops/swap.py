@@ -47,6 +47,7 @@ from guestagent.linux.blockdev import (
     DeviceSelector,
     UdevDevices,
     device_for_node,
+    device_number,
     discard_all,
     first_data_offset,
     open_exclusive,
@@ -65,8 +66,7 @@ from guestagent.linux.dm import (
     mapping_named,
     read_mappings,
 )
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.statefile import SWAPS, state_file
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.swaps import (
     ActiveSwap,
     SwapHeader,
@@ -75,6 +75,7 @@ from guestagent.linux.swaps import (
     read_swap_header,
 )
 from guestagent.linux.tools import run_mkswap
+from guestagent.statestore import SWAPS, state_file
 
 log = EventLog("guestagent.ops.swap")
 
@@ -208,7 +209,7 @@ class SwapManager:
 
     def __init__(
         self,
-        fs: KernelFS,
+        fs: Kernel,
         finder: DeviceFinder | None = None,
         confidential: Confidential | None = None,
     ) -> None:
@@ -284,11 +285,7 @@ class SwapManager:
         return None
 
     def _same_device(self, filename: str, device: BlockDevice) -> bool:
-        try:
-            rdev = os.stat(self.fs.host_path(filename)).st_rdev
-        except OSError:
-            return False
-        return rdev != 0 and (os.major(rdev), os.minor(rdev)) == (device.major, device.minor)
+        return device_number(self.fs, filename) == (device.major, device.minor)
 
     def _area(
         self,

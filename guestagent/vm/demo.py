@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from guestagent.host.client import AgentClient
 from guestagent.host.ctl import main as ctl_main
+from guestagent.sizes import MIB
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 
-MIB = 1 << 20
 # Touches 200 MiB, then creates the file its argument names. No quotes: it goes inside two.
 FILLER = (
     "import pathlib, sys, time; b = bytearray(200 << 20); "

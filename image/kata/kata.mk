@@ -5,7 +5,7 @@
 PYTHON ?= $(CURDIR)/../.venv/bin/python
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' ../pyproject.toml)
 EXTENSION_INPUTS := $(BUILD)/extension/runtime-debs.path $(BUILD)/deps.path $(BUILD)/wheel.sha256 \
-	$(wildcard ../guestagent/build/*.py)
+	$(wildcard ../guestagent/build/*.py) guestagent.service
 EXTENSION_BUILD = cd .. && $(PYTHON) -m guestagent.build.extension build \
 	--debs "$$(cat $(BUILD)/extension/runtime-debs.path)/root" --site "$$(cat $(BUILD)/deps.path)" \
 	--wheel "$(WHEEL)" --version $(VERSION) --machine $(MACHINE)

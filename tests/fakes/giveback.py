@@ -3,14 +3,15 @@ figures, and a compaction; each call is noted."""
 
 from __future__ import annotations
 
+from guestagent.sizes import GIB, MIB
 from guestagent.v1 import agent_pb2 as pb
 
 ADDR = 0x100000000  # where the virtio-mem region starts in the reports
 
 
 def report(
-    mem_total: int = 1000 << 20,
-    safe_target: int | None = 600 << 20,
+    mem_total: int = 1000 * MIB,
+    safe_target: int | None = 600 * MIB,
     vmem_safe: int | None = None,
 ) -> pb.MemoryInfo:
     info = pb.MemoryInfo(system=pb.SystemMemory(mem_total_bytes=mem_total))
@@ -23,7 +24,7 @@ def report(
         info.giveback.virtio_mem.append(
             pb.VirtioMemTarget(
                 device="virtio4",
-                plugged_bytes=1 << 30,
+                plugged_bytes=GIB,
                 safe_requested_size=pb.Figure(bytes=vmem_safe, reason="holder fits in 1 block"),
             )
         )
@@ -41,4 +42,4 @@ class FakeAgent:
 
     def compact(self) -> pb.CompactResult:
         self.calls.append("compact")
-        return pb.CompactResult(free_huge_bytes_before=10 << 20, free_huge_bytes_after=90 << 20)
+        return pb.CompactResult(free_huge_bytes_before=10 * MIB, free_huge_bytes_after=90 * MIB)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from guestagent.errors import kernel_error
 from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 
 # Do the operation (with this value, for a write); a handler may call it, or not, or twice.
 Proceed = Callable[[str], None]
@@ -61,7 +62,7 @@ def _link(handler: Handler, path: Path, proceed: Proceed) -> Proceed:
 
 
 @dataclass(frozen=True)
-class FakeKernelFS(KernelFS):
+class FakeKernelFS(Kernel):
     """A KernelFS over the fake tree whose writes, mkdirs and rmdirs go through its kernel."""
 
     kernel: FakeKernel = field(default_factory=FakeKernel, compare=False)

@@ -14,6 +14,7 @@ from guestagent.host.refusal import refusal_from
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import IdleAger
 from guestagent.ops.swap import SwapManager
+from guestagent.ops.workingset.reclaimer import Reclaimer
 from tests.fakes.root import FakeRoot
 
 
@@ -58,6 +59,8 @@ def make_servicer(fake_root: FakeRoot, ager: IdleAger | None = None) -> MemoryAg
         asyncio.Event(),
         SwapManager(fs),
         HotplugWatcher(fs, OnlinePolicy("online")),
-        peers=PeerTable(),
-        ager=ager,
+        Reclaimer(fs),
+        PeerTable(),
+        ager or IdleAger(fs),
+        stall=None,
     )

@@ -10,11 +10,10 @@ import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.agentproc import AgentProcess
 from tests.fakes.root import FakeRoot
-
-MiB = 1 << 20
 
 
 def audit_lines(agent: AgentProcess) -> list[dict[str, object]]:
@@ -24,32 +23,32 @@ def audit_lines(agent: AgentProcess) -> list[dict[str, object]]:
 def test_a_change_and_a_refusal_over_unix(agent: AgentProcess, fake_root: FakeRoot) -> None:
     with AgentClient(agent.unix_target) as client:
         client.stub.SetMemoryLimits(
-            pb.SetMemoryLimitsRequest(cgroup="pod/ctr", memory=pb.LinuxMemory(limit=64 * MiB)),
+            pb.SetMemoryLimitsRequest(cgroup="pod/ctr", memory=pb.LinuxMemory(limit=64 * MIB)),
             timeout=30,
         )
         with pytest.raises(grpc.RpcError) as refused:
             client.stub.SetMemoryLimits(
                 pb.SetMemoryLimitsRequest(
-                    cgroup="pod/ctr", memory=pb.LinuxMemory(limit=64 * MiB, swap=32 * MiB)
+                    cgroup="pod/ctr", memory=pb.LinuxMemory(limit=64 * MIB, swap=32 * MIB)
                 ),
                 timeout=30,
             )
         client.info(["pod/ctr"])  # A read: no audit line.
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert (fake_root.root / "sys/fs/cgroup/pod/ctr/memory.max").read_text() == str(64 * MiB)
+    assert (fake_root.root / "sys/fs/cgroup/pod/ctr/memory.max").read_text() == str(64 * MIB)
 
     done, refusal = audit_lines(agent)
     caller = f"unix:uid={os.getuid()},gid={os.getgid()},pid={os.getpid()}"
     assert done["method"] == refusal["method"] == "SetMemoryLimits"
     assert done["peer"] == refusal["peer"] == caller
-    assert done["request"] == {"cgroup": "pod/ctr", "memory": {"limit": 64 * MiB}}
+    assert done["request"] == {"cgroup": "pod/ctr", "memory": {"limit": 64 * MIB}}
     assert done["code"] == "OK" and "error" not in done
     assert refusal["code"] == "INVALID_ARGUMENT"
     assert refusal["request"] == {
         "cgroup": "pod/ctr",
-        "memory": {"limit": 64 * MiB, "swap": 32 * MiB},
+        "memory": {"limit": 64 * MIB, "swap": 32 * MIB},
     }
-    assert str(32 * MiB) in str(refusal["error"]) and str(64 * MiB) in str(refusal["error"])
+    assert str(32 * MIB) in str(refusal["error"]) and str(64 * MIB) in str(refusal["error"])
     for line in (done, refusal):
         assert isinstance(line["duration_ms"], float) and line["duration_ms"] >= 0
 

@@ -8,25 +8,24 @@ from pathlib import Path
 from guestagent.host.client import AgentClient
 from guestagent.ops import limits_journal
 from guestagent.ops.limits_journal import FileChange, Journal
+from guestagent.sizes import MIB
 from tests.fakes.agentproc import AgentProcess
 from tests.fakes.root import FakeRoot
-
-MiB = 1 << 20
 
 
 def test_a_leftover_journal_is_rolled_back_before_serving(
     fake_root: FakeRoot, tmp_path: Path
 ) -> None:
-    ctr = fake_root.add_cgroup("pod/ctr", max_=str(32 * MiB))
-    (ctr / "memory.swap.max").write_text(f"{96 * MiB}\n")
+    ctr = fake_root.add_cgroup("pod/ctr", max_=str(32 * MIB))
+    (ctr / "memory.swap.max").write_text(f"{96 * MIB}\n")
     limits_journal.save(
         fake_root.fs,
         Journal(
             "pod/ctr",
             (
-                FileChange("memory.swap.max", "max", str(96 * MiB)),
-                FileChange("memory.max", "max", str(32 * MiB)),
-                FileChange("memory.low", "0", str(16 * MiB)),
+                FileChange("memory.swap.max", "max", str(96 * MIB)),
+                FileChange("memory.max", "max", str(32 * MIB)),
+                FileChange("memory.low", "0", str(16 * MIB)),
             ),
         ),
     )
@@ -42,8 +41,8 @@ def test_a_leftover_journal_is_rolled_back_before_serving(
     events = [e for e in process.log_events() if e["event"] == "limits_rolled_back"]
     assert len(events) == 1
     assert events[0]["restored"] == [
-        {"file": "memory.max", "from": str(32 * MiB), "to": "max"},
-        {"file": "memory.swap.max", "from": str(96 * MiB), "to": "max"},
+        {"file": "memory.max", "from": str(32 * MIB), "to": "max"},
+        {"file": "memory.swap.max", "from": str(96 * MIB), "to": "max"},
     ]
     # Logged before the listeners opened: no caller saw the half-applied limits.
     names = [e["event"] for e in process.log_events()]

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from guestagent.sizes import MIB
 from guestagent.vm.qemu import free_tcp_port
 from tests.fakes.agentproc import AgentProcess
 from tests.fakes.root import FakeRoot
 
-MIB = 1 << 20
 KIB = 1 << 10
 Labels = frozenset[tuple[str, str]]
 Scrape = dict[tuple[str, Labels], float]

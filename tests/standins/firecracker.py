@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.standins.server import MIB, ApiFault, StandIn, serve_until_sigterm
+from guestagent.sizes import MIB
+from tests.standins.server import ApiFault, StandIn, serve_until_sigterm
 
 PAGE = 4096
 

@@ -17,8 +17,6 @@ from typing import Any
 
 from guestagent.host.qmp import QemuMonitor
 
-MIB = 1 << 20
-
 
 class ApiFault(Exception):
     """An error answer: the status and the VMM's body for it."""

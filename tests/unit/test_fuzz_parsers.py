@@ -16,8 +16,10 @@ from guestagent.errors import AgentError
 from guestagent.linux.blockdev import DeviceSelector, parse_mountinfo, probe_signatures
 from guestagent.linux.cgroups import validate_cgroup_name
 from guestagent.linux.keyed import parse_flat_keyed
-from guestagent.linux.meminfo import parse_limit, parse_meminfo, parse_pressure
+from guestagent.linux.memcg import parse_limit
+from guestagent.linux.meminfo import parse_meminfo
 from guestagent.linux.mm import parse_buddyinfo, parse_zoneinfo_present, rss_bytes
+from guestagent.linux.psi import parse_pressure
 from guestagent.linux.swaps import parse_swap_header
 from guestagent.linux.watch import parse_inotify_events
 from guestagent.transport.address import parse_address

@@ -7,6 +7,7 @@ import is still a dependency), so a violation fails here whether or not the code
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
 
 # Modules at the top of the package that both sides of the vsock use.
-SHARED = {"errors", "jsonlog", "transport"}
+SHARED = {"errors", "jsonlog", "transport", "sizes"}
+# The byte units: the one module the build may share with the agent.
+UNITS = "guestagent.sizes"
 GRPC_OR_CONTRACT = (
     "grpc",
     "grpc_health",
@@ -59,10 +62,6 @@ def within(module: str, *prefixes: str) -> bool:
 
 SOURCES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "_pb2" not in p.name}
 
-# host.measure boots guests to measure them: it is the one production user of the harness,
-# and imports it only when the command runs (the vm extra may be absent).
-VM_USERS_OUTSIDE_VM = {"guestagent.host.measure"}
-
 
 def violations() -> list[str]:
     found = []
@@ -76,15 +75,23 @@ def violations() -> list[str]:
                 found.append(f"{module} imports {target}: linux/ is the bottom layer")
             if own == "ops" and theirs in ("agent", "host", "vm"):
                 found.append(f"{module} imports {target}: ops/ knows no daemon or host")
+            if own in ("ops", "agent") and within(target, "guestagent.linux.fs"):
+                found.append(f"{module} imports {target}: ops/ and agent/ hold a Kernel, not files")
             if own == "shared" and theirs not in (None, "shared", "v1"):
                 found.append(f"{module} imports {target}: shared modules stay leaf-ward")
             if {own, theirs} == {"agent", "host"}:
                 found.append(f"{module} imports {target}: agent and host never import each other")
             if theirs == "build" and own != "build":
                 found.append(f"{module} imports {target}: the guest build is a tool, not a library")
-            if own == "build" and theirs not in (None, "build"):
+            if own == "build" and theirs not in (None, "build") and not within(target, UNITS):
                 found.append(f"{module} imports {target}: the build needs nothing of the agent")
-            if theirs == "vm" and own != "vm" and module not in VM_USERS_OUTSIDE_VM:
+            if own == "statestore" and theirs not in (None, "shared", "linux"):
+                found.append(f"{module} imports {target}: the agent's store builds on linux/ only")
+            if theirs == "statestore" and own not in ("ops", "agent", "statestore"):
+                found.append(f"{module} imports {target}: only the agent keeps state")
+            if own == "host" and theirs == "vm":
+                found.append(f"{module} imports {target}: host/ is the product, vm/ builds on it")
+            elif theirs == "vm" and own != "vm":
                 found.append(f"{module} imports {target}: only vm/ and tests use the harness")
     return found
 
@@ -93,8 +100,18 @@ def violations() -> list[str]:
 # run no process (linux/tools.py runs them).
 KNOWS_NO_KERNEL = ("ops", "agent")
 KERNEL_PATHS = {"proc", "sys", "dev"}  # KernelFS's methods that name a kernel file.
+# KernelFS's file access: a Kernel is a KernelFS, so only linux/ may call these on it.
+FILE_ACCESS = {"read", "read_bytes", "read_optional", "read_parsed", "read_int", "write", "open"}
+FILE_ACCESS |= {"exists", "is_dir", "listdir", "subdirectories", "mkdir", "rmdir", "host_path"}
 PROCESS_MODULES = {"subprocess", "multiprocessing", "pty"}
 OS_PROCESS_CALLS = {"sysconf", "system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"}
+# A kernel file named as a whole string: absolute, or a cgroup's file relative to its directory.
+KERNEL_FILE = re.compile(
+    r"/(proc|sys|dev)(/.*)?"
+    r"|(cgroup|memory|cpu|io|pids)\.(procs|threads|controllers|subtree_control|type|events"
+    r"|events\.local|stat|current|min|low|high|max|peak|pressure|reclaim|oom\.group"
+    r"|swap\.(current|max|high|peak|events)|zswap\.(current|max))"
+)
 
 
 def kernel_knowledge(path: Path) -> list[str]:
@@ -107,12 +124,17 @@ def kernel_knowledge(path: Path) -> list[str]:
             owner_name = owner.id if isinstance(owner, ast.Name) else None
             if name in KERNEL_PATHS and owner_name != "os":
                 found.append(f"{line}: names a kernel path (.{name}())")
+            holder = owner_name or getattr(owner, "attr", None)
+            if name in FILE_ACCESS and holder in ("fs", "kernel"):
+                found.append(f"{line}: touches a kernel file itself ({holder}.{name}())")
             if owner_name == "os" and (
                 name in OS_PROCESS_CALLS or name.startswith(("exec", "spawn"))
             ):
                 found.append(f"{line}: asks the kernel directly (os.{name})")
             if owner_name == "asyncio" and name.startswith("create_subprocess"):
                 found.append(f"{line}: runs a process (asyncio.{name})")
+        elif isinstance(node, ast.Attribute) and node.attr == "cgroup_root":
+            found.append(f"{line}: names a kernel path (.cgroup_root)")
         elif isinstance(node, ast.Import | ast.ImportFrom):
             names = [a.name for a in node.names]
             modules = names if isinstance(node, ast.Import) else [node.module or ""]
@@ -132,7 +154,10 @@ def kernel_knowledge(path: Path) -> list[str]:
         elif (
             isinstance(node, ast.Constant)
             and isinstance(node.value, str)
-            and node.value.startswith(("/proc/", "/sys/", "/dev/"))
+            and (
+                node.value.startswith(("/proc/", "/sys/", "/dev/"))
+                or KERNEL_FILE.fullmatch(node.value)
+            )
         ):
             found.append(f"{line}: names a kernel path ({node.value!r})")
     return found
@@ -149,7 +174,17 @@ def kernel_violations() -> list[str]:
 
 def test_every_module_is_in_a_layer() -> None:
     layers = {layer(m) for m in SOURCES}
-    assert layers <= {"shared", "linux", "ops", "agent", "host", "vm", "v1", "build"}, layers
+    assert layers <= {
+        "shared",
+        "linux",
+        "statestore",
+        "ops",
+        "agent",
+        "host",
+        "vm",
+        "v1",
+        "build",
+    }, layers
 
 
 def test_import_contracts_hold() -> None:
@@ -175,9 +210,16 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
     planted = {
         "guestagent.ops.planted": "import grpc\nfrom guestagent.agent import rpc\n",
         "guestagent.linux.planted": "from guestagent.ops import swap\n",
-        "guestagent.host.planted": "def f():\n    from guestagent.agent.wire import x\n",
+        "guestagent.host.planted": (
+            "def f():\n    from guestagent.agent.wire import x\n"
+            "    from guestagent.vm import qemu\n"
+        ),
         "guestagent.agent.planted": "from guestagent.vm import qemu\n",
         "guestagent.build.planted": "from guestagent.linux import fs\n",
+        "guestagent.ops.planted_fs": "from guestagent.linux.fs import KernelFS\n",
+        "guestagent.agent.planted_fs": "from guestagent.linux import fs\n",
+        "guestagent.linux.planted_store": "from guestagent import statestore\n",
+        "guestagent.statestore.planted": "from guestagent.ops import swap\n",
     }
     plant(planted, tmp_path, monkeypatch)
     found = "\n".join(violations())
@@ -186,8 +228,13 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.ops.planted imports guestagent.agent.rpc",
         "guestagent.linux.planted imports guestagent.ops.swap",
         "guestagent.host.planted imports guestagent.agent.wire",
+        "guestagent.host.planted imports guestagent.vm.qemu: host/ is the product",
         "guestagent.agent.planted imports guestagent.vm.qemu",
         "guestagent.build.planted imports guestagent.linux.fs",
+        "guestagent.ops.planted_fs imports guestagent.linux.fs: ops/ and agent/ hold a Kernel",
+        "guestagent.agent.planted_fs imports guestagent.linux.fs: ops/ and agent/ hold a Kernel",
+        "guestagent.linux.planted_store imports guestagent.statestore: only the agent keeps",
+        "guestagent.statestore.planted imports guestagent.ops.swap: the agent's store builds",
     ):
         assert expected in found
 
@@ -201,8 +248,15 @@ def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.Mo
             "def f(fs):\n"
             "    fs.read(fs.proc('buddyinfo'))\n"
             "    return os.sysconf('SC_PAGE_SIZE')\n"
+            "def g(self): self.fs.write(self.fs.cgroup_root, '+memory')\n"
+            "def h(kernel, path): return kernel.exists(path)\n"
         ),
         "guestagent.agent.planted": "PATH = '/sys/kernel/mm'\ndef g(fs): fs.sys('x')\n",
+        "guestagent.agent.planted_name": (
+            "def watch(memory): return memory.directory / 'memory.events'\n"
+            "CONTROL, PROC = 'memory.reclaim', '/proc'\n"
+            "FIELD = 'memory.swap'  # The OCI spec's field, not a file: not a breach.\n"
+        ),
         "guestagent.linux.planted": "import subprocess\ndef parse_x(fs): fs.proc('x')\n",
     }
     plant(planted, tmp_path, monkeypatch)
@@ -213,10 +267,18 @@ def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.Mo
         "guestagent.ops.planted:3: defines a kernel-text parser (parse_buddyinfo)",
         "guestagent.ops.planted:5: names a kernel path (.proc())",
         "guestagent.ops.planted:6: asks the kernel directly (os.sysconf)",
+        "guestagent.ops.planted:5: touches a kernel file itself (fs.read())",
+        "guestagent.ops.planted:7: touches a kernel file itself (fs.write())",
+        "guestagent.ops.planted:7: names a kernel path (.cgroup_root)",
+        "guestagent.ops.planted:8: touches a kernel file itself (kernel.exists())",
         "guestagent.agent.planted:1: names a kernel path ('/sys/kernel/mm')",
         "guestagent.agent.planted:2: names a kernel path (.sys())",
+        "guestagent.agent.planted_name:1: names a kernel path ('memory.events')",
+        "guestagent.agent.planted_name:2: names a kernel path ('memory.reclaim')",
+        "guestagent.agent.planted_name:2: names a kernel path ('/proc')",
     ):
         assert expected in found
+    assert "planted_name:3" not in found
     assert "guestagent.linux.planted" not in found
 
 
@@ -234,8 +296,9 @@ def test_the_daemon_loads_no_host_or_harness_code() -> None:
 
 def test_guestctl_loads_no_sizing_measure_or_harness_code_at_start() -> None:
     """guestctl also runs in the guest (it is in the image's venv), which carries neither
-    host/sizing nor host/measure nor vm/, nor qemu.qmp, which host/qmp brings: only the
-    commands that need them import them (give-back its VMM's backend and the follow loop)."""
+    host/sizing nor host/measure (nor the QEMU boot it uses) nor vm/, nor qemu.qmp, which
+    host/qmp brings: only the commands that need them import them (give-back its VMM's
+    backend and the follow loop)."""
     probe = (
         "import sys, guestagent.host.ctl\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('guestagent')))"
@@ -246,6 +309,7 @@ def test_guestctl_loads_no_sizing_measure_or_harness_code_at_start() -> None:
     heavy = (
         "guestagent.host.sizing",
         "guestagent.host.measure",
+        "guestagent.host.qemu",
         "guestagent.host.giveback",
         "guestagent.host.follow",
         "guestagent.host.qmp",

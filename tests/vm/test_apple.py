@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import (
@@ -33,7 +34,6 @@ from tests.vm.pace import Pace
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 RESULTS: dict[str, Any] = {
     "kernel_cmdline_added": APPLE.extra_cmdline,
     "agent_args": list(APPLE.agent_args),

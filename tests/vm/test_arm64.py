@@ -19,6 +19,7 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.linux.abi import huge_order
+from guestagent.sizes import MIB
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import (
@@ -51,7 +52,6 @@ from tests.vm.pace import Deadline
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 ARCHES = ("aarch64", "x86_64")
 DISKS = (Disk("swap", 1 << 30, serial="swap0"), Disk("ext", 64 * MIB, serial="ext0"))
 # The table's row L=64M, S=256M (tests/vm/test_limits.py): a workload of 150 MiB swaps.

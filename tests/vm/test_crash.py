@@ -17,13 +17,13 @@ import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot_and_record, filler_ready, start_filler, stop_filler, wait_until
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 RESULTS: dict[str, object] = {}
 CGROUP = "crash"
 JOURNAL = "/run/guestagent/limits-journal.json"

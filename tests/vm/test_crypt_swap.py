@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm import pace
@@ -37,7 +38,6 @@ from tests.vm.guest import (
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 DISKS = (
     Disk("crypt", 512 * MIB, serial="crypt0"),
     Disk("plain", 512 * MIB, serial="plain0"),

@@ -12,14 +12,13 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.linux.swaps import parse_proc_swaps
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot, read_guest, wait_until
 from tests.vm.pace import Pace
 
 pytestmark = pytest.mark.vm
-
-MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")

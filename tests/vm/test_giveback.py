@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import (
@@ -27,7 +28,6 @@ from tests.vm.pace import Pace
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 RESULTS: dict[str, object] = {}
 HOG_MIB = 600
 

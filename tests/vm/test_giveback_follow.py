@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.vm.qemu import GuestVM
 from tests.vm.follow import FOLLOW_GUEST, check, enable_swap
 from tests.vm.guest import module_guest
 from tests.vm.pace import Pace
-from tests.workloads.giveback import MIB, grow_after_give_back
+from tests.workloads.giveback import grow_after_give_back
 
 pytestmark = pytest.mark.vm
 

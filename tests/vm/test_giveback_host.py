@@ -16,6 +16,7 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.host.giveback import guest_rss
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VirtioMem, VMConfig
 from tests.vm.guest import (
@@ -33,7 +34,6 @@ from tests.workloads.giveback import (
     COLD_AFTER_MS,
     COLD_MIB,
     HOT_MIB,
-    MIB,
     counted_cold,
     done,
     full_size,

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot_and_record, wait_until
@@ -21,7 +22,6 @@ from tests.workloads.reclaim import start_workload, stop_workload
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 TOUCHED_MIB, HOT_MIB = 500, 100
 COLD_MIB = TOUCHED_MIB - HOT_MIB
 IDLE_SECONDS = 90  # The idle period: a measured wait, not a guess at a condition.

@@ -20,6 +20,7 @@ import pytest
 
 from guestagent.build.extension import FIRST_PARTITION_OFFSET, PREFIX, VerityParams
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, ReadOnlyDisk, VMConfig
 from tests.vm.guest import wait_until
@@ -34,7 +35,6 @@ SWAP_DISK = Disk("swap", 256 << 20, serial="swap0")
 # The second disk, after the root (vda) and swap0 (vdb); the extension comes last.
 PATH_DISK = Disk("swap1", 128 << 20, serial="swap1")
 PATH_DISK_NODE = "/dev/vdc"
-MIB = 1 << 20
 # A trixie systemd boot to serving under TCG on the 2-core test host, with room.
 BOOT_SECONDS = 240.0
 MOUNTED = "kata-extension-mount: guestagent: mounted at /run/kata-extensions/guestagent"

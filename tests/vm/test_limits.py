@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import (
@@ -24,7 +25,6 @@ from tests.vm.pace import Deadline, Pace
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 RB_SOCKET = "unix:///run/rb.sock"
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot, wait_until
 from tests.workloads.reclaim import (
     CONFIG,
-    MIB,
     assert_no_thrash_bounds,
     assert_off_then_on_bounds,
     no_thrash,

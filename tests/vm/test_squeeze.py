@@ -18,13 +18,13 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.ops.self_cgroup import MEMORY_MIN
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import boot, read_guest, start_filler, wait_until
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 WORKLOAD = "squeeze"
 IDLE_CALLS = 200
 # More than the workload cgroup's memory and the swap together (about 380 + 256 MiB).

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm import pace
@@ -30,7 +31,6 @@ from tests.vm.guest import (
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 DISKS = (
     Disk("swap", 1 << 30, serial="swap0"),
     Disk("swapnd", 1 << 30, serial="swap1"),

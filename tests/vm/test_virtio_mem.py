@@ -15,6 +15,7 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.host.display import memory_info_text
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM, VirtioMem, VMConfig
 from tests.vm.guest import (
@@ -31,7 +32,6 @@ from tests.workloads.virtio_mem import plug, unplug_after_workload
 
 pytestmark = pytest.mark.vm
 
-MIB = 1 << 20
 BOOT_MIB = 512
 DEVICE_MIB = 3072
 WORKLOAD_MIB = 400

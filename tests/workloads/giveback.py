@@ -17,6 +17,7 @@ from typing import Any
 from guestagent.host.client import AgentClient
 from guestagent.host.giveback import safe_balloon_taken
 from guestagent.host.vmm import Balloon
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import filler_ready, oom_kills, start_filler, stop_filler, wait_until
@@ -30,7 +31,6 @@ from tests.workloads.reclaim import (
     within,
 )
 
-MIB = 1 << 20
 COLD_MIB, HOT_MIB = 400, 100
 # Memory idle this long counts as cold: shorter than the agent's 60 s default, so a run
 # waits less; the figure is the same kind either way.

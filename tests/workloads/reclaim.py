@@ -19,11 +19,11 @@ from guestagent.host.client import AgentClient
 from guestagent.linux.abi import HUGE_ORDER
 from guestagent.linux.mm import parse_buddyinfo
 from guestagent.ops.compaction import free_bytes_at_or_above
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm.guest import make_cgroup, wait_until
 
-MIB = 1 << 20
 DATA_SERIAL = "data0"
 ANON_MIB, HOT_MIB, FILE_MIB = 400, 48, 200
 COLD_MIB = ANON_MIB - HOT_MIB + FILE_MIB  # 552

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from guestagent.sizes import MIB
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import (
-    MIB,
     filler_ready,
     make_cgroup,
     meminfo_bytes,

@@ -7,7 +7,6 @@ rules and the host's pod limit to it, `text` renders the result. All pure.
 
 from guestagent.host.sizing.model import (
     DEFAULT_MODEL,
-    MIB,
     MODEL_FORMAT,
     Envelope,
     Line,
@@ -54,7 +53,6 @@ from guestagent.host.sizing.text import plan_text, plan_to_dict, verdict_text
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_MODEL",
-    "MIB",
     "MODEL_FORMAT",
     "PLAIN",
     "PLATFORMS",

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from guestagent.errors import InvalidArgument
+from guestagent.sizes import MIB
 
-MIB = 1 << 20
 MODEL_FORMAT = "guestagent-overhead-model/1"
 
 

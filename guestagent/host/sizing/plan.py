@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guestagent.errors import InvalidArgument
-from guestagent.host.sizing.model import DEFAULT_MODEL, MIB, OverheadModel, ceil_mib, mib_text
+from guestagent.host.sizing.model import DEFAULT_MODEL, OverheadModel, ceil_mib, mib_text
+from guestagent.sizes import MIB
 
 # x86_64 guests hotplug and online memory in 128 MiB blocks (block_size_bytes).
 DEFAULT_BLOCK_SIZE = 128 * MIB

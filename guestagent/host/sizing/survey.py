@@ -18,14 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from guestagent.errors import InvalidArgument
-from guestagent.host.sizing.model import (
-    DEFAULT_MODEL,
-    MIB,
-    OverheadModel,
-    fit_envelope,
-    fit_line,
-)
+from guestagent.host.sizing.model import DEFAULT_MODEL, OverheadModel, fit_envelope, fit_line
 from guestagent.host.sizing.plan import DEFAULT_BLOCK_SIZE
+from guestagent.sizes import MIB
 
 PLAIN = "plain"
 SEV_SNP = "sev-snp"  # The platform names MemoryInfo.confidential reports.

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 
 from guestagent.errors import InvalidArgument
 from guestagent.linux.abi import LONG_MAX
+from guestagent.sizes import MIB
 
-MIB = 1 << 20
 # Hold at most this many intervals after a back-off: 32 s at the default interval, so a
 # workload whose hot set grew back is probed again within a minute, not never.
 MAX_HOLD_INTERVALS = 32

@@ -22,19 +22,14 @@ from pathlib import Path
 from guestagent.errors import AgentError, FailedPrecondition, NotFound, quoted
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
-from guestagent.linux.cgroups import canonical_cgroup_name, cgroup_dir
+from guestagent.linux.cgroups import canonical_cgroup_name
 from guestagent.linux.delayacct import DELAYACCT_STALL, PSI_STALL, DelayStallMeter
 from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.memcg import (
-    MEMORY_RECLAIM,
-    read_reclaim_reading,
-    write_memory_reclaim,
-)
+from guestagent.linux.kernel import Kernel
+from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.mm import read_lru_gen
-from guestagent.linux.statefile import RECLAIM_POLICIES, StateFileError, state_file
 from guestagent.linux.swaps import active_swaps
-from guestagent.ops.workingset.compaction import (
+from guestagent.ops.workingset.compaction_trigger import (
     CompactionRule,
     CompactionStatus,
     CompactionTrigger,
@@ -49,6 +44,7 @@ from guestagent.ops.workingset.policy import (
     validate_policy,
 )
 from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
+from guestagent.statestore import RECLAIM_POLICIES, StateFileError, state_file
 
 log = EventLog("guestagent.ops.workingset")
 
@@ -69,7 +65,7 @@ class ReclaimPolicyRequest:
 
 
 @dataclass(frozen=True)
-class Figures:
+class Progress:
     """What a target's last intervals did, as its status shows them."""
 
     reclaimed_total: int = 0
@@ -122,7 +118,7 @@ class _Baseline:
 @dataclass
 class _Target:
     cgroup: str
-    directory: Path
+    memory: MemoryCgroup
     policy: ReclaimPolicy
     enabled: bool
     state: ControllerState = field(default_factory=ControllerState)
@@ -130,13 +126,13 @@ class _Target:
     generation: int = 0
     due: float = 0.0
     baseline: _Baseline | None = None
-    figures: Figures = field(default_factory=Figures)
+    progress: Progress = field(default_factory=Progress)
     absent: tuple[Absent, ...] = ()
     stall_source: str = PSI_STALL
 
     def status(self) -> TargetStatus:
         mode = self.state.mode if self.enabled else Mode.DISABLED
-        f = self.figures
+        f = self.progress
         return TargetStatus(
             self.cgroup,
             self.enabled,
@@ -196,10 +192,10 @@ def decode_policies(value: object) -> dict[str, tuple[bool, ReclaimPolicy]]:
 class Reclaimer:
     def __init__(
         self,
-        fs: KernelFS,
+        fs: Kernel,
         clock: Callable[[], float] = time.monotonic,
         compaction_rule: CompactionRule | None = None,
-        write: WriteReclaim = write_memory_reclaim,
+        write: WriteReclaim = MemoryCgroup.reclaim,
         stall: DelayStallMeter | None = None,
     ) -> None:
         """`write` is the one memory.reclaim write (tests give a fake kernel's); `stall` the
@@ -208,7 +204,7 @@ class Reclaimer:
         self._stall = stall
         self._clock = clock
         self._page_size = PAGE_SIZE
-        self._writer = StepWriter(fs, clock, PAGE_SIZE, write)
+        self._writer = StepWriter(clock, PAGE_SIZE, write)
         self._compaction = CompactionTrigger(fs, clock, PAGE_SIZE, compaction_rule, stall)
         self._store = state_file(fs, RECLAIM_POLICIES)
         self._targets: dict[str, _Target] = {}
@@ -223,8 +219,8 @@ class Reclaimer:
     def set_policy(self, request: ReclaimPolicyRequest, persist: bool = True) -> TargetStatus:
         cgroup, enabled, policy = request.cgroup, request.enabled, request.policy
         validate_policy(policy)
-        directory = cgroup_dir(self.fs, cgroup)
-        source, absent = self._check_kernel(directory, policy) if enabled else (PSI_STALL, ())
+        memory = self.fs.cgroup(cgroup)
+        source, absent = self._check_kernel(memory, policy) if enabled else (PSI_STALL, ())
         with self._lock:
             if persist:
                 # Saved first, then applied: a policy that could not be saved is not turned
@@ -232,7 +228,7 @@ class Reclaimer:
                 self._save_locked({**self._saved_locked(), cgroup: _saved(enabled, policy)})
             target = self._targets.get(cgroup)
             if target is None:
-                target = _Target(cgroup, directory, policy, enabled)
+                target = _Target(cgroup, memory, policy, enabled)
                 self._targets[cgroup] = target
             target.policy, target.enabled, target.absent = policy, enabled, absent
             target.stall_source = source
@@ -258,17 +254,11 @@ class Reclaimer:
         return status
 
     def _check_kernel(
-        self, directory: Path, policy: ReclaimPolicy
+        self, memory: MemoryCgroup, policy: ReclaimPolicy
     ) -> tuple[str, tuple[Absent, ...]]:
         """Refuse what cannot run; return its stall source and the features it runs without."""
-        if not self.fs.exists(directory / MEMORY_RECLAIM):
-            raise FailedPrecondition(
-                f"{directory / MEMORY_RECLAIM} is missing: memory.reclaim needs Linux 5.19 "
-                "or later",
-                "MEMORY_RECLAIM_ABSENT",
-                metadata={"path": directory / MEMORY_RECLAIM},
-            )
-        source = self._stall_source(directory)
+        memory.require_reclaim()
+        source = self._stall_source(memory.directory)
         if policy.anon and not active_swaps(self.fs):
             raise FailedPrecondition(
                 "anon reclaim asked with no active swap area (/proc/swaps lists none): "
@@ -410,9 +400,9 @@ class Reclaimer:
     def _serve(self, target: _Target) -> None:
         started = self._clock()
         try:
-            reading = read_reclaim_reading(self.fs, target.directory, self._stall_reader(target))
+            reading = target.memory.reclaim_reading(self._stall_reader(target))
         except AgentError as e:
-            if e.errno == errno.ENOENT and not self.fs.is_dir(target.directory):
+            if e.errno == errno.ENOENT and not target.memory.exists():
                 self._drop(target, "the cgroup was removed")
                 return
             raise
@@ -424,12 +414,12 @@ class Reclaimer:
                 return
             previous = target.baseline
             target.baseline = _Baseline(started, reading.stall_total_us, reading.refault_pages)
-            figures = replace(
-                target.figures,
+            progress = replace(
+                target.progress,
                 current=reading.current,
                 floor=floor_of(policy, reading.protected),
             )
-            target.figures = figures
+            target.progress = progress
             if previous is None:
                 return  # The first reading is the baseline for the next interval's deltas.
             stall = reading.stall_total_us - previous.stall_total_us
@@ -441,23 +431,22 @@ class Reclaimer:
                 int(max(0, refaults) * self._page_size * scale),
                 reading.current,
                 reading.protected,
-                figures.reclaimed_last,
-                figures.low_yield,
+                progress.reclaimed_last,
+                progress.low_yield,
             )
             decision = decide(sample, policy, target.state, self._page_size)
             target.state = decision.state
-            target.figures = replace(
-                figures,
+            target.progress = replace(
+                progress,
                 last_stall_us=sample.stall_us,
                 last_refault_bytes=sample.refault_bytes,
-                intervals=figures.intervals + 1,
+                intervals=progress.intervals + 1,
                 reclaimed_last=0,
                 low_yield="",
             )
         if decision.step_bytes:
             result = self._writer.write_step(
-                target.cgroup,
-                target.directory,
+                target.memory,
                 decision.step_bytes,
                 reading.current,
                 policy,
@@ -465,11 +454,11 @@ class Reclaimer:
             )
             with self._lock:
                 if target.generation == generation:
-                    target.figures = replace(
-                        target.figures,
+                    target.progress = replace(
+                        target.progress,
                         reclaimed_last=result.reclaimed,
                         low_yield=result.low_yield,
-                        reclaimed_total=target.figures.reclaimed_total + result.reclaimed,
+                        reclaimed_total=target.progress.reclaimed_total + result.reclaimed,
                     )
                     self._compaction.reclaimed(result.reclaimed)
                     if result.stopped:
@@ -479,7 +468,7 @@ class Reclaimer:
     def _stall_reader(self, target: _Target) -> Callable[[], int] | None:
         if target.stall_source != DELAYACCT_STALL or self._stall is None:
             return None
-        meter, directory = self._stall, target.directory
+        meter, directory = self._stall, target.memory.directory
         return lambda: meter.total_us(directory)
 
     def _still_on(self, target: _Target, generation: int) -> bool:
@@ -491,7 +480,7 @@ class Reclaimer:
     def _drop_vanished(self) -> None:
         """Turned-off targets are not read each interval; a status call notices them gone."""
         with self._lock:
-            gone = [t for t in self._targets.values() if not self.fs.is_dir(t.directory)]
+            gone = [t for t in self._targets.values() if not t.memory.exists()]
         for target in gone:
             self._drop(target, "the cgroup was removed")
 

@@ -8,23 +8,16 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from guestagent.errors import AgentError
 from guestagent.jsonlog import EventLog
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.memcg import (
-    MEMORY_RECLAIM,
-    read_current_optional,
-    read_reclaim_counters,
-    write_memory_reclaim,
-)
+from guestagent.linux.memcg import MemoryCgroup
 from guestagent.ops.workingset.policy import CHUNK_BYTES, ReclaimPolicy, stop_step_after_chunk
 
 log = EventLog("guestagent.ops.workingset")
 
 # One write to a cgroup's memory.reclaim: False when the kernel got less (EAGAIN).
-WriteReclaim = Callable[[KernelFS, Path, str], bool]
+WriteReclaim = Callable[[MemoryCgroup, str], bool]
 
 
 @dataclass(frozen=True)
@@ -46,12 +39,10 @@ def _delta(after: int | None, before: int | None) -> int | None:
 class StepWriter:
     def __init__(
         self,
-        fs: KernelFS,
         clock: Callable[[], float],
         page_size: int,
-        write: WriteReclaim = write_memory_reclaim,
+        write: WriteReclaim = MemoryCgroup.reclaim,
     ) -> None:
-        self.fs = fs
         self._clock = clock
         self._page_size = page_size
         self._write = write
@@ -60,8 +51,7 @@ class StepWriter:
 
     def write_step(
         self,
-        cgroup: str,
-        directory: Path,
+        memory: MemoryCgroup,
         step: int,
         current: int,
         policy: ReclaimPolicy,
@@ -73,21 +63,21 @@ class StepWriter:
         done = 0
         yields: list[tuple[int | None, int | None]] = []
         try:
-            first = counters = read_reclaim_counters(self.fs, directory)
+            first = counters = memory.stat()
             while done < step:
                 # Turned off (or changed) since the figures were read: stop at once.
                 if not still_on():
                     return StepResult(done)
                 chunk = min(CHUNK_BYTES, step - done)
-                if not self._write_chunk(directory, chunk, policy.anon):
+                if not self._write_chunk(memory, chunk, policy.anon):
                     # EAGAIN: the kernel got less than the chunk; memory.current says how much.
-                    after = read_current_optional(self.fs, directory)
+                    after = memory.current_or_zero()
                     got = max(done, min(step, current - after)) if after else done
                     return StepResult(got, "the kernel found no more to reclaim")
                 done += chunk
                 if done >= step:
                     break
-                latest = read_reclaim_counters(self.fs, directory)
+                latest = memory.stat()
                 yields.append(
                     (
                         _delta(latest.scanned, counters.scanned),
@@ -106,24 +96,24 @@ class StepWriter:
                 if why:
                     return StepResult(done, why, working_set)
         except AgentError as e:
-            if e.errno in (errno.ENOENT, errno.ENODEV) or not self.fs.is_dir(directory):
+            if e.errno in (errno.ENOENT, errno.ENODEV) or not memory.exists():
                 return StepResult(done)  # The cgroup went away; the next reading drops it.
-            log.warning("reclaim_write_failed", cgroup=cgroup, error=str(e))
+            log.warning("reclaim_write_failed", cgroup=memory.name, error=str(e))
         return StepResult(done)
 
-    def _write_chunk(self, directory: Path, size: int, anon: bool) -> bool:
+    def _write_chunk(self, memory: MemoryCgroup, size: int, anon: bool) -> bool:
         """One memory.reclaim write; False when the kernel got less (EAGAIN)."""
         if anon or self._swappiness_arg is False:
-            return self._write(self.fs, directory, str(size))
+            return self._write(memory, str(size))
         try:
-            complete = self._write(self.fs, directory, f"{size} swappiness=0")
+            complete = self._write(memory, f"{size} swappiness=0")
         except AgentError as e:
             if e.errno != errno.EINVAL:
                 raise
             # Before 6.12 the kernel takes no arguments. Without anon allowed, only file
             # pages then go unless swap is on; the log says so once.
             self._swappiness_arg = False
-            log.warning("reclaim_no_swappiness_arg", control=str(directory / MEMORY_RECLAIM))
-            return self._write(self.fs, directory, str(size))
+            log.warning("reclaim_no_swappiness_arg", cgroup=memory.name)
+            return self._write(memory, str(size))
         self._swappiness_arg = True
         return complete

@@ -129,15 +129,29 @@ async def test_without_the_multigen_lru_the_figures_are_absent_not_zero(
     assert "no idle ages" in info.giveback.safe_balloon_target.reason
 
 
-async def test_a_watch_carries_the_figures(aged: MemoryAgentServicer) -> None:
+async def test_a_watch_carries_what_get_memory_info_carries(aged: MemoryAgentServicer) -> None:
+    """One report path: a stream's message is GetMemoryInfo's answer for the same request,
+    the idle figures and the confidential section included, plus why it was sent."""
     context: Any = FakeContext()
     stream: Any = aged.WatchMemory(
         pb.WatchMemoryRequest(cgroups=["pod"], idle_edges_ms=[60000]), context
     )
     first = await anext(stream)
+    await stream.aclose()
     assert [b.idle_at_least_ms for b in first.cgroups[0].idle.bins] == [0, 60000]
     assert first.cgroups[0].giveback.cold.bytes > 0
-    await stream.aclose()
+    unary = await aged.GetMemoryInfo(
+        pb.GetMemoryInfoRequest(cgroups=["pod"], idle_edges_ms=[60000]), context
+    )
+    assert first.confidential.platform == unary.confidential.platform == "none"
+    assert first.reason == pb.WATCH_REASON_INITIAL
+    for message in (first, unary):  # What differs between two reads of the same guest.
+        message.ClearField("reason")
+        message.ClearField("collected_at_unix_ns")
+        message.ClearField("vmstat")
+    assert first.ListFields() and [f.name for f, _ in first.ListFields()] == [
+        f.name for f, _ in unary.ListFields()
+    ]
 
 
 def test_a_wall_clock_step_ages_nothing(fake_root: FakeRoot) -> None:

@@ -148,7 +148,7 @@ async def test_a_bug_is_internal_and_logged(
     def broken(*args: object) -> NoReturn:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("guestagent.agent.rpc.memory_info", broken)
+    monkeypatch.setattr("guestagent.ops.info.read_report", broken)
     context: Any = FakeContext()
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):
         await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(), context)

@@ -21,7 +21,8 @@ from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux import meminfo
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import DELAYACCT, PSI, Absent
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
+from guestagent.linux.memcg import CgroupMemory, MemoryCgroup
 from guestagent.linux.watch import PressureTriggerSpec, Signal, SignalHub
 from tests.fakes.root import MEMORY_EVENTS, FakeRoot, make_fake_root
 from tests.fakes.taskstats import FakeTaskstats, put_procs
@@ -67,12 +68,12 @@ def test_a_full_trigger_without_psi_is_refused_saying_only_psi_measures_it() -> 
 async def test_without_psi_the_watch_runs_on_its_interval(tmp_path: Path) -> None:
     fake = make_fake_root(tmp_path / "root", psi=False)
     fake.add_cgroup("pod", psi=False)
-    fs = KernelFS(fake.root)
+    fs = Kernel(fake.root)
     stopping = asyncio.Event()
     updates = watch_memory(fs, WatchSpec(("pod",), interval_s=0.05), stopping)
     first = await anext(updates)
-    assert first.report.pressure is None and first.report.cgroups[0].pressure is None
-    assert [a.feature for a in first.report.absent][:1] == [PSI]
+    assert first.answer.report.pressure is None and first.answer.report.cgroups[0].pressure is None
+    assert [a.feature for a in first.answer.report.absent][:1] == [PSI]
     assert (await anext(updates)).reason == WatchReason.INTERVAL
     stopping.set()
     with pytest.raises(StopAsyncIteration):
@@ -118,7 +119,7 @@ async def test_initial_then_interval_then_ends_on_shutdown(fake_root: FakeRoot) 
     stream = watch_memory(fake_root.fs, WatchSpec(("pod",), interval_s=0.1), stopping)
     first = await anext(stream)
     assert first.reason is WatchReason.INITIAL
-    assert [c.path for c in first.report.cgroups] == ["pod"]
+    assert [c.path for c in first.answer.report.cgroups] == ["pod"]
     assert (await anext(stream)).reason is WatchReason.INTERVAL
     stopping.set()
     with pytest.raises(StopAsyncIteration):
@@ -148,21 +149,21 @@ async def test_a_removed_cgroup_is_reported_and_the_stream_goes_on(fake_root: Fa
     # A long interval: every message after the first is woken by a kernel signal.
     stream = watch_memory(fake_root.fs, WatchSpec(("pod/a", "pod/b"), 60), stopping, hub=hub)
     first = await anext(stream)
-    assert first.report.removed == ()
+    assert first.answer.report.removed == ()
     shutil.rmtree(cgroups / "a")  # The container exits: its parent's IN_DELETE wakes the stream.
     gone = await asyncio.wait_for(anext(stream), 5)
     assert (gone.reason, gone.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
-    assert gone.report.removed == ("pod/a",)
-    assert [c.path for c in gone.report.cgroups] == ["pod/b"]
+    assert gone.answer.report.removed == ("pod/a",)
+    assert [c.path for c in gone.answer.report.cgroups] == ["pod/b"]
     assert hub.watched == 2  # Still counted against the caps.
     recreate(fake_root, "pod/a")  # Created again under the same name: that wakes it too.
     back = await asyncio.wait_for(anext(stream), 5)
-    assert (back.reason, back.changed, back.report.removed) == (
+    assert (back.reason, back.changed, back.answer.report.removed) == (
         WatchReason.MEMORY_EVENTS,
         ("pod/a",),
         (),
     )
-    assert [c.path for c in back.report.cgroups] == ["pod/a", "pod/b"]
+    assert [c.path for c in back.answer.report.cgroups] == ["pod/a", "pod/b"]
     (cgroups / "a/memory.events").write_text(MEMORY_EVENTS)  # Watched again.
     again = await asyncio.wait_for(anext(stream), 5)
     assert (again.reason, again.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
@@ -177,13 +178,13 @@ async def test_a_cgroup_gone_between_reads_is_removed_not_an_error(
 ) -> None:
     fake_root.add_cgroup("pod")
     directory = fake_root.root / "sys/fs/cgroup/pod"
-    real = meminfo.read_cgroup_dir
+    real = MemoryCgroup.read
 
-    def removed_meanwhile(fs: KernelFS, where: Path, name: str) -> object:
+    def removed_meanwhile(memory: MemoryCgroup) -> CgroupMemory:
         shutil.rmtree(directory)  # rmdir after the lookup, before the files are read.
-        return real(fs, where, name)
+        return real(memory)
 
-    monkeypatch.setattr(meminfo, "read_cgroup_dir", removed_meanwhile)
+    monkeypatch.setattr(MemoryCgroup, "read", removed_meanwhile)
     report = meminfo.read_report(fake_root.fs, ("pod",), removed_ok=True)
     assert (report.cgroups, report.removed) == ((), ("pod",))
 
@@ -203,10 +204,10 @@ async def test_without_ignored_events_the_parent_directory_tells_of_the_removal(
         shutil.rmtree(directory)
         gone = await asyncio.wait_for(anext(stream), 5)
         assert (gone.reason, gone.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
-        assert gone.report.removed == ("pod/a",)
+        assert gone.answer.report.removed == ("pod/a",)
         recreate(fake_root, "pod/a")
         back = await asyncio.wait_for(anext(stream), 5)
-        assert [c.path for c in back.report.cgroups] == ["pod/a"]
+        assert [c.path for c in back.answer.report.cgroups] == ["pod/a"]
         (directory / "memory.events").write_text(MEMORY_EVENTS)  # The new file is watched.
         woke = await asyncio.wait_for(anext(stream), 5)
         assert (woke.reason, woke.changed) == (WatchReason.MEMORY_EVENTS, ("pod/a",))
@@ -223,7 +224,7 @@ async def test_without_psi_an_asked_trigger_is_served_by_delay_accounting(tmp_pa
     fake.write("proc/sys/kernel/task_delayacct", "1\n")
     put_procs(fake.root / "sys/fs/cgroup", 1)
     put_procs(fake.root / "sys/fs/cgroup/pod", 10)
-    fs = KernelFS(fake.root)
+    fs = Kernel(fake.root)
     kernel = FakeTaskstats({1: 0, 10: 0})
     meter = DelayStallMeter(fs, kernel)
     stopping = asyncio.Event()
@@ -235,8 +236,8 @@ async def test_without_psi_an_asked_trigger_is_served_by_delay_accounting(tmp_pa
     first = await anext(updates)
     assert first.reason == WatchReason.INITIAL
     # No PSI anywhere, so the report carries delay accounting's stall instead, never a zero PSI.
-    assert first.report.pressure is None and first.report.delay_stall_us == 0
-    assert first.report.cgroups[0].delay_stall_us == 0
+    assert first.answer.report.pressure is None and first.answer.report.delay_stall_us == 0
+    assert first.answer.report.cgroups[0].delay_stall_us == 0
     # The poller's first reading (of both processes) is its baseline; the stall comes after.
     polled = kernel.queries + 2
     while kernel.queries < polled:
@@ -244,8 +245,8 @@ async def test_without_psi_an_asked_trigger_is_served_by_delay_accounting(tmp_pa
     kernel.stall(10, 150_000)
     woke = await asyncio.wait_for(anext(updates), 10)
     assert woke.reason == WatchReason.PRESSURE
-    assert woke.report.cgroups[0].delay_stall_us == 150_000
-    assert woke.report.delay_stall_us == 150_000
+    assert woke.answer.report.cgroups[0].delay_stall_us == 150_000
+    assert woke.answer.report.delay_stall_us == 150_000
     stopping.set()
     with pytest.raises(StopAsyncIteration):
         await anext(updates)

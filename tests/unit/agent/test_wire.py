@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from guestagent.agent import wire
+from guestagent.agent import encoding, wire
 from guestagent.agent.watch_stream import WatchReason, WatchUpdate
 from guestagent.errors import InvalidArgument
 from guestagent.linux.blockdev import DeviceSelector
-from guestagent.linux.meminfo import read_report
+from guestagent.linux.confidential import Confidential
 from guestagent.linux.watch import PressureTriggerSpec
 from guestagent.ops.compaction import CompactResult
+from guestagent.ops.info import InfoSpec, Reporter
 from guestagent.ops.limits import MemorySpec, SetLimitsSpec
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
 from guestagent.ops.swap import (
@@ -128,8 +131,8 @@ def test_compact_and_reclaim_requests() -> None:
 
 
 def test_requests_without_fields() -> None:
-    assert wire.list_swaps_from_pb(pb.ListSwapsRequest()) is None  # type: ignore[func-returns-value]
-    assert wire.online_memory_from_pb(pb.OnlineMemoryRequest()) is None  # type: ignore[func-returns-value]
+    assert wire.no_arguments(pb.ListSwapsRequest()) is None  # type: ignore[func-returns-value]
+    assert wire.no_arguments(pb.OnlineMemoryRequest()) is None  # type: ignore[func-returns-value]
 
 
 def test_compact_result_carries_the_domain_figures() -> None:
@@ -173,7 +176,7 @@ def test_watch_update_reason(
     fake_root: FakeRoot, reason: WatchReason, expected: pb.WatchReason.ValueType
 ) -> None:
     fake_root.add_cgroup("pod")
-    update = WatchUpdate(read_report(fake_root.fs, ("pod",)), reason, ("pod",))
+    update = WatchUpdate(Reporter(fake_root.fs).report(InfoSpec(("pod",))), reason, ("pod",))
     message = wire.watch_update_pb(update)
     assert message.reason == expected
     assert list(message.changed_cgroups) == ["pod"]
@@ -234,3 +237,76 @@ def test_an_encrypted_area_names_its_mapping_and_disk() -> None:
         "/dev/mapper/guestagent-swap-vdb",
         "/dev/vdb",
     )
+
+
+@pytest.mark.parametrize("pair", encoding.PAIRS.values(), ids=lambda p: p.domain.__name__)
+def test_every_field_is_carried_or_declared(pair: encoding.Pair) -> None:
+    """A field added to a message or a domain type alone fails here: it must reach the
+    other side by the naming convention or be declared (by hand, renamed, off the wire)."""
+    assert encoding.mismatches(pair) == []
+
+
+def test_a_field_on_one_side_only_is_caught() -> None:
+    """The check above, planted: a domain field the message lacks, a message field the
+    domain lacks, and a declaration naming a field that is gone."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Extra:
+        feature: str
+        reason: str
+        since: int  # Not in pb.Absent.
+
+    @dataclasses.dataclass(frozen=True)
+    class Short:
+        feature: str  # pb.Absent has reason too.
+
+    assert encoding.mismatches(encoding.Pair(Extra, pb.Absent)) == [
+        "Extra.since reaches no field of Absent"
+    ]
+    assert encoding.mismatches(encoding.Pair(Short, pb.Absent)) == [
+        "Absent.reason takes no field of Short"
+    ]
+    assert encoding.mismatches(encoding.Pair(Short, pb.Absent, renamed={"reason": "why"})) == [
+        "Short has no field why, which the declaration names"
+    ]
+
+
+def test_every_answer_type_is_declared() -> None:
+    """Each message an RPC answers with, and each one nested in those, has a declaration
+    (or is built by hand in wire.py: the ones listed)."""
+    by_hand = {
+        "ListSwapsResponse",
+        "Limit",
+        "MemoryStall",
+        "VirtioMemRegion",
+        "Feature",
+        "SwiotlbSize",
+    }
+    declared = {p.message.DESCRIPTOR.name for p in encoding.PAIRS.values()}
+    answers = [m.output_type for m in pb.DESCRIPTOR.services_by_name["MemoryAgent"].methods]
+    seen, todo = set(), list(answers)
+    while todo:
+        message = todo.pop()
+        if message.name in seen:
+            continue
+        seen.add(message.name)
+        todo.extend(
+            f.message_type
+            for f in message.fields
+            if f.message_type is not None and not f.message_type.GetOptions().map_entry
+        )
+    assert sorted(seen - declared - by_hand) == []
+
+
+def test_the_stream_carries_what_the_unary_call_carries(fake_root: FakeRoot) -> None:
+    fake_root.add_cgroup("pod")
+    reporter = Reporter(fake_root.fs, confidential=Confidential("sev-snp", "sev_guest node"))
+    answer = dataclasses.replace(
+        reporter.report(InfoSpec(("pod",))), state_unavailable="/run/guestagent is read-only"
+    )
+    unary = wire.report_pb(answer)
+    streamed = wire.watch_update_pb(WatchUpdate(answer, WatchReason.INTERVAL))
+    assert streamed.confidential.platform == "sev-snp"
+    assert streamed.state_unavailable == "/run/guestagent is read-only"
+    streamed.ClearField("reason")
+    assert streamed == unary

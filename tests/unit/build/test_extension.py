@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from guestagent.build.extension import (
+    BUNDLE_UNIT,
     FIRST_PARTITION_OFFSET,
-    MIB,
     ExtensionError,
     Process,
     VerityParams,
@@ -21,6 +21,7 @@ from guestagent.build.extension import (
     root_hash_of,
     runtime_snippet,
 )
+from guestagent.sizes import MIB
 
 PARAMS = VerityParams("ab" * 32, "cd" * 32, 6400)
 
@@ -133,7 +134,7 @@ def test_runtime_snippet_names_the_image_and_params() -> None:
 
 
 def test_operator_unit_runs_from_the_mount_after_it() -> None:
-    unit = operator_unit()
+    unit = operator_unit(BUNDLE_UNIT.read_text())
     assert "After=kata-extension-mount@guestagent.service" in unit
     assert (
         "ExecStart=/run/kata-extensions/guestagent/bin/guestagent serve --listen vsock://:6464"

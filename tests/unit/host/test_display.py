@@ -2,18 +2,19 @@
 
 import pytest
 
-from guestagent.agent.wire import hotplug_pb, memory_info_pb, overhead_pb
+from guestagent.agent.wire import hotplug_pb, memory_info_pb, overhead_pb, report_pb
 from guestagent.host.display import memory_info_text, overhead_text, swap_area_text
 from guestagent.linux.features import MGLRU, PSI, Absent
 from guestagent.linux.memblocks import HotplugReport, RegionBlocks, VirtioMemRegion
 from guestagent.linux.meminfo import MemoryReport, SystemMemory
 from guestagent.linux.swiotlb import DEBUGFS_SOURCE, SWIOTLB, Swiotlb
+from guestagent.ops.info import NOT_CONFIDENTIAL, Report
 from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import TargetStatus
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 
-MIB = 1 << 20
 REPORT = HotplugReport(
     block_size=128 * MIB,
     movable_blocks=4,
@@ -59,7 +60,8 @@ def test_absent_features_are_shown_with_their_reasons() -> None:
     status = TargetStatus(
         "pod", True, ReclaimPolicy(), Mode.PROBING, "", 0, 0, 0, 0, 1, 0, 0, absent=(off,)
     )
-    info = memory_info_pb(MemoryReport(0, system, None, (), absent=(no_psi,)), reclaim=(status,))
+    report = MemoryReport(0, system, None, (), absent=(no_psi,))
+    info = report_pb(Report(report, NOT_CONFIDENTIAL, reclaim=(status,)))
     text = memory_info_text(info)
     assert "absent   psi: the kernel was booted with psi=0" in text
     assert "runs on psi_stall, refaults, reclaim_yield" in text

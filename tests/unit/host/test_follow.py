@@ -26,10 +26,10 @@ from guestagent.host.follow import (
     stall_share,
     stopped_short,
 )
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.giveback import FakeAgent, report
 
-MIB = 1 << 20
 POLICY = Policy(hold_seconds=30, stall_threshold=0.1, step=128 * MIB, min_change=8 * MIB)
 
 

@@ -29,12 +29,10 @@ from guestagent.host.giveback import (
 )
 from guestagent.host.qmp import QemuMonitor, QemuVmm
 from guestagent.host.vmm import Balloon, VirtioMemDevice
+from guestagent.sizes import GIB, MIB
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.giveback import ADDR, FakeAgent, report
 from tests.fakes.qmp import FakeQemu
-
-MIB = 1 << 20
-GIB = 1 << 30
 
 
 def qemu_balloon(actual: int, ram: int) -> Balloon:

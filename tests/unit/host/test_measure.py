@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from guestagent.host.measure import guest_ram_resident
-from guestagent.host.sizing import MIB
-from guestagent.linux.mm import parse_smaps
-from tests.unit.linux.test_mm import SMAPS
+from guestagent.host.vmm_memory import parse_smaps
+from guestagent.sizes import MIB
+from tests.unit.host.test_vmm_memory import SMAPS
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,8 @@ import math
 import pytest
 
 from guestagent.host.metrics import Family, Snapshot, families, limit_value
+from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-
-MIB = 1 << 20
 
 
 def report(*cgroups: pb.CgroupMemory, psi: bool = True) -> pb.MemoryInfo:
@@ -202,7 +201,7 @@ def test_limit_value(limit: pb.Limit, expected: float) -> None:
     assert limit_value(limit) == expected
 
 
-def idle_report() -> pb.MemoryInfo:
+def giveback_figures() -> pb.MemoryInfo:
     histogram = pb.IdleHistogram(
         source="mglru",
         bins=[
@@ -224,7 +223,7 @@ def idle_report() -> pb.MemoryInfo:
 
 
 def test_idle_bytes_are_cumulative_by_le_seconds() -> None:
-    found = by_name(families(up(idle_report())))
+    found = by_name(families(up(giveback_figures())))
     assert values(found["guestagent_cgroup_memory_idle_bytes"]) == {
         ("pod", "anon", "60"): 100 * MIB,
         ("pod", "anon", "+Inf"): 500 * MIB,

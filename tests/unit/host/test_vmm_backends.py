@@ -19,15 +19,13 @@ from guestagent.host.follow import knob_for
 from guestagent.host.giveback import BALLOON, VIRTIO_MEM, Options, Refused, give_back, plan_balloon
 from guestagent.host.unixhttp import UnixHttpClient
 from guestagent.host.vmm import Balloon, VmmError
+from guestagent.sizes import GIB, MIB
 from tests.fakes.giveback import FakeAgent, report
 from tests.fakes.qmp import FakeQemu
 from tests.standins import schema
 from tests.standins.cloud_hypervisor import CloudHypervisorStandIn
 from tests.standins.firecracker import FirecrackerStandIn
 from tests.standins.server import StandIn
-
-MIB = 1 << 20
-GIB = 1 << 30
 
 
 def options(**changes: Any) -> Options:

@@ -21,6 +21,7 @@ from guestagent.linux.blockdev import (
     refuse_unsafe_device,
     resolve_device,
 )
+from guestagent.sizes import MIB
 from tests.fakes.devices import VDB, FakeFinder
 from tests.fakes.root import FakeRoot
 
@@ -110,7 +111,6 @@ def test_a_regular_file_is_not_a_block_device(fake_root: FakeRoot) -> None:
         refuse_unsafe_device(fake_root.fs, VDB)
 
 
-MiB = 1 << 20
 GiB = 1 << 30
 # Most the blank check reads, whatever the disk's size.
 PLAN_BYTES = 2 * BLANK_EDGE_BYTES + BLANK_SAMPLES * BLANK_SAMPLE_BYTES
@@ -122,7 +122,7 @@ PLAN_BYTES = 2 * BLANK_EDGE_BYTES + BLANK_SAMPLES * BLANK_SAMPLE_BYTES
         (0, ()),
         (4096, ((0, 4096),)),
         (PLAN_BYTES, ((0, PLAN_BYTES),)),
-        (64 * MiB, None),
+        (64 * MIB, None),
         (8 * GiB, None),
     ],
 )
@@ -132,7 +132,7 @@ def test_blank_check_plan(size: int, reads: tuple[tuple[int, int], ...] | None) 
         assert plan == reads
         return
     assert len(plan) == BLANK_SAMPLES + 2
-    assert plan[0] == (0, MiB) and plan[-1] == (size - MiB, MiB)
+    assert plan[0] == (0, MIB) and plan[-1] == (size - MIB, MIB)
     samples = plan[1:-1]
     assert all(length == 4096 and offset % 4096 == 0 for offset, length in samples)
     # Evenly spaced: the gaps differ by at most one alignment step.
@@ -158,7 +158,7 @@ def test_blank_check_plan_covers_both_ends_in_order(size: int) -> None:
         (0, b"", None),
         (0, bytes(4096), None),
         (0, b"x" + bytes(10), 0),
-        (MiB, bytes(100) + b"\x01", MiB + 100),
+        (MIB, bytes(100) + b"\x01", MIB + 100),
     ],
 )
 def test_first_nonzero(offset: int, data: bytes, found: int | None) -> None:
@@ -179,17 +179,17 @@ def disk_with(path: Path, size: int, *writes: tuple[int, bytes]) -> int:
     [
         ((), None),
         # 16 bytes of text at 0 and 4 MiB of random bytes at 1 MiB: issue 13's example.
-        (((0, b"precious text 16"), (MiB, os.urandom(4 * MiB))), 0),
-        (((40 * MiB, os.urandom(MiB)),), 40 * MiB),
-        (((63 * MiB + 5, b"tail"),), 63 * MiB + 5),
+        (((0, b"precious text 16"), (MIB, os.urandom(4 * MIB))), 0),
+        (((40 * MIB, os.urandom(MIB)),), 40 * MIB),
+        (((63 * MIB + 5, b"tail"),), 63 * MIB + 5),
         # Between two samples, not reaching the next: sampling misses it, by design.
-        (((40 * MiB + 8, b"x" * 16),), None),
+        (((40 * MIB + 8, b"x" * 16),), None),
     ],
 )
 def test_first_data_offset(
     tmp_path: Path, writes: tuple[tuple[int, bytes], ...], found: int | None
 ) -> None:
-    fd = disk_with(tmp_path / "disk", 64 * MiB, *writes)
+    fd = disk_with(tmp_path / "disk", 64 * MIB, *writes)
     try:
         assert first_data_offset(fd) == found
     finally:

@@ -12,9 +12,9 @@ from guestagent.linux.memblocks import (
     zone_of,
 )
 from guestagent.linux.meminfo import read_report
+from guestagent.sizes import MIB
 from tests.fakes.root import FakeRoot
 
-MIB = 1 << 20
 BLOCK = 128 * MIB
 MEMORY = "sys/devices/system/memory"
 

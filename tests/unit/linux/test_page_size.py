@@ -14,11 +14,10 @@ from guestagent.linux.memcg import kernel_pages, same_limit
 from guestagent.linux.mm import parse_buddyinfo
 from guestagent.linux.swaps import parse_swap_header
 from guestagent.ops.compaction import free_bytes_at_or_above
-from guestagent.ops.workingset.compaction import compaction_decision
+from guestagent.ops.workingset.compaction_trigger import compaction_decision
 from guestagent.ops.workingset.policy import ControllerState, ReclaimPolicy, Sample, decide
+from guestagent.sizes import MIB
 from tests.fakes.root import FakeRoot
-
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)

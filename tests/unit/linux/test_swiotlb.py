@@ -18,9 +18,9 @@ from guestagent.linux.swiotlb import (
     read_kmsg,
     read_swiotlb,
 )
+from guestagent.sizes import MIB
 from tests.fakes.root import FakeRoot
 
-MIB = 1 << 20
 # Records of /dev/kmsg (`timeout 3 cat /dev/kmsg`) in the Debian 12 guest, 6.1.0-57-cloud-amd64
 # under QEMU TCG, 2026-12-04. With a memory hotplug region (slots=4, maxmem=2048M, placed
 # above 4 GiB) the kernel maps the default 64 MiB pool:

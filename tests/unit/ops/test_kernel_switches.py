@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.ops.kernel_switches import (
     KEEP,
     ON,
@@ -57,7 +57,7 @@ def tree(tmp_path: Path) -> Path:
 
 
 def test_on_turns_both_on(tree: Path) -> None:
-    fs = KernelFS(tree)
+    fs = Kernel(tree)
     assert switch_delayacct(fs, ON) == Switch("kernel.task_delayacct", "0", "1")
     assert (tree / "proc/sys/kernel/task_delayacct").read_text() == "1"
     # A test tree is a plain file: it holds what was written, where the kernel shows bits.
@@ -65,7 +65,7 @@ def test_on_turns_both_on(tree: Path) -> None:
 
 
 def test_keep_leaves_both_as_found(tree: Path) -> None:
-    fs = KernelFS(tree)
+    fs = Kernel(tree)
     kept = switch_delayacct(fs, KEEP)
     assert kept == Switch("kernel.task_delayacct", "0", "0", "--delayacct keep")
     assert not kept.changed
@@ -75,6 +75,6 @@ def test_keep_leaves_both_as_found(tree: Path) -> None:
 
 
 def test_a_kernel_without_either_is_left_saying_why(tmp_path: Path) -> None:
-    fs = KernelFS(tmp_path)
+    fs = Kernel(tmp_path)
     assert "no such sysctl" in switch_delayacct(fs, ON).left_because
     assert "no multi-gen LRU" in switch_mglru(fs, ON).left_because

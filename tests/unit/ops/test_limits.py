@@ -16,11 +16,11 @@ from guestagent.ops.limits import (
     apply_memory_limits,
     cgroup_values,
 )
+from guestagent.sizes import MIB
 from tests.fakes.cgroups import FakeCgroupKernel
 from tests.fakes.root import FakeRoot, Proceed
 
-MiB = 1024 * 1024
-GiB = 1024 * MiB
+GiB = 1024 * MIB
 NOTHING = CgroupMemoryValues(None, None, None)
 
 
@@ -48,23 +48,23 @@ NOTHING = CgroupMemoryValues(None, None, None)
             MemorySpec(limit=0, swap=-1), CgroupMemoryValues(None, "max", None), id="L=0 S=-1"
         ),
         pytest.param(
-            MemorySpec(limit=512 * MiB),
-            CgroupMemoryValues(str(512 * MiB), None, None),
+            MemorySpec(limit=512 * MIB),
+            CgroupMemoryValues(str(512 * MIB), None, None),
             id="L>0 S unset",
         ),
         pytest.param(
-            MemorySpec(limit=512 * MiB, swap=-1),
-            CgroupMemoryValues(str(512 * MiB), "max", None),
+            MemorySpec(limit=512 * MIB, swap=-1),
+            CgroupMemoryValues(str(512 * MIB), "max", None),
             id="L>0 S=-1",
         ),
         pytest.param(
-            MemorySpec(limit=512 * MiB, swap=512 * MiB),
-            CgroupMemoryValues(str(512 * MiB), "0", None),
+            MemorySpec(limit=512 * MIB, swap=512 * MIB),
+            CgroupMemoryValues(str(512 * MIB), "0", None),
             id="S=L no swap",
         ),
         pytest.param(
-            MemorySpec(limit=512 * MiB, swap=GiB),
-            CgroupMemoryValues(str(512 * MiB), str(512 * MiB), None),
+            MemorySpec(limit=512 * MIB, swap=GiB),
+            CgroupMemoryValues(str(512 * MIB), str(512 * MIB), None),
             id="S>L swap is the difference",
         ),
         pytest.param(MemorySpec(limit=1, swap=1), CgroupMemoryValues("1", "0", None), id="1 byte"),
@@ -75,13 +75,13 @@ NOTHING = CgroupMemoryValues(None, None, None)
         ),
         pytest.param(MemorySpec(reservation=-1), CgroupMemoryValues(None, None, "max"), id="R=-1"),
         pytest.param(
-            MemorySpec(reservation=128 * MiB),
-            CgroupMemoryValues(None, None, str(128 * MiB)),
+            MemorySpec(reservation=128 * MIB),
+            CgroupMemoryValues(None, None, str(128 * MIB)),
             id="R>0",
         ),
         pytest.param(
-            MemorySpec(limit=512 * MiB, swap=GiB, reservation=128 * MiB),
-            CgroupMemoryValues(str(512 * MiB), str(512 * MiB), str(128 * MiB)),
+            MemorySpec(limit=512 * MIB, swap=GiB, reservation=128 * MIB),
+            CgroupMemoryValues(str(512 * MIB), str(512 * MIB), str(128 * MIB)),
             id="all three",
         ),
     ],
@@ -106,8 +106,8 @@ def test_conversion(spec: MemorySpec, expected: CgroupMemoryValues) -> None:
         ),
         pytest.param(MemorySpec(limit=0, swap=GiB), ["needs a memory limit"], id="S>0 L=0"),
         pytest.param(
-            MemorySpec(limit=512 * MiB, swap=256 * MiB),
-            [str(256 * MiB), str(512 * MiB), "less than"],
+            MemorySpec(limit=512 * MIB, swap=256 * MIB),
+            [str(256 * MIB), str(512 * MIB), "less than"],
             id="S<L",
         ),
         pytest.param(
@@ -149,18 +149,18 @@ def kernel(fake_root: FakeRoot) -> FakeCgroupKernel:
 def test_writes_and_reads_back(fake_root: FakeRoot, ctr: Path) -> None:
     applied = apply_memory_limits(
         fake_root.fs,
-        SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB, reservation=128 * MiB)),
+        SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MIB, swap=GiB, reservation=128 * MIB)),
     )
     assert applied == AppliedLimits(
-        memory_max=str(512 * MiB),
-        swap_max=str(512 * MiB),
-        memory_low=str(128 * MiB),
+        memory_max=str(512 * MIB),
+        swap_max=str(512 * MIB),
+        memory_low=str(128 * MIB),
         untouched=(),
         created=False,
     )
-    assert (ctr / "memory.max").read_text() == str(512 * MiB)
-    assert (ctr / "memory.swap.max").read_text() == str(512 * MiB)
-    assert (ctr / "memory.low").read_text() == str(128 * MiB)
+    assert (ctr / "memory.max").read_text() == str(512 * MIB)
+    assert (ctr / "memory.swap.max").read_text() == str(512 * MIB)
+    assert (ctr / "memory.low").read_text() == str(128 * MIB)
 
 
 def test_reports_what_the_kernel_holds(fake_root: FakeRoot, ctr: Path) -> None:
@@ -177,7 +177,7 @@ def test_reports_what_the_kernel_holds(fake_root: FakeRoot, ctr: Path) -> None:
 
 def test_untouched_files_keep_their_values(fake_root: FakeRoot, ctr: Path) -> None:
     applied = apply_memory_limits(
-        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB))
+        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MIB))
     )
     assert applied.untouched == ("memory.swap.max", "memory.low")
     assert (applied.swap_max, applied.memory_low) == ("max", "0")
@@ -193,7 +193,7 @@ def test_empty_spec_changes_nothing(fake_root: FakeRoot, ctr: Path) -> None:
 
 
 def test_unlimited_memory_also_lifts_swap(fake_root: FakeRoot, ctr: Path) -> None:
-    (ctr / "memory.max").write_text(f"{512 * MiB}\n")
+    (ctr / "memory.max").write_text(f"{512 * MIB}\n")
     (ctr / "memory.swap.max").write_text("0\n")
     applied = apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=-1)))
     assert (applied.memory_max, applied.swap_max) == ("max", "max")
@@ -229,7 +229,7 @@ def test_symlink_escape_writes_nothing(fake_root: FakeRoot, name: str, create: b
 def test_invalid_spec_writes_nothing(fake_root: FakeRoot, ctr: Path) -> None:
     before = files(ctr)
     with pytest.raises(InvalidArgument, match="less than"):
-        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB, swap=MiB)))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB, swap=MIB)))
     assert files(ctr) == before
 
 
@@ -250,8 +250,8 @@ def test_memory_controller_not_enabled(fake_root: FakeRoot) -> None:
 @pytest.mark.parametrize(
     "spec",
     [
-        pytest.param(MemorySpec(limit=512 * MiB, swap=512 * MiB), id="swap 0"),
-        pytest.param(MemorySpec(limit=512 * MiB, swap=-1), id="swap max"),
+        pytest.param(MemorySpec(limit=512 * MIB, swap=512 * MIB), id="swap 0"),
+        pytest.param(MemorySpec(limit=512 * MIB, swap=-1), id="swap max"),
         pytest.param(MemorySpec(limit=-1), id="unlimited"),
     ],
 )
@@ -269,10 +269,10 @@ def test_no_swap_accounting_refuses_a_swap_size(fake_root: FakeRoot) -> None:
     before = files(ctr)
     with pytest.raises(FailedPrecondition) as raised:
         apply_memory_limits(
-            fake_root.fs, SetLimitsSpec("ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+            fake_root.fs, SetLimitsSpec("ctr", MemorySpec(limit=512 * MIB, swap=GiB))
         )
     assert str(raised.value) == (
-        f"kernel has no swap accounting; cannot set memory.swap.max to {512 * MiB} for cgroup 'ctr'"
+        f"kernel has no swap accounting; cannot set memory.swap.max to {512 * MIB} for cgroup 'ctr'"
     )
     assert files(ctr) == before
 
@@ -295,14 +295,14 @@ def test_failed_memory_max_restores_swap(fake_root: FakeRoot, ctr: Path) -> None
     written = failing_write(fake_root, {"memory.max": errno.EBUSY})
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(
-            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MIB, swap=GiB))
         )
     message = str(raised.value)
-    assert f"cgroup 'pod/ctr' failed: write '{512 * MiB}' to {ctr / 'memory.max'}:" in message
+    assert f"cgroup 'pod/ctr' failed: write '{512 * MIB}' to {ctr / 'memory.max'}:" in message
     assert "EBUSY (Device or resource busy)" in message
     assert "restored memory.swap.max to max" in message
     assert (ctr / "memory.swap.max").read_text() == "max"
-    assert written == [("memory.swap.max", str(512 * MiB)), ("memory.swap.max", "max")]
+    assert written == [("memory.swap.max", str(512 * MIB)), ("memory.swap.max", "max")]
 
 
 def test_failed_memory_low_restores_in_reverse_order(fake_root: FakeRoot, ctr: Path) -> None:
@@ -311,7 +311,7 @@ def test_failed_memory_low_restores_in_reverse_order(fake_root: FakeRoot, ctr: P
     with pytest.raises(Aborted, match="EINVAL") as raised:
         apply_memory_limits(
             fake_root.fs,
-            SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB, reservation=MiB)),
+            SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MIB, swap=GiB, reservation=MIB)),
         )
     assert str(raised.value).endswith(
         f"restored memory.max to {GiB}; restored memory.swap.max to max"
@@ -324,7 +324,7 @@ def test_failed_first_write_had_nothing_to_restore(fake_root: FakeRoot, ctr: Pat
     failing_write(fake_root, {"memory.swap.max": errno.EACCES})
     with pytest.raises(Aborted, match=r"EACCES.*nothing had been written"):
         apply_memory_limits(
-            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MIB, swap=GiB))
         )
     assert (ctr / "memory.max").read_text() == "max\n"
 
@@ -334,7 +334,7 @@ def test_failed_restore_is_reported(fake_root: FakeRoot, ctr: Path) -> None:
     fake_root.kernel.fail("write", "memory.swap.max", errno.EIO, after=1)  # Its restore fails.
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(
-            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB))
+            fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MIB, swap=GiB))
         )
     assert "could not restore memory.swap.max: write 'max' to" in str(raised.value)
     assert str(raised.value).endswith("memory.swap.max: EIO (Input/output error)")
@@ -345,15 +345,15 @@ def test_create_makes_the_cgroup_and_enables_memory_in_parents(
 ) -> None:
     fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
     applied = apply_memory_limits(
-        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB), create=True)
+        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MIB, swap=GiB), create=True)
     )
     assert applied.created
-    assert (applied.memory_max, applied.swap_max) == (str(512 * MiB), str(512 * MiB))
+    assert (applied.memory_max, applied.swap_max) == (str(512 * MIB), str(512 * MIB))
     cgroup_root = fake_root.root / "sys/fs/cgroup"
     assert (cgroup_root / "cgroup.subtree_control").read_text() == "+memory"
     assert (cgroup_root / "pod/cgroup.subtree_control").read_text() == "+memory"
     assert (cgroup_root / "pod/ctr/cgroup.subtree_control").read_text() == ""
-    assert (cgroup_root / "pod/ctr/memory.max").read_text() == str(512 * MiB)
+    assert (cgroup_root / "pod/ctr/memory.max").read_text() == str(512 * MIB)
 
 
 def test_create_of_an_existing_cgroup_just_writes(
@@ -384,7 +384,7 @@ def test_create_without_swap_accounting_refuses_and_removes(
     kernel.swap = False
     with pytest.raises(FailedPrecondition, match="no swap accounting"):
         apply_memory_limits(
-            fake_root.fs, SetLimitsSpec("pod", MemorySpec(limit=512 * MiB, swap=GiB), create=True)
+            fake_root.fs, SetLimitsSpec("pod", MemorySpec(limit=512 * MIB, swap=GiB), create=True)
         )
     assert not (fake_root.root / "sys/fs/cgroup/pod").exists()
 
@@ -396,7 +396,7 @@ def test_create_then_failed_write_removes_the_cgroup(
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(
             fake_root.fs,
-            SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MiB, swap=GiB), create=True),
+            SetLimitsSpec("pod/ctr", MemorySpec(limit=512 * MIB, swap=GiB), create=True),
         )
     message = str(raised.value)
     assert "EBUSY" in message
@@ -417,10 +417,10 @@ def test_create_failing_midway_is_aborted(fake_root: FakeRoot, kernel: FakeCgrou
 def test_writes_swap_then_memory_then_low(fake_root: FakeRoot, ctr: Path) -> None:
     written = failing_write(fake_root, {})
     apply_memory_limits(
-        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB, swap=-1, reservation=MiB))
+        fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB, swap=-1, reservation=MIB))
     )
     assert written == [
         ("memory.swap.max", "max"),
         ("memory.max", str(GiB)),
-        ("memory.low", str(MiB)),
+        ("memory.low", str(MIB)),
     ]

@@ -23,18 +23,18 @@ from guestagent.ops.limits_journal import (
     decode,
     encode,
 )
+from guestagent.sizes import MIB
 from tests.fakes.cgroups import FakeCgroupKernel
 from tests.fakes.root import FakeRoot, Proceed
 
-MiB = 1024 * 1024
-GiB = 1024 * MiB
+GiB = 1024 * MIB
 PAGE = 4096
-SPEC = MemorySpec(limit=64 * MiB, swap=GiB, reservation=16 * MiB)
+SPEC = MemorySpec(limit=64 * MIB, swap=GiB, reservation=16 * MIB)
 OLD = {"memory.max": "max", "memory.swap.max": "max", "memory.low": "0"}
 NEW = {
-    "memory.max": str(64 * MiB),
-    "memory.swap.max": str(GiB - 64 * MiB),
-    "memory.low": str(16 * MiB),
+    "memory.max": str(64 * MIB),
+    "memory.swap.max": str(GiB - 64 * MIB),
+    "memory.low": str(16 * MIB),
 }
 JOURNAL = Journal(
     "pod/ctr",
@@ -206,13 +206,13 @@ def test_a_read_back_that_differs_is_rolled_back(fake_root: FakeRoot, ctr: Path)
         # Someone else writes memory.max right after this call did.
         proceed(value)
         if path.name == "memory.max" and value != "max":
-            proceed(str(32 * MiB))
+            proceed(str(32 * MIB))
 
     fake_root.kernel.on("write", meddle)
     with pytest.raises(Aborted) as raised:
         apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
     message = str(raised.value)
-    assert f"memory.max of cgroup 'pod/ctr' reads back {32 * MiB} after writing {64 * MiB}" in (
+    assert f"memory.max of cgroup 'pod/ctr' reads back {32 * MIB} after writing {64 * MIB}" in (
         message
     )
     assert "restored memory.low to 0" in message

@@ -25,6 +25,7 @@ from guestagent.ops.swap import (
     refuse_other_encryption,
     swapon_flags,
 )
+from guestagent.sizes import MIB
 from tests.fakes.devices import VDB, FakeFinder
 from tests.fakes.root import FakeRoot
 
@@ -95,9 +96,6 @@ def test_disable_of_an_inactive_device_is_not_found(fake_root: FakeRoot) -> None
         manager.disable(DeviceSelector(serial="swap0"))
 
 
-MiB = 1 << 20
-
-
 @pytest.fixture
 def disk_manager(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> SwapManager:
     """A manager over a fake tree whose /dev/vdb is a regular file, past the safety checks."""
@@ -122,8 +120,8 @@ def write_disk(fake_root: FakeRoot, size: int, *writes: tuple[int, bytes]) -> Pa
 @pytest.mark.parametrize(
     ("writes", "offset"),
     [
-        (((0, b"sixteen bytes!!!"), (MiB, os.urandom(4 * MiB))), 0),
-        (((40 * MiB, os.urandom(MiB)),), 40 * MiB),
+        (((0, b"sixteen bytes!!!"), (MIB, os.urandom(4 * MIB))), 0),
+        (((40 * MIB, os.urandom(MIB)),), 40 * MIB),
     ],
 )
 def test_unknown_data_is_refused_and_left_alone(
@@ -132,7 +130,7 @@ def test_unknown_data_is_refused_and_left_alone(
     writes: tuple[tuple[int, bytes], ...],
     offset: int,
 ) -> None:
-    path = write_disk(fake_root, 64 * MiB, *writes)
+    path = write_disk(fake_root, 64 * MIB, *writes)
     before = path.read_bytes()
     with pytest.raises(FailedPrecondition) as raised:
         disk_manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0")))
@@ -147,7 +145,7 @@ def test_unknown_data_is_refused_and_left_alone(
 def test_a_blank_disk_goes_on_to_be_formatted(
     fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_disk(fake_root, 64 * MiB)
+    write_disk(fake_root, 64 * MIB)
     formatted: list[str] = []
 
     def prepare(device: BlockDevice, spec: EnableSwapSpec, reusable: object) -> None:
@@ -163,7 +161,7 @@ def test_a_blank_disk_goes_on_to_be_formatted(
 def test_force_skips_the_blank_check(
     fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_disk(fake_root, 64 * MiB, (0, b"data"))
+    write_disk(fake_root, 64 * MIB, (0, b"data"))
     formatted: list[bool] = []
 
     def must_not_read(fd: int) -> int | None:
@@ -240,52 +238,52 @@ def test_refuse_other_encryption(asked: E, chosen: E, encrypted: bool, refused: 
 
 
 def confidential_manager(fake_root: FakeRoot, confidential: Confidential) -> SwapManager:
-    fake_root.write("sys/class/block/vdb/size", f"{64 * MiB // 512}\n")
+    fake_root.write("sys/class/block/vdb/size", f"{64 * MIB // 512}\n")
     return SwapManager(fake_root.fs, FakeFinder([VDB]), confidential)
 
 
 def test_none_in_a_confidential_guest_leaves_the_disk_untouched(
     fake_root: FakeRoot, disk_manager: SwapManager
 ) -> None:
-    path = write_disk(fake_root, 64 * MiB)
+    path = write_disk(fake_root, 64 * MIB)
     manager = confidential_manager(fake_root, SNP)
     with pytest.raises(FailedPrecondition, match="sev-snp"):
         manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0"), encryption=E.NONE))
-    assert path.read_bytes() == bytes(64 * MiB)
+    assert path.read_bytes() == bytes(64 * MIB)
     assert (fake_root.root / "sys/class/block/vdb/queue/rotational").read_text() == "1\n"
 
 
 def test_without_dm_crypt_nothing_is_mapped_or_formatted(
     fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = write_disk(fake_root, 64 * MiB)
+    path = write_disk(fake_root, 64 * MIB)
     monkeypatch.setattr(DeviceMapper, "targets", lambda self: {"linear": (1, 4, 0)})
     monkeypatch.setattr(DeviceMapper, "create", lambda self, name: pytest.fail("mapped"))
     manager = confidential_manager(fake_root, SNP)
     with pytest.raises(FailedPrecondition, match="dm_crypt is not loaded"):
         manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0")))
-    assert path.read_bytes() == bytes(64 * MiB)
+    assert path.read_bytes() == bytes(64 * MIB)
     assert (fake_root.root / "sys/class/block/vdb/queue/rotational").read_text() == "1\n"
 
 
 def test_the_raw_disk_is_checked_before_anything_is_mapped(
     fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_disk(fake_root, 64 * MiB, (MiB, b"somebody's data"))
+    write_disk(fake_root, 64 * MIB, (MIB, b"somebody's data"))
     monkeypatch.setattr(DeviceMapper, "targets", lambda self: pytest.fail("reached dm"))
     manager = confidential_manager(fake_root, SNP)
-    with pytest.raises(FailedPrecondition, match=f"data at byte offset {MiB}"):
+    with pytest.raises(FailedPrecondition, match=f"data at byte offset {MIB}"):
         manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0"), encryption=E.EPHEMERAL))
 
 
 def test_a_failed_table_load_removes_the_mapping_and_restores_the_disk(
     fake_root: FakeRoot, disk_manager: SwapManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = write_disk(fake_root, 64 * MiB)
+    path = write_disk(fake_root, 64 * MIB)
     removed: list[str] = []
 
     def load(self: DeviceMapper, name: str, table: CryptTable) -> None:
-        assert table == CryptTable(64 * MiB // 512, 254, 16, 4096)
+        assert table == CryptTable(64 * MIB // 512, 254, 16, 4096)
         raise OSError(errno.EINVAL, "DM_TABLE_LOAD: Invalid argument")
 
     monkeypatch.setattr(DeviceMapper, "targets", lambda self: {"crypt": (1, 24, 0)})
@@ -296,7 +294,7 @@ def test_a_failed_table_load_removes_the_mapping_and_restores_the_disk(
     with pytest.raises(Aborted, match=r"removed mapping guestagent-swap-vdb; .*rotational=1"):
         manager.enable(EnableSwapSpec(DeviceSelector(serial="swap0"), encryption=E.EPHEMERAL))
     assert removed == ["guestagent-swap-vdb"]
-    assert path.read_bytes() == bytes(64 * MiB)
+    assert path.read_bytes() == bytes(64 * MIB)
     assert (fake_root.root / "sys/class/block/vdb/queue/rotational").read_text() == "1"
 
 

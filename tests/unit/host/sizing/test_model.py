@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from guestagent.errors import InvalidArgument
 from guestagent.host.sizing import (
     DEFAULT_MODEL,
-    MIB,
     Envelope,
     Line,
     OverheadModel,
@@ -23,6 +22,7 @@ from guestagent.host.sizing import (
     model_to_dict,
     overhead_formula,
 )
+from guestagent.sizes import MIB
 from tests.fakes.sizing import sample
 
 

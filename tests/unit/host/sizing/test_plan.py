@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from guestagent.errors import InvalidArgument
 from guestagent.host.sizing import (
     DEFAULT_MODEL,
-    MIB,
     Container,
     PodSizing,
     fit_model,
@@ -19,6 +18,7 @@ from guestagent.host.sizing import (
     plan,
     vm_ceiling,
 )
+from guestagent.sizes import MIB
 from tests.fakes.sizing import FLAT, HOST, limits, sample
 
 

@@ -8,7 +8,6 @@ from guestagent.errors import InvalidArgument
 from guestagent.host.sizing import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MODEL,
-    MIB,
     PLAIN,
     SEV_SNP,
     SURVEY_ROWS,
@@ -21,6 +20,7 @@ from guestagent.host.sizing import (
     platform_model,
 )
 from guestagent.host.sizing.plan import Plan
+from guestagent.sizes import MIB
 from tests.fakes.sizing import HOST, limits
 
 ROWS = [(platform, row) for platform, rows in SURVEY_ROWS.items() for row in rows]

@@ -8,7 +8,6 @@ from guestagent.errors import InvalidArgument
 from guestagent.ops.workingset.policy import (
     CLEAN_STEPS_PER_BACKOFF,
     MAX_HOLD_INTERVALS,
-    MIB,
     ControllerState,
     Mode,
     ReclaimPolicy,
@@ -17,6 +16,7 @@ from guestagent.ops.workingset.policy import (
     stop_step_after_chunk,
     validate_policy,
 )
+from guestagent.sizes import MIB
 
 POLICY = ReclaimPolicy(stall_target_us=1000, max_step_fraction=0.1, refault_guard_fraction=0.01)
 PAGE = 4096

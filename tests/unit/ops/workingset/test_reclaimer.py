@@ -12,9 +12,10 @@ import pytest
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, kernel_error
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.fs import KernelFS
-from guestagent.ops.workingset.policy import CHUNK_BYTES, MIB, Mode, ReclaimPolicy
+from guestagent.linux.memcg import MemoryCgroup
+from guestagent.ops.workingset.policy import CHUNK_BYTES, Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import Reclaimer, ReclaimPolicyRequest
+from guestagent.sizes import MIB
 from tests.fakes.root import FakeRoot
 from tests.fakes.taskstats import FakeTaskstats, put_procs
 
@@ -52,7 +53,8 @@ class KernelReclaim:
     yields: Callable[[int], tuple[int, int]] = lambda pages: (pages, pages)
     refaults: Callable[[int], int] = lambda pages: 0  # Pages refaulted meanwhile, per write.
 
-    def __call__(self, fs: KernelFS, directory: Path, request: str) -> bool:
+    def __call__(self, memory: MemoryCgroup, request: str) -> bool:
+        directory = memory.directory
         self.writes.append(request)
         (directory / "memory.reclaim").write_text(request)
         stat_path = directory / "memory.stat"
@@ -228,10 +230,10 @@ def test_a_kernel_without_the_swappiness_argument_gets_the_plain_size(
     make_target(fake_root)
     writes: list[str] = []
 
-    def before_6_12(fs: KernelFS, directory: Path, request: str) -> bool:
+    def before_6_12(memory: MemoryCgroup, request: str) -> bool:
         writes.append(request)
         if " " in request:
-            control = directory / "memory.reclaim"
+            control = memory.directory / "memory.reclaim"
             raise kernel_error("write", control, request, OSError(errno.EINVAL, "Invalid argument"))
         return False  # EAGAIN: the kernel got less than asked.
 

@@ -1,4 +1,4 @@
-"""The kernel values the give-back figures (ops/giveback.py) come from: /proc/meminfo's LRU
+"""The kernel values the give-back figures (ops/giveback_figures.py) come from: /proc/meminfo's LRU
 and slab lines, free blocks per order, the zones' high watermarks, the order free page
 reporting takes, the cgroups' protections and the virtio-mem devices' blocks."""
 
@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from guestagent.errors import AgentError
 from guestagent.linux.abi import PAGE_SIZE, reporting_order
-from guestagent.linux.fs import KernelFS, parsed
+from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReport
+from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.meminfo import SystemMemory
 from guestagent.linux.mm import read_free_blocks_optional, zoneinfo_sum
 
@@ -36,7 +37,7 @@ class Protection:
 
 
 @dataclass(frozen=True)
-class GuestFigures:
+class GiveBackSources:
     """The system-wide kernel values the figures come from, in bytes."""
 
     mem_total: int
@@ -62,14 +63,10 @@ class GuestFigures:
         return sum(p.protected for p in self.protections)
 
 
-def protection(current: int, low: str, min_: str) -> int:
-    """What a cgroup's memory.min/memory.low protect of what it uses ("max" protects all)."""
-
-    def value(text: str) -> int:
-        text = text.strip()
-        return current if text == "max" else int(text)
-
-    return min(current, max(value(low), value(min_)))
+def protected_of(current: int, protection: int | None) -> int:
+    """What a cgroup's protection (memcg.MemoryCgroup.protection; None is "max") covers of
+    what it uses."""
+    return current if protection is None else min(current, protection)
 
 
 def read_protected(fs: KernelFS) -> tuple[Protection, ...]:
@@ -77,18 +74,16 @@ def read_protected(fs: KernelFS) -> tuple[Protection, ...]:
     ancestors' (cgroup-v2.rst: memory.low), so the top level holds it all."""
     root = fs.cgroup_root
     found = []
-    for name in fs.listdir(root) if fs.is_dir(root) else []:
-        directory = root / name
+    for name in fs.subdirectories(root) if fs.is_dir(root) else []:
+        cgroup = MemoryCgroup(fs, root / name, name)
         try:
-            low = fs.read_optional(directory / "memory.low")
-            min_ = fs.read_optional(directory / "memory.min")
-            if low is None or min_ is None or low.strip() == min_.strip() == "0":
+            protection = cgroup.protection()
+            if protection == 0:
                 continue  # Unprotected (most are): spare reading memory.current.
-            current = fs.read_optional(directory / "memory.current")
+            used = cgroup.current_or_zero()
         except AgentError:
-            continue  # Not a directory, or gone meanwhile.
-        used = parsed(directory / "memory.current", current, int) if current is not None else 0
-        if protected := protection(used, low, min_):
+            continue  # Gone meanwhile.
+        if protected := protected_of(used, protection):
             found.append(Protection(name, used, protected))
     return tuple(found)
 
@@ -101,10 +96,11 @@ def read_swap_barred(fs: KernelFS, paths: Iterable[str]) -> frozenset[str]:
     def is_barred(path: str) -> bool:
         if path not in barred:
             parent = path.rsplit("/", 1)[0] or "/"
-            text = None
+            cgroup = MemoryCgroup(fs, fs.cgroup_root / path.lstrip("/"), path)
+            here = False
             with contextlib.suppress(AgentError):  # Gone meanwhile: nothing to bar.
-                text = fs.read_optional(fs.cgroup_root / path.lstrip("/") / "memory.swap.max")
-            barred[path] = is_barred(parent) or (text is not None and text.strip() == "0")
+                here = cgroup.swap_barred()
+            barred[path] = is_barred(parent) or here
         return barred[path]
 
     return frozenset(path for path in paths if is_barred(path.rstrip("/") or "/"))
@@ -132,16 +128,16 @@ def devices_of(hotplug: HotplugReport | None) -> tuple[DeviceBlocks, ...]:
     )
 
 
-def read_guest_figures(
+def read_giveback_sources(
     fs: KernelFS,
     system: SystemMemory,
     hotplug: HotplugReport | None,
     page_size: int = PAGE_SIZE,
-) -> GuestFigures:
+) -> GiveBackSources:
     """system: the report's own /proc/meminfo reading, so both describe the same moment."""
     free_blocks = read_free_blocks_optional(fs) or ()
     zoneinfo = fs.read_optional(fs.proc("zoneinfo"))
-    return GuestFigures(
+    return GiveBackSources(
         mem_total=system.mem_total,
         mem_free=system.mem_free,
         lru_anon=system.lru_anon,

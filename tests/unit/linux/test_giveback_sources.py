@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from guestagent.linux.giveback import (
+from guestagent.linux.giveback_sources import (
     Protection,
-    protection,
-    read_guest_figures,
+    protected_of,
+    read_giveback_sources,
     read_protected,
     read_reporting_order,
     read_swap_barred,
@@ -39,13 +39,13 @@ def test_high_watermarks_sum_zones_not_pagesets() -> None:
 
 
 @pytest.mark.parametrize(
-    ("current", "low", "min_", "protected"),
-    [(100, "0", "0", 0), (100, "40", "10", 40), (100, "max", "0", 100), (30, "40", "0", 30)],
+    ("current", "protection", "protected"),
+    [(100, 0, 0), (100, 40, 40), (100, None, 100), (30, 40, 30)],
 )
 def test_protection_is_what_min_or_low_covers_of_use(
-    current: int, low: str, min_: str, protected: int
+    current: int, protection: int | None, protected: int
 ) -> None:
-    assert protection(current, low, min_) == protected
+    assert protected_of(current, protection) == protected
 
 
 def test_protections_sum_the_top_level(fake_root: FakeRoot) -> None:
@@ -77,7 +77,7 @@ def test_reporting_order_from_the_module_parameter_when_sane(fake_root: FakeRoot
 def test_guest_figures_from_a_fake_kernel(fake_root: FakeRoot) -> None:
     fake_root.write("proc/zoneinfo", ZONEINFO)
     fake_root.write("proc/buddyinfo", "Node 0, zone DMA32 4 0 0 0 0 0 0 0 0 2 1\n")
-    figures = read_guest_figures(fake_root.fs, read_system_memory(fake_root.fs), None, 4096)
+    figures = read_giveback_sources(fake_root.fs, read_system_memory(fake_root.fs), None, 4096)
     assert figures.mem_total == 498764 * 1024 and figures.swap_room == 1048572 * 1024
     assert figures.lru == (20480 + 10240 + 40960 + 30720) * 1024
     assert figures.reclaimable_slab == 8192 * 1024

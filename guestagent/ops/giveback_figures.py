@@ -19,12 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from guestagent.linux.features import Absent
-from guestagent.linux.fs import KernelFS
-from guestagent.linux.giveback import GuestFigures, read_guest_figures
-from guestagent.linux.meminfo import CgroupSwap, MemoryReport
+from guestagent.linux.giveback_sources import GiveBackSources, read_giveback_sources
+from guestagent.linux.kernel import Kernel
+from guestagent.linux.memcg import CgroupSwap
+from guestagent.linux.meminfo import MemoryReport
 from guestagent.ops.idle import IdleHistogram, IdleSpec, IdleState, IdleView
+from guestagent.sizes import MIB
 
-MIB = 1 << 20
 # Room above the high watermarks for the working set to breathe: ages are as of the last
 # aging and page cache read with read(2) is not aged by the page-table walk, so the figure
 # in use runs short; with no slack a 1 GiB guest thrashed (docs/giveback.md).
@@ -120,7 +121,7 @@ def current_cold(
     return (cold_now(cold[0], booked[0], now[0]), cold_now(cold[1], booked[1], now[1]))
 
 
-def unreclaimable_kernel(g: GuestFigures) -> int:
+def unreclaimable_kernel(g: GiveBackSources) -> int:
     """Memory neither free, on the LRU lists nor in reclaimable slab: kernel stacks, page
     tables, unreclaimable slab, vmalloc, pages pinned or mlocked."""
     return max(0, g.mem_total - g.mem_free - g.lru - g.reclaimable_slab)
@@ -136,7 +137,7 @@ def protected_cold(cold: int, current: int, protected: int) -> int:
     return max(0, cold - max(0, current - protected))
 
 
-def safe_balloon_target(g: GuestFigures, cold: int | None, kept_cold: int = 0) -> Figure:
+def safe_balloon_target(g: GiveBackSources, cold: int | None, kept_cold: int = 0) -> Figure:
     """The smallest size the guest keeps its working set at (None cold: no idle ages, so all
     LRU memory counts as in use). kept_cold: cold memory the cgroups' protections keep
     (protected_cold), in use as far as the balloon is concerned."""
@@ -166,7 +167,7 @@ def safe_balloon_target(g: GuestFigures, cold: int | None, kept_cold: int = 0) -
     return Figure(target, parts)
 
 
-def safe_virtio_mem(g: GuestFigures, balloon_target: int) -> tuple[VirtioMemTarget, ...]:
+def safe_virtio_mem(g: GiveBackSources, balloon_target: int) -> tuple[VirtioMemTarget, ...]:
     """Per device: unplug only movable blocks, and in all no more than the balloon target
     leaves to take (devices in the order given share it)."""
     room = max(0, g.mem_total - balloon_target)
@@ -189,7 +190,7 @@ def safe_virtio_mem(g: GuestFigures, balloon_target: int) -> tuple[VirtioMemTarg
 
 
 def guest_giveback(
-    g: GuestFigures,
+    g: GiveBackSources,
     idle: IdleView | None,
     cold_after_ms: int,
     kept_cold: int = 0,
@@ -230,20 +231,20 @@ def cgroup_giveback(
 
 
 @dataclass(frozen=True)
-class CgroupIdle:
+class CgroupGiveBack:
     path: str
     idle: IdleHistogram | None
     giveback: GiveBack
 
 
 @dataclass(frozen=True)
-class IdleReport:
+class GiveBackFigures:
     """A report's idle histograms and give-back figures; absent says why there are no idle
     ages (then every histogram and cold figure is unset)."""
 
     idle: IdleHistogram | None
     giveback: GiveBack
-    cgroups: tuple[CgroupIdle, ...] = ()
+    cgroups: tuple[CgroupGiveBack, ...] = ()
     absent: Absent | None = None
 
 
@@ -254,15 +255,17 @@ def cgroup_swap_room(guest: int | None, swap: CgroupSwap | None) -> int | None:
     return min(guest, max(0, swap.max - swap.current))
 
 
-def idle_report(fs: KernelFS, report: MemoryReport, state: IdleState, spec: IdleSpec) -> IdleReport:
-    figures = read_guest_figures(fs, report.system, report.hotplug)
-    page = figures.page_size
+def giveback_figures(
+    fs: Kernel, report: MemoryReport, state: IdleState, spec: IdleSpec
+) -> GiveBackFigures:
+    sources = read_giveback_sources(fs, report.system, report.hotplug)
+    page = sources.page_size
     cgroups = []
     for c in report.cgroups:
         view = state.view(c.path)
-        room = cgroup_swap_room(figures.swap_room, c.swap)
+        room = cgroup_swap_room(sources.swap_room, c.swap)
         cgroups.append(
-            CgroupIdle(
+            CgroupGiveBack(
                 c.path,
                 view.histogram(spec.edges_ms, page) if view else None,
                 cgroup_giveback(
@@ -276,13 +279,13 @@ def idle_report(fs: KernelFS, report: MemoryReport, state: IdleState, spec: Idle
             )
         )
     view = state.view("")
-    return IdleReport(
+    return GiveBackFigures(
         view.histogram(spec.edges_ms, page) if view else None,
         guest_giveback(
-            figures,
+            sources,
             view,
             spec.cold_after_ms,
-            kept_cold(figures, state, spec),
+            kept_cold(sources, state, spec),
             barred_anon(state, "", spec.cold_after_ms, page),
         ),
         tuple(cgroups),
@@ -296,15 +299,15 @@ def barred_anon(state: IdleState, cgroup: str, cold_after_ms: int, page_size: in
     return view.idle_at_least(cold_after_ms, page_size)[0] if view else 0
 
 
-def kept_cold(figures: GuestFigures, state: IdleState, spec: IdleSpec) -> int:
+def kept_cold(sources: GiveBackSources, state: IdleState, spec: IdleSpec) -> int:
     """Cold memory the protected top-level cgroups keep from reclaim, summed. Their cold is
     as of the last aging, not cut to their LRU now: erring toward kept, so toward in use."""
     total = 0
-    for p in figures.protections:
+    for p in sources.protections:
         view = state.view(p.path)
         if view is None:
             continue
-        anon, file = view.idle_at_least(spec.cold_after_ms, figures.page_size)
-        cold = cold_figure(anon, file, figures.swap_room, spec.cold_after_ms).bytes
+        anon, file = view.idle_at_least(spec.cold_after_ms, sources.page_size)
+        cold = cold_figure(anon, file, sources.swap_room, spec.cold_after_ms).bytes
         total += protected_cold(cold, p.current, p.protected)
     return total

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from guestagent.errors import AgentError
 from guestagent.linux.abi import reporting_order
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.fs import KernelFS
+from guestagent.linux.kernel import Kernel
 from guestagent.linux.meminfo import read_system_pressure
 from guestagent.linux.mm import read_free_blocks_optional
 from guestagent.ops.compaction import Compactor
-from guestagent.ops.workingset.policy import MIB, ReclaimPolicy
+from guestagent.ops.workingset.policy import ReclaimPolicy
+from guestagent.sizes import MIB
 
 # How often the rule is looked at while any target is on; the rule itself limits how often
 # compaction runs.
@@ -90,7 +91,7 @@ class CompactionTrigger:
 
     def __init__(
         self,
-        fs: KernelFS,
+        fs: Kernel,
         clock: Callable[[], float],
         page_size: int,
         rule: CompactionRule | None = None,
@@ -164,4 +165,4 @@ class CompactionTrigger:
             return pressure.some.total_us
         if self._stall is None or self._stall.absence() is not None:
             return None
-        return self._stall.total_us(self.fs.cgroup_root)
+        return self._stall.guest_total_us()

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guestagent.linux.giveback import DeviceBlocks, GuestFigures, Protection
-from guestagent.linux.meminfo import CgroupSwap
-from guestagent.ops.giveback import (
+from guestagent.linux.giveback_sources import DeviceBlocks, GiveBackSources, Protection
+from guestagent.linux.memcg import CgroupSwap
+from guestagent.ops.giveback_figures import (
     cgroup_giveback,
     cgroup_swap_room,
     cold_figure,
@@ -22,11 +22,11 @@ from guestagent.ops.giveback import (
     unreclaimable_kernel,
 )
 from guestagent.ops.idle import Book, IdleSpec, IdleState, IdleView, Layer
+from guestagent.sizes import MIB
 
-MIB = 1 << 20
 PAGE = 4096
 
-GUEST = GuestFigures(
+GUEST = GiveBackSources(
     mem_total=2048 * MIB,
     mem_free=400 * MIB,
     lru_anon=400 * MIB,
@@ -161,7 +161,7 @@ sizes = st.integers(0, 1 << 34)
 
 
 @st.composite
-def guests(draw: st.DrawFn) -> GuestFigures:
+def guests(draw: st.DrawFn) -> GiveBackSources:
     total = draw(st.integers(64 * MIB, 1 << 34))
     free = draw(st.integers(0, total))
     lru = draw(st.integers(0, total - free))
@@ -181,7 +181,7 @@ def guests(draw: st.DrawFn) -> GuestFigures:
 
 @given(guests(), st.one_of(st.none(), sizes))
 def test_the_target_stays_between_the_floors_and_memtotal(
-    g: GuestFigures, cold: int | None
+    g: GiveBackSources, cold: int | None
 ) -> None:
     target = safe_balloon_target(g, cold).bytes
     floor = g.protected + unreclaimable_kernel(g) + g.watermarks
@@ -190,7 +190,7 @@ def test_the_target_stays_between_the_floors_and_memtotal(
 
 @given(guests(), sizes, sizes, sizes)
 def test_protected_cold_never_lowers_the_target(
-    g: GuestFigures, cold: int, kept: int, more: int
+    g: GiveBackSources, cold: int, kept: int, more: int
 ) -> None:
     before = safe_balloon_target(g, cold, kept).bytes
     assert safe_balloon_target(g, cold, kept + more).bytes >= before
@@ -199,7 +199,7 @@ def test_protected_cold_never_lowers_the_target(
 
 @given(guests(), sizes, st.integers(0, 1 << 30))
 def test_more_use_never_raises_what_the_balloon_may_take(
-    g: GuestFigures, cold: int, more: int
+    g: GiveBackSources, cold: int, more: int
 ) -> None:
     """Memory going from free into use (as LRU pages or kernel memory) never lowers the target,
     nor does less of it being cold."""
@@ -221,7 +221,7 @@ def test_more_use_never_raises_what_the_balloon_may_take(
     st.lists(st.tuples(st.integers(0, 64), st.integers(0, 64)), max_size=3),
 )
 def test_virtio_mem_unplugs_only_movable_whole_blocks_within_the_balloon_room(
-    g: GuestFigures, target: int, devices: list[tuple[int, int]]
+    g: GiveBackSources, target: int, devices: list[tuple[int, int]]
 ) -> None:
     block = 128 * MIB
     g = replace(

@@ -32,7 +32,7 @@ from guestagent.errors import AgentError, FailedPrecondition, errno_text
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
 
-log = EventLog("guestagent.linux.statefile")
+log = EventLog("guestagent.statestore")
 T = TypeVar("T")
 
 STATE_DIRECTORY = "guestagent"

@@ -5,12 +5,13 @@ from pathlib import Path
 import pytest
 
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.ops.workingset.compaction import (
+from guestagent.ops.workingset.compaction_trigger import (
     CompactionRule,
     CompactionTrigger,
     compaction_decision,
 )
-from guestagent.ops.workingset.policy import MIB, ReclaimPolicy
+from guestagent.ops.workingset.policy import ReclaimPolicy
+from guestagent.sizes import MIB
 from tests.fakes.root import make_fake_root
 from tests.fakes.taskstats import FakeTaskstats, put_procs
 

@@ -1,0 +1,18 @@
+"""What ops/ and agent/ hold of the kernel: a Kernel, built from the root and the cgroup2
+mount, handed to linux/'s typed readers and writers, and giving a handle per cgroup. They
+never import linux/fs.py, so no file name is assembled outside linux/ (tests/unit/test_layout.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from guestagent.linux.fs import KernelFS
+from guestagent.linux.memcg import MemoryCgroup, memory_cgroup
+
+
+@dataclass(frozen=True)
+class Kernel(KernelFS):
+    def cgroup(self, name: str) -> MemoryCgroup:
+        """The memory controller of an existing cgroup, named relative to the mount."""
+        return memory_cgroup(self, name)
