@@ -86,9 +86,9 @@ class AgentClient:
         listener.bind(path)
         listener.listen(16)
         dial = (
-            functools.partial(dial_vsock, address)
+            functools.partial(dial_vsock, address, self.timeout)
             if isinstance(address, VsockAddress)
-            else functools.partial(dial_hybrid_vsock, address)
+            else functools.partial(dial_hybrid_vsock, address, self.timeout)
         )
         self._relay = SocketRelay(
             listener, dial=dial, name="client-relay", on_dial_failed=self._dial_failed

@@ -1,3 +1,5 @@
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,18 @@ def test_an_unreachable_vsock_cid_is_named_with_the_errno() -> None:
     # vsock_loopback, has no device: either way the message names the CID, port and errno.
     with pytest.raises(DialError, match=r"vsock .*\(E[A-Z]+\)"):
         dial_vsock(VsockAddress(1, 0xFFFFFFF0))
+
+
+def test_a_vmm_that_accepts_and_says_nothing_is_given_up_on(tmp_path: Path) -> None:
+    """It held the client's relay (and so guestctl) for ever before."""
+    vsock_path = str(tmp_path / "vsock.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(vsock_path)
+    listener.listen()  # Never accepted, never answered: the connect lands in the backlog.
+    try:
+        started = time.monotonic()
+        with pytest.raises(DialError, match=r"port 1024 did not answer: no answer within 0.2 s"):
+            dial_hybrid_vsock(HybridVsockAddress(vsock_path, 1024), timeout=0.2)
+        assert time.monotonic() - started < 5
+    finally:
+        listener.close()
