@@ -28,7 +28,8 @@ VM_TESTS = ROOT / "tests" / "vm"
 DURATIONS = VM_TESTS / "durations.json"
 NOT_VM = "unit, integration, hostile"
 SHARED_GUEST = "the shared guest"
-OWN_GUEST = re.compile(r"^def vm\(", re.MULTILINE)
+# A module-level `vm` fixture: written out, or made by tests/vm/guest.py module_guest().
+OWN_GUEST = re.compile(r"^(def vm\(|vm = module_guest\()", re.MULTILINE)
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?)")
 TALLY = re.compile(r"\d+ (passed|failed|skipped|errors?|xfailed|xpassed|deselected).* in [\d.]+s")
 

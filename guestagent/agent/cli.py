@@ -37,7 +37,7 @@ def entry() -> int:
     return main()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="guestagent", description="the in-guest memory agent")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="run the in-guest agent")
@@ -59,7 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_cmd.add_argument(
         "--cgroup-mount", default="sys/fs/cgroup", help="cgroup2 mount below root"
     )
-    serve_cmd.add_argument("--grace-seconds", type=float, default=10.0)
+    serve_cmd.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long calls in flight may run on before they are cut (default 10)",
+    )
     serve_cmd.add_argument(
         "--online-memory",
         choices=[*POLICIES, "off"],
@@ -143,7 +149,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "delay accounting (auto); delayacct uses delay accounting everywhere, and reports "
         "show it beside PSI (for comparing the two)",
     )
-    serve_cmd.add_argument("--log-level", default="info")
+    serve_cmd.add_argument(
+        "--log-level",
+        default="info",
+        help="JSON log lines on stderr from this level up: debug, info, warning, error "
+        "(default info)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if 0 < args.idle_aging < MIN_AGING_INTERVAL_S or args.idle_aging < 0:
         parser.error(f"--idle-aging {args.idle_aging:g}: 0, or at least {MIN_AGING_INTERVAL_S:g}")

@@ -71,6 +71,7 @@ class AgentClient:
         self.timeout = timeout
         self._relay: SocketRelay | None = None
         self._relay_dir: Path | None = None
+        self._dial_failure: OSError | None = None
         address = parse_address(target)
         if isinstance(address, VsockAddress | HybridVsockAddress):
             address = self._start_relay(address)
@@ -85,12 +86,19 @@ class AgentClient:
         listener.bind(path)
         listener.listen(16)
         dial = (
-            functools.partial(dial_vsock, address)
+            functools.partial(dial_vsock, address, self.timeout)
             if isinstance(address, VsockAddress)
-            else functools.partial(dial_hybrid_vsock, address)
+            else functools.partial(dial_hybrid_vsock, address, self.timeout)
         )
-        self._relay = SocketRelay(listener, dial=dial, name="client-relay").start()
+        self._relay = SocketRelay(
+            listener, dial=dial, name="client-relay", on_dial_failed=self._dial_failed
+        ).start()
         return UnixAddress(path)
+
+    def _dial_failed(self, error: OSError) -> None:
+        """Kept for __exit__: grpc itself only sees the relay's socket closed
+        ("recvmsg: Connection reset by peer" on a temporary path)."""
+        self._dial_failure = error
 
     def agent_info(self) -> pb.AgentInfo:
         info: pb.AgentInfo = self.stub.GetAgentInfo(pb.GetAgentInfoRequest(), timeout=self.timeout)
@@ -220,6 +228,19 @@ class AgentClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+        failure = self._dial_failure
+        if failure is not None and isinstance(exc, grpc.RpcError) and _unavailable(exc):
+            raise AgentUnreachable(str(failure)) from exc
+
+
+class AgentUnreachable(ConnectionError):
+    """A call found no agent because the vsock or hybrid vsock dial failed; the message says
+    which target and why (transport.dial.DialError's)."""
+
+
+def _unavailable(error: grpc.RpcError) -> bool:
+    code = getattr(error, "code", None)
+    return callable(code) and code() == grpc.StatusCode.UNAVAILABLE
 
 
 def describe_error(error: Any) -> str:

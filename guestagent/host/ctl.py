@@ -11,6 +11,7 @@ import argparse
 import importlib.util
 import json
 import math
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -151,13 +152,23 @@ def _idle_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MS,MS,...",
         help="idle-age bin edges in ms, ascending (default 1000,10000,60000,300000)",
     )
-    parser.add_argument(
-        "--cold-after",
-        type=_count,
-        default=0,
-        metavar="MS",
-        help="idle age from which memory counts as cold (default 60000)",
-    )
+    _cold_after_argument(parser)
+
+
+def _cold_after_argument(parser: argparse.ArgumentParser) -> None:
+    """One name, as the contract's cold_after_ms; `--cold-after` was info's and watch's
+    spelling before, and scripts may still use it."""
+    for flag, shown in (("--cold-after-ms", True), ("--cold-after", False)):
+        parser.add_argument(
+            flag,
+            dest="cold_after_ms",
+            type=_count,
+            default=0,
+            metavar="MS",
+            help="idle age from which memory counts as cold (default 0: the agent's 60000)"
+            if shown
+            else argparse.SUPPRESS,
+        )
 
 
 def _info_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,16 +177,23 @@ def _info_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _info(client: AgentClient, args: argparse.Namespace) -> str:
-    info = client.info(args.cgroup, args.idle_edges, args.cold_after)
+    info = client.info(args.cgroup, args.idle_edges, args.cold_after_ms)
     return as_json(info) if args.json else memory_info_text(info)
 
 
 def _watch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cgroup", action="append", default=[])
-    parser.add_argument("--interval-ms", type=int, default=0)
+    parser.add_argument("--cgroup", action="append", default=[], help="cgroup path; repeatable")
+    parser.add_argument(
+        "--interval-ms", type=int, default=0, help="also report this often (0: on events only)"
+    )
     parser.add_argument("--count", type=int, default=0, help="stop after N messages")
     parser.add_argument("--stall-us", type=int, default=0, help="PSI trigger stall")
-    parser.add_argument("--window-us", type=int, default=PSI_MIN_WINDOW_US * 2)
+    parser.add_argument(
+        "--window-us",
+        type=int,
+        default=PSI_MIN_WINDOW_US * 2,
+        help=f"PSI trigger window (default {PSI_MIN_WINDOW_US * 2})",
+    )
     _idle_arguments(parser)
 
 
@@ -185,7 +203,9 @@ def _watch(client: AgentClient, args: argparse.Namespace) -> str:
         if args.stall_us
         else None
     )
-    stream = client.watch(args.cgroup, args.interval_ms, trigger, args.idle_edges, args.cold_after)
+    stream = client.watch(
+        args.cgroup, args.interval_ms, trigger, args.idle_edges, args.cold_after_ms
+    )
     for count, info in enumerate(stream, 1):
         reason = pb.WatchReason.Name(info.reason).removeprefix("WATCH_REASON_").lower()
         text = as_json(info) if args.json else memory_info_text(info)
@@ -210,11 +230,16 @@ def _selector(args: argparse.Namespace) -> pb.DeviceSelector:
 
 def _swap_enable_arguments(parser: argparse.ArgumentParser) -> None:
     _device_arguments(parser)
-    parser.add_argument("--priority", type=int)
-    parser.add_argument("--discard", choices=["both", "pages", "once", "none"], default="both")
+    parser.add_argument("--priority", type=int, help="swapon priority (default: the kernel's)")
+    parser.add_argument(
+        "--discard",
+        choices=["both", "pages", "once", "none"],
+        default="both",
+        help="swapon discard: give freed swap back to the host's disk (default both)",
+    )
     parser.add_argument("--wait-ms", type=int, default=0, help="wait for a hot-plugged disk")
     parser.add_argument("--force", action="store_true", help="format over existing data")
-    parser.add_argument("--label", default="")
+    parser.add_argument("--label", default="", help="mkswap label, at most 16 bytes")
     parser.add_argument(
         "--encryption",
         choices=["default", "none", "ephemeral"],
@@ -252,12 +277,15 @@ def _swap_list(client: AgentClient, args: argparse.Namespace) -> str:
 
 
 def _limits_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cgroup", required=True)
-    parser.add_argument("--limit", type=_limit, help=f"OCI memory.limit: {SIZE_HELP}; or -1 (max)")
+    parser.add_argument("--cgroup", required=True, help="cgroup path below the cgroup2 mount")
+    unlimited = "; -1 or max: unlimited"
+    parser.add_argument("--limit", type=_limit, help=f"OCI memory.limit: {SIZE_HELP}{unlimited}")
     parser.add_argument(
-        "--swap", type=_limit, help="OCI memory.swap: memory+swap total, a size or -1"
+        "--swap", type=_limit, help=f"OCI memory.swap: the memory+swap total, a size{unlimited}"
     )
-    parser.add_argument("--reservation", type=_limit, help="OCI memory.reservation, a size or -1")
+    parser.add_argument(
+        "--reservation", type=_limit, help=f"OCI memory.reservation, a size{unlimited}"
+    )
     parser.add_argument("--create", action="store_true", help="create the cgroup if missing")
 
 
@@ -272,7 +300,7 @@ def _limits(client: AgentClient, args: argparse.Namespace) -> str:
 
 
 def _compact_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--node", type=int)
+    parser.add_argument("--node", type=int, help="one NUMA node (default: all)")
 
 
 def _compact(client: AgentClient, args: argparse.Namespace) -> str:
@@ -281,9 +309,15 @@ def _compact(client: AgentClient, args: argparse.Namespace) -> str:
 
 
 def _reclaim_now_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cgroup", required=True)
+    parser.add_argument("--cgroup", required=True, help="cgroup path below the cgroup2 mount")
     parser.add_argument("--bytes", type=_size, required=True, help=SIZE_HELP)
-    parser.add_argument("--drop-caches", type=int, default=0, choices=[0, 1, 2, 3])
+    parser.add_argument(
+        "--drop-caches",
+        type=int,
+        default=0,
+        choices=[0, 1, 2, 3],
+        help="then write this to drop_caches (1 page cache, 2 slab, 3 both)",
+    )
 
 
 def _reclaim_now(client: AgentClient, args: argparse.Namespace) -> str:
@@ -292,11 +326,11 @@ def _reclaim_now(client: AgentClient, args: argparse.Namespace) -> str:
 
 
 def _reclaim_on_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cgroup", required=True)
-    parser.add_argument("--interval-ms", type=int)
+    parser.add_argument("--cgroup", required=True, help="cgroup path below the cgroup2 mount")
+    parser.add_argument("--interval-ms", type=int, help="how often the reclaimer steps")
     parser.add_argument("--stall-target-us", type=int, help="memory.pressure stall per interval")
     parser.add_argument("--max-step-fraction", type=float, help="of memory.current")
-    parser.add_argument("--floor-bytes", type=_size)
+    parser.add_argument("--floor-bytes", type=_size, help=f"never below this: {SIZE_HELP}")
     parser.add_argument("--anon", action="store_true", help="reclaim anon too (needs swap)")
     parser.add_argument("--refault-guard", type=float, help="fraction of memory.current")
 
@@ -315,7 +349,7 @@ def _reclaim_on(client: AgentClient, args: argparse.Namespace) -> str:
 
 
 def _reclaim_off_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cgroup", required=True)
+    parser.add_argument("--cgroup", required=True, help="cgroup path below the cgroup2 mount")
 
 
 def _reclaim_off(client: AgentClient, args: argparse.Namespace) -> str:
@@ -419,7 +453,13 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="the pod's cgroup memory.max on the host (containers' limits + RuntimeClass "
         "overhead), or max",
     )
-    parser.add_argument("--default-memory", type=int, default=2048, metavar="MIB")
+    parser.add_argument(
+        "--default-memory",
+        type=int,
+        default=2048,
+        metavar="MIB",
+        help="the runtime's default_memory, the VM's base before the pod's limits (default 2048)",
+    )
     parser.add_argument(
         "--default-maxmemory", type=int, default=0, metavar="MIB", help="0: the host's memory"
     )
@@ -506,11 +546,17 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def _measure_overhead_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--sizes", type=_sizes, default=(306, 406, 756, 1280, 2304), metavar="MIB,MIB,..."
+        "--sizes",
+        type=_sizes,
+        default=(306, 406, 756, 1280, 2304),
+        metavar="MIB,MIB,...",
+        help="guest memory sizes to boot (default 306,406,756,1280,2304)",
     )
     parser.add_argument("--out", type=Path, help="write the model as JSON, for plan --model")
     parser.add_argument("--image-dir", type=Path, help="default: image/build")
-    parser.add_argument("--boot-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--boot-timeout", type=_seconds, default=300.0, help="seconds a boot may take (300)"
+    )
 
 
 def _measure_overhead(args: argparse.Namespace) -> int:
@@ -585,7 +631,10 @@ def _metrics(args: argparse.Namespace) -> int:
 
 def _give_back_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--vmm", choices=["qemu", "cloud-hypervisor", "firecracker"], default="qemu"
+        "--vmm",
+        choices=["qemu", "cloud-hypervisor", "firecracker"],
+        default="qemu",
+        help="whose API --qmp or --api is (default qemu)",
     )
     api = parser.add_mutually_exclusive_group(required=True)
     api.add_argument("--qmp", help="QEMU's QMP unix socket (--vmm qemu)")
@@ -609,13 +658,24 @@ def _give_back_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep the device at the agent's safe figure as it moves, until SIGTERM",
     )
-    parser.add_argument("--via", choices=["balloon", "virtio-mem"], default="balloon")
+    parser.add_argument(
+        "--via",
+        choices=["balloon", "virtio-mem"],
+        default="balloon",
+        help="the device that gives memory back (default balloon)",
+    )
     parser.add_argument("--device", help="the virtio-mem device's id (default: the only one)")
     parser.add_argument("--force", action="store_true", help="go below the safe figure")
     parser.add_argument("--dry-run", action="store_true", help="say what it would do, do nothing")
     parser.add_argument("--pid", type=int, help="the VMM's pid for its RSS (default: the peer)")
-    parser.add_argument("--cold-after-ms", type=_count, default=0, help="0: the agent's 60 s")
-    parser.add_argument("--settle-timeout", type=_seconds, default=600.0, metavar="SECONDS")
+    _cold_after_argument(parser)
+    parser.add_argument(
+        "--settle-timeout",
+        type=_seconds,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long the device may take to reach its size (default 600)",
+    )
     follow = parser.add_argument_group("--follow")
     follow.add_argument(
         "--interval", type=_seconds, default=2.0, metavar="S", help="the agent's report interval"
@@ -758,7 +818,7 @@ def _follow(args: argparse.Namespace, client: AgentClient, agent: Agent, vmm: Vm
 
 
 def _health_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--service", default="")
+    parser.add_argument("--service", default="", help="a service name (default: the server)")
 
 
 def _health(client: AgentClient, args: argparse.Namespace) -> str:
@@ -847,7 +907,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(every command but plan and measure-overhead needs one)",
     )
     parser.add_argument("--json", action="store_true", help="print protobuf JSON")
-    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long each call to the agent may take, connecting included (default 30)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
     for name, command in COMMANDS.items():
@@ -868,9 +934,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def attach_negative_values(argv: Sequence[str]) -> list[str]:
+    """`--limit -1G` as `--limit=-1G`: argparse reads a word that starts with `-` and is not a
+    plain number as an option, and would say only "expected one argument"; attached, the
+    value reaches the size parser, which says what it accepts."""
+    words: list[str] = []
+    for word in argv:
+        if words and _NEGATIVE.match(word) and words[-1].startswith("--") and "=" not in words[-1]:
+            words[-1] = f"{words[-1]}={word}"
+        else:
+            words.append(word)
+    return words
+
+
+_NEGATIVE = re.compile(r"-\d")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
     run: Run = args.run
     try:
         return run(args)

@@ -64,7 +64,7 @@ def validate_cgroup_name(name: str) -> tuple[str, ...]:
             )
         if len(part.encode(errors="surrogatepass")) > NAME_MAX:
             raise InvalidArgument(
-                f"cgroup path component {quoted(part, 32)} is "
+                f"cgroup path component {quoted(part)} is "
                 f"{len(part.encode(errors='surrogatepass'))} bytes, over {NAME_MAX}",
                 "CGROUP_PATH_INVALID",
             )

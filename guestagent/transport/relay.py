@@ -262,8 +262,13 @@ class SocketRelay:
         admit: Callable[[Any], bool] = lambda peer: True,
         name: str = "relay",
         budget: ConnectionBudget | None = None,
+        on_dial_failed: Callable[[OSError], None] | None = None,
     ) -> None:
+        """on_dial_failed, when given, hears why `dial` failed instead of the log: a command
+        line tool that logs nothing reports it to its user (the caller only sees its
+        connection closed)."""
         self.listener = listener
+        self._on_dial_failed = on_dial_failed
         self._budget = budget
         self._paused_until: float | None = None  # Accepting paused (EMFILE) until then.
         self._pause = PAUSE_FIRST_SECONDS
@@ -388,7 +393,10 @@ class SocketRelay:
         try:
             upstream = self._with_budget(self.open_upstream(conn, peer))
         except OSError as e:
-            repeats.warning("relay_dial_failed", relay=self._name, peer=str(peer), error=str(e))
+            if self._on_dial_failed is not None:
+                self._on_dial_failed(e)
+            else:
+                repeats.warning("relay_dial_failed", relay=self._name, peer=str(peer), error=str(e))
             conn.close()
             if self._budget is not None:
                 self._budget.give_back()

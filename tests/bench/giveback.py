@@ -10,8 +10,6 @@ balloon. QEMU's RSS is sampled every second for WATCH_S after the action.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,8 @@ from typing import Any
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import Disk, GuestVM, VMConfig
-from tests.bench.plotting import NOT_DRAWN, pyplot, save
+from tests.bench import alone
+from tests.bench.plotting import rss_timelines
 from tests.bench.vm import booted
 from tests.vm.guest import make_cgroup, wait_until
 from tests.workloads.giveback import (
@@ -122,36 +121,20 @@ def measure_giveback(plot_path: Path | None) -> dict[str, Any]:
 
 def plot(figures: dict[str, Any], path: Path) -> str:
     """QEMU's RSS for both phases on one time axis, 0 at the action; needs matplotlib."""
-    plt = pyplot()
-    if plt is None:
-        return NOT_DRAWN
-    figure, axis = plt.subplots(figsize=(9, 4.5))
-    for side, label in (
-        ("reclaimer_alone", "working-set reclaimer alone"),
-        ("give_back_safe", "guestctl give-back --safe (balloon)"),
-    ):
-        rows = figures[side]["rss_timeline"]
-        returned = figures[side]["returned_mib"]
-        axis.plot(
-            [t for t, _ in rows], [rss for _, rss in rows], label=f"{label}: {returned} MiB back"
+    lines = [
+        (f"{label}: {figures[side]['returned_mib']} MiB back", figures[side]["rss_timeline"])
+        for side, label in (
+            ("reclaimer_alone", "working-set reclaimer alone"),
+            ("give_back_safe", "guestctl give-back --safe (balloon)"),
         )
-    axis.axvline(0, color="grey", linestyle=":")
-    axis.set_xlabel("seconds from the action")
-    axis.set_ylabel("QEMU RSS less TCG code (MiB)")
-    axis.set_title(f"{COLD_MIB} MiB cold, {HOT_MIB} MiB hot, same guest, same run")
-    axis.legend(loc="upper right")
-    return save(plt, figure, path)
+    ]
+    title = f"{COLD_MIB} MiB cold, {HOT_MIB} MiB hot, same guest, same run"
+    return rss_timelines(lines, path, title)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("tests/bench/results/giveback.json"))
-    args = parser.parse_args()
-    figures = measure_giveback(args.out.with_suffix(".png"))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps(figures, indent=2))
-    return 0
+    args = alone.parser(__doc__, "giveback").parse_args()
+    return alone.write(args.out, measure_giveback(args.out.with_suffix(".png")))
 
 
 if __name__ == "__main__":

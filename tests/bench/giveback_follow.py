@@ -11,8 +11,6 @@ the last minute.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +19,9 @@ from typing import Any
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
+from tests.bench import alone
 from tests.bench.giveback import CONFIG, wait_cold
-from tests.bench.plotting import NOT_DRAWN, pyplot, save
+from tests.bench.plotting import rss_timelines
 from tests.bench.vm import booted
 from tests.vm.guest import filler_ready, make_cgroup, start_filler, stop_filler, wait_until
 from tests.workloads.giveback import (
@@ -162,36 +161,22 @@ def measure_follow(plot_path: Path | None) -> dict[str, Any]:
 
 
 def plot(figures: dict[str, Any], path: Path) -> str:
-    plt = pyplot()
-    if plt is None:
-        return NOT_DRAWN
-    figure, axis = plt.subplots(figsize=(9, 4.5))
-    for side, label in ARMS:
-        rows = figures[side]["rss_timeline"]
-        kills = figures[side]["oom_kills"]
-        axis.plot(
-            [t for t, _ in rows], [rss for _, rss in rows], label=f"{label} ({kills} OOM kills)"
-        )
-    axis.axvline(0, color="grey", linestyle=":")
-    axis.axvline(figures["follow"]["grow_at_s"], color="grey", linestyle="--")
-    axis.set_xlabel("seconds from the action (dashed: the workload grows by 300 MiB)")
-    axis.set_ylabel("QEMU RSS less TCG code (MiB)")
-    axis.set_title(f"{COLD_MIB} MiB cold, {HOT_MIB} MiB hot, then +{GROW_MIB} MiB; one guest")
-    axis.legend(loc="upper right")
-    return save(plt, figure, path)
+    lines = [
+        (f"{label} ({figures[side]['oom_kills']} OOM kills)", figures[side]["rss_timeline"])
+        for side, label in ARMS
+    ]
+    return rss_timelines(
+        lines,
+        path,
+        f"{COLD_MIB} MiB cold, {HOT_MIB} MiB hot, then +{GROW_MIB} MiB; one guest",
+        xlabel="seconds from the action (dashed: the workload grows by 300 MiB)",
+        marks=[figures["follow"]["grow_at_s"]],
+    )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--out", type=Path, default=Path("tests/bench/results/giveback_follow.json")
-    )
-    args = parser.parse_args()
-    figures = measure_follow(args.out.with_suffix(".png"))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps(figures, indent=2))
-    return 0
+    args = alone.parser(__doc__, "giveback_follow").parse_args()
+    return alone.write(args.out, measure_follow(args.out.with_suffix(".png")))
 
 
 if __name__ == "__main__":

@@ -6,13 +6,12 @@ on, the hot set's iteration time and the pod's stall per interval.
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
 from guestagent.vm.qemu import VMConfig
+from tests.bench import alone
 from tests.bench.plotting import NOT_DRAWN, pyplot, save
 from tests.bench.vm import booted
 from tests.workloads.reclaim import (
@@ -169,8 +168,7 @@ def plot(scenario: dict[str, Any], path: Path) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("tests/bench/results/reclaimer.json"))
+    parser = alone.parser(__doc__, "reclaimer")
     parser.add_argument(
         "--kernels",
         default=",".join(KERNELS),
@@ -181,11 +179,7 @@ def main() -> int:
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
         parser.error(f"unknown kernels {', '.join(unknown)}: choose from {', '.join(KERNELS)}")
-    figures = measure_reclaimer(args.out.with_suffix(".png"), kernels)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
-    print(json.dumps(figures, indent=2))
-    return 0
+    return alone.write(args.out, measure_reclaimer(args.out.with_suffix(".png"), kernels))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from guestagent.host.client import AgentClient
+from guestagent.sizes import MIB
 from guestagent.vm.qemu import GuestVM, VirtioMem, VMConfig
-from tests.vm.test_virtio_mem import MIB, meminfo_bytes, plug, unplug_after_workload
+from tests.vm.guest import meminfo_bytes
+from tests.workloads.virtio_mem import plug, unplug_after_workload
 
 
 def measure_virtio_mem() -> dict[str, Any]:

@@ -19,8 +19,7 @@ from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, Disk, GuestCommandError, GuestVM, VMConfig
 from tests.bench.figures import footprint, load_sample, mib_verdict, ratios
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
-from tests.vm.guest import allocate_free_and_compact
-from tests.vm.test_swap import fill_and_release
+from tests.vm.guest import allocate_free_and_compact, fill_and_release
 
 RELAY_CALLS = 300
 

@@ -91,3 +91,18 @@ class AgentProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def guestctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """guestctl in a process of its own, as a user runs it."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from guestagent.host.ctl import main; raise SystemExit(main())",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

@@ -16,13 +16,24 @@ def _copy(src: socket.socket, dst: socket.socket) -> None:
         dst.shutdown(socket.SHUT_WR)
 
 
-def hybrid_vsock_server(path: str, reply: bytes, upstream: str | None = None) -> socket.socket:
+def hybrid_vsock_server(
+    path: str, reply: bytes, upstream: str | None = None, connections: int = 1
+) -> socket.socket:
+    """Answers `connections` CONNECTs with reply (a refusing VMM is dialled again by grpc's
+    reconnects: give it more), then accepts no more."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen()
 
-    def serve() -> None:
-        conn, _ = server.accept()
+    def serve_all() -> None:
+        for _ in range(connections):
+            try:
+                conn, _ = server.accept()
+            except OSError:  # Closed by the test.
+                return
+            serve(conn)
+
+    def serve(conn: socket.socket) -> None:
         line = b""
         while not line.endswith(b"\n"):
             line += conn.recv(1)
@@ -41,5 +52,5 @@ def hybrid_vsock_server(path: str, reply: bytes, upstream: str | None = None) ->
                 _copy(conn, guest)
                 back.join()
 
-    threading.Thread(target=serve, daemon=True).start()
+    threading.Thread(target=serve_all, daemon=True).start()
     return server

@@ -96,6 +96,12 @@ HugePages_Total:       0
 Hugepagesize:       2048 kB
 """
 
+BUDDYINFO = """\
+Node 0, zone      DMA      1      0      0      0      0      0      0      0      1      1      3
+Node 0, zone    DMA32      2      3      3      1      2      2      1      5      5      3    751
+Node 1, zone   Normal     10     20      0      0      0      0      0      0      0      0      1
+"""
+
 PRESSURE = """\
 some avg10=1.50 avg60=0.25 avg300=0.05 total=123456
 full avg10=0.50 avg60=0.10 avg300=0.01 total=65432

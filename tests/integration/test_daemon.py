@@ -4,8 +4,6 @@ import contextlib
 import json
 import os
 import stat
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,23 +14,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
-from tests.fakes.agentproc import AgentProcess
+from tests.fakes.agentproc import AgentProcess, guestctl
 from tests.fakes.hvsock import hybrid_vsock_server
 from tests.fakes.root import FakeRoot
-
-
-def guestctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from guestagent.host.ctl import main; raise SystemExit(main())",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_guestctl_info_text_and_json(agent: AgentProcess) -> None:

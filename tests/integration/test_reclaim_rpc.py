@@ -5,9 +5,8 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
-from tests.fakes.agentproc import AgentProcess
+from tests.fakes.agentproc import AgentProcess, guestctl
 from tests.fakes.root import FakeRoot
-from tests.integration.test_daemon import guestctl
 
 
 @pytest.fixture

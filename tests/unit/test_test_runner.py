@@ -21,6 +21,7 @@ def test_files_without_their_own_guest_share_one_run() -> None:
     assert "tests/vm/test_boot.py" in shared
     assert "tests/vm/test_swap.py" not in shared  # it boots its own guest
     assert items["tests/vm/test_swap.py"].paths == ("tests/vm/test_swap.py",)
+    assert "tests/vm/test_kata_fc.py" not in shared  # its own, made by module_guest()
 
 
 def test_longest_first_and_unknown_before_all() -> None:

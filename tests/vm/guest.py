@@ -6,11 +6,13 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import ExecResult, GuestVM, VMConfig
 from tests.vm import pace
 from tests.vm.pace import Deadline
@@ -23,6 +25,8 @@ GUESTCTL = "/usr/local/bin/guestctl"
 GUESTCTL_START_SECONDS = 10.0
 # virtio-balloon's free page reporting runs 2 s after pages are freed; one window more.
 REPORTING_WINDOW_SECONDS = 2.5
+# What fill_and_release pushes through a 64 MiB cgroup into swap.
+FILL_MIB = 300
 
 # Allocates and touches MiB of anonymous memory, says so in a marker file, then sleeps
 # until killed. Each page gets one non-zero byte so the kernel must really store it.
@@ -59,6 +63,18 @@ def boot_and_record(
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+def module_guest(config: VMConfig, results: dict[str, object], name: str) -> Any:
+    """A module's `vm` fixture (`vm = module_guest(...)`): boot_and_record() once for the
+    module, its figures saved as tests/vm/results/NAME.json."""
+
+    @pytest.fixture(scope="module")
+    def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
+        """This module's own guest (tests/vm/guest.py, module_guest)."""
+        yield from boot_and_record(config, image, tmp_path_factory, results, name)
+
+    return vm
 
 
 def wait_until(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.5) -> T:
@@ -265,3 +281,69 @@ def allocate_free_and_compact(
         "qemu_rss_after_mib": after // mib,
         "returned_fraction_of_hog": round((peak - after) / (hog_mib * mib), 3),
     }
+
+
+def node_of(vm: GuestVM, serial: str) -> str:
+    """The disk's node (/dev/vdX) from udev's by-id link for its virtio serial."""
+    return vm.exec(["readlink", "-f", f"/dev/disk/by-id/virtio-{serial}"]).stdout.strip()
+
+
+def rotational(vm: GuestVM, serial: str) -> str:
+    """The disk's queue/rotational as the guest's sysfs says it: "0" or "1"."""
+    name = node_of(vm, serial).removeprefix("/dev/")
+    return read_guest(vm, f"/sys/block/{name}/queue/rotational").strip()
+
+
+def enable(agent: AgentClient, **kwargs: object) -> pb.SwapArea:
+    """EnableSwap with the request's fields as keywords."""
+    return agent.enable_swap(pb.EnableSwapRequest(**kwargs))  # type: ignore[arg-type]
+
+
+def fill_and_release(vm: GuestVM, disk: str) -> dict[str, float]:
+    """Push FILL_MIB through a 64 MiB cgroup into swap, end it, and watch the host's file."""
+    make_cgroup(vm, "fill", memory_max="64M")
+    return swap_and_release(vm, "fill", FILL_MIB, disk)
+
+
+def expect_error(call: object, code: grpc.StatusCode, *words: str) -> str:
+    """call() fails with code and details holding every word; returns the details."""
+    with pytest.raises(grpc.RpcError) as raised:
+        call()  # type: ignore[operator]
+    assert raised.value.code() == code, raised.value.details()
+    details = raised.value.details() or ""
+    for word in words:
+        assert word in details, details
+    return details
+
+
+def kb_field(text: str, key: str) -> int:
+    """A "Key:  123 kB" line of /proc/meminfo or /proc/PID/status, in bytes."""
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name == key:
+            return int(rest.split()[0]) * 1024
+    raise AssertionError(f"no {key} line in {text[:200]!r}")
+
+
+def meminfo_bytes(vm: GuestVM, key: str) -> int:
+    return kb_field(vm.exec(["cat", "/proc/meminfo"]).stdout, key)
+
+
+def oom_kills(vm: GuestVM) -> int:
+    """The guest's oom_kill count from /proc/vmstat."""
+    for line in vm.exec(["cat", "/proc/vmstat"]).stdout.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "oom_kill":
+            return int(value)
+    raise AssertionError("no oom_kill in /proc/vmstat")
+
+
+def expect_ext4_refused(agent: AgentClient, serial: str, device: str) -> None:
+    """EnableSwap on a disk holding ext4 fails, naming the disk and why, and formats nothing."""
+    expect_error(
+        lambda: enable(agent, device=pb.DeviceSelector(serial=serial)),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        device,
+        "ext2/3/4",
+        "refusing to format",
+    )

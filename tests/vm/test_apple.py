@@ -7,8 +7,6 @@ multi-gen LRU (docs/kernel-features.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +16,9 @@ from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import (
-    boot_and_record,
     filler_ready,
     make_cgroup,
+    module_guest,
     plug_dimm_and_wait_online,
     start_filler,
     stop_filler,
@@ -28,11 +26,9 @@ from tests.vm.guest import (
 )
 from tests.vm.kernels import (
     APPLE,
+    RuntimeKernelScenarios,
     absent,
     audit_lines,
-    check_no_thrash,
-    check_off_then_on,
-    check_trigger_fires_under_pressure,
 )
 from tests.vm.pace import Pace
 
@@ -43,10 +39,7 @@ RESULTS: dict[str, Any] = {
     "agent_args": list(APPLE.agent_args),
 }
 
-
-@pytest.fixture(scope="module")
-def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
-    yield from boot_and_record(APPLE, image, tmp_path_factory, RESULTS, "apple")
+vm = module_guest(APPLE, RESULTS, "apple")
 
 
 def test_the_report_says_psi_and_the_multigen_lru_are_absent(
@@ -80,18 +73,8 @@ def test_the_reclaimer_runs_on_delay_accounting_without_the_multigen_lru(
     agent.set_reclaim_policy("cold", False)
 
 
-def test_cold_memory_goes_back_on_delay_accounting(vm: GuestVM, agent: AgentClient) -> None:
-    check_off_then_on(vm, agent, RESULTS)
-
-
-def test_no_thrash_on_delay_accounting(vm: GuestVM, agent: AgentClient) -> None:
-    check_no_thrash(vm, agent, RESULTS)
-
-
-def test_an_explicit_pressure_trigger_fires_under_pressure(
-    vm: GuestVM, agent: AgentClient, pace: Pace
-) -> None:
-    RESULTS["trigger"] = check_trigger_fires_under_pressure(vm, agent, pace)
+class TestOnAppleKernel(RuntimeKernelScenarios):
+    results = RESULTS
 
 
 def test_swap_limits_reclaim_compaction_and_hotplug_still_work(

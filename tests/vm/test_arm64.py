@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
@@ -36,9 +35,13 @@ from tests.vm import pace
 from tests.vm.conftest import image_or_skip
 from tests.vm.guest import (
     boot,
+    enable,
+    expect_ext4_refused,
     filler_ready,
     guestctl,
+    node_of,
     read_guest,
+    rotational,
     start_filler,
     stop_filler,
     swap_and_release,
@@ -46,7 +49,6 @@ from tests.vm.guest import (
     wait_until_steady,
 )
 from tests.vm.pace import Deadline
-from tests.vm.test_swap import enable, expect_error, node_of, rotational
 
 pytestmark = pytest.mark.vm
 
@@ -198,13 +200,7 @@ def test_a_disk_holding_ext4_is_refused_and_keeps_its_data(vm: GuestVM, agent: A
     vm.exec(f"mkfs.ext4 -q -F {device} && mkdir -p /mnt/ext && mount {device} /mnt/ext")
     vm.exec("head -c 4M /dev/urandom > /mnt/ext/data && sync && umount /mnt/ext")
     checksum = vm.exec(f"sha256sum {device}").stdout.split()[0]
-    expect_error(
-        lambda: enable(agent, device=pb.DeviceSelector(serial="ext0")),
-        grpc.StatusCode.FAILED_PRECONDITION,
-        device,
-        "ext2/3/4",
-        "refusing to format",
-    )
+    expect_ext4_refused(agent, "ext0", device)
     assert vm.exec(f"sha256sum {device}").stdout.split()[0] == checksum
     assert rotational(vm, "ext0") == "1"
 

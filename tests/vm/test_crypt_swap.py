@@ -26,13 +26,15 @@ from tests.vm import pace
 from tests.vm.guest import (
     allocated_after_release,
     boot,
+    expect_error,
     kill_agent,
     make_cgroup,
+    node_of,
     read_guest,
+    rotational,
     stop_filler,
     wait_until,
 )
-from tests.vm.test_swap import expect_error, node_of, rotational
 
 pytestmark = pytest.mark.vm
 

@@ -6,54 +6,29 @@ where it is. One guest (1 GiB boot memory, a balloon, a swap disk)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.sizes import MIB
-from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
-from tests.vm.guest import boot_and_record
+from guestagent.vm.qemu import GuestVM
+from tests.vm.follow import FOLLOW_GUEST, check, enable_swap
+from tests.vm.guest import module_guest
 from tests.vm.pace import Pace
-from tests.workloads.giveback import FALL_OF_COLD, grow_after_give_back
+from tests.workloads.giveback import grow_after_give_back
 
 pytestmark = pytest.mark.vm
 
-# The hot loop's paced slowdown while the workload grows (issue 37).
-HOT_WHILE_GROWING = 1.2
 RESULTS: dict[str, Any] = {}
 
-
-@pytest.fixture(scope="module")
-def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
-    config = VMConfig(memory_mib=1024, disks=(Disk("swap", 1 << 30, serial="swap0"),))
-    yield from boot_and_record(config, image, tmp_path_factory, RESULTS, "giveback_follow")
-
-
-def check(figures: dict[str, Any]) -> None:
-    """The scenario's assertions, shared with the stand-ins' test."""
-    summary = {k: v for k, v in figures.items() if k != "follow_stderr"}
-    assert figures["rss_fall_fraction_of_cold"] >= FALL_OF_COLD, summary
-    assert figures["oom_kills"] == 0, summary
-    # Let out as the guest grew: the loop gave back while the growth went on (the growth
-    # itself waited for, so it got its memory), and the balloon ended within the figure
-    # (grow_after_give_back waits for that).
-    let_out = [d for d in figures["deflates_during_growth"] if d["cause"] != "stopped"]
-    assert let_out, summary
-    assert figures["hot_slowdown_paced_during_growth"] <= HOT_WHILE_GROWING, summary
-    # Stopped cleanly, saying it left the device where it was.
-    last = figures["follow_last_event"]
-    assert figures["follow_exit"] == 0 and last["event"] == "stopped", summary
-    assert "left where it is" in last["note"], summary
+vm = module_guest(FOLLOW_GUEST, RESULTS, "giveback_follow")
 
 
 def test_follow_gives_back_the_cold_set_and_lets_the_growth_out(
     vm: GuestVM, agent: AgentClient, pace: Pace
 ) -> None:
-    agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
+    enable_swap(agent)
     figures = grow_after_give_back(vm, agent, pace.scale, "--qmp", str(vm.host_qmp_path))
     RESULTS["qemu"] = figures
     assert figures["balloon_taken_mib_after_fall"] * MIB > 0

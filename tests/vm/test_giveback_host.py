@@ -22,13 +22,14 @@ from guestagent.vm.qemu import Disk, GuestVM, VirtioMem, VMConfig
 from tests.vm.guest import (
     boot_and_record,
     filler_ready,
+    kb_field,
     make_cgroup,
+    oom_kills,
     start_filler,
     stop_filler,
     wait_until,
 )
 from tests.vm.pace import Pace
-from tests.vm.test_virtio_mem import kb_field, oom_kills
 from tests.workloads.giveback import (
     COLD_AFTER_MS,
     COLD_MIB,

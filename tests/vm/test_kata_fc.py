@@ -5,33 +5,25 @@ gives cold memory back on delay accounting's stall, within the PSI run's bounds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.vm.qemu import GuestVM
-from tests.vm.guest import boot_and_record
+from tests.vm.guest import module_guest
 from tests.vm.kernels import (
     KATA_FC,
+    RuntimeKernelScenarios,
     absent,
     audit_lines,
-    check_no_thrash,
-    check_off_then_on,
-    check_trigger_fires_under_pressure,
 )
-from tests.vm.pace import Pace
 
 pytestmark = pytest.mark.vm
 
 RESULTS: dict[str, Any] = {"kernel_cmdline_added": KATA_FC.extra_cmdline}
 
-
-@pytest.fixture(scope="module")
-def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestVM]:
-    yield from boot_and_record(KATA_FC, image, tmp_path_factory, RESULTS, "kata_fc")
+vm = module_guest(KATA_FC, RESULTS, "kata_fc")
 
 
 def test_the_agent_turned_on_delay_accounting_and_the_multigen_lru(
@@ -49,15 +41,5 @@ def test_the_agent_turned_on_delay_accounting_and_the_multigen_lru(
     RESULTS["lru_gen_enabled"] = enabled
 
 
-def test_cold_memory_goes_back_on_delay_accounting(vm: GuestVM, agent: AgentClient) -> None:
-    check_off_then_on(vm, agent, RESULTS)
-
-
-def test_no_thrash_on_delay_accounting(vm: GuestVM, agent: AgentClient) -> None:
-    check_no_thrash(vm, agent, RESULTS)
-
-
-def test_an_explicit_pressure_trigger_fires_under_pressure(
-    vm: GuestVM, agent: AgentClient, pace: Pace
-) -> None:
-    RESULTS["trigger"] = check_trigger_fires_under_pressure(vm, agent, pace)
+class TestOnKataFcKernel(RuntimeKernelScenarios):
+    results = RESULTS

@@ -18,10 +18,14 @@ from guestagent.vm.qemu import Disk, GuestVM, VMConfig
 from tests.vm import pace
 from tests.vm.guest import (
     boot,
+    enable,
+    expect_error,
+    expect_ext4_refused,
+    fill_and_release,
     kill_agent,
-    make_cgroup,
+    node_of,
     read_guest,
-    swap_and_release,
+    rotational,
     wait_until,
 )
 
@@ -36,7 +40,6 @@ DISKS = (
     Disk("mid", 64 * MIB, serial="mid0"),
     Disk("big", 8 << 30, serial="big0"),
 )
-FILL_MIB = 300
 RESULTS: dict[str, object] = {}
 
 
@@ -49,23 +52,10 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
     (out / "swap.json").write_text(json.dumps(RESULTS, indent=2) + "\n")
 
 
-def node_of(vm: GuestVM, serial: str) -> str:
-    return vm.exec(["readlink", "-f", f"/dev/disk/by-id/virtio-{serial}"]).stdout.strip()
-
-
-def rotational(vm: GuestVM, serial: str) -> str:
-    name = node_of(vm, serial).removeprefix("/dev/")
-    return read_guest(vm, f"/sys/block/{name}/queue/rotational").strip()
-
-
 def uevent_listeners(vm: GuestVM) -> int:
     """Netlink sockets bound to uevent groups (protocol 15, NETLINK_KOBJECT_UEVENT)."""
     rows = (line.split() for line in read_guest(vm, "/proc/net/netlink").splitlines()[1:])
     return sum(row[1] == "15" and int(row[3], 16) != 0 for row in rows)
-
-
-def enable(agent: AgentClient, **kwargs: object) -> pb.SwapArea:
-    return agent.enable_swap(pb.EnableSwapRequest(**kwargs))  # type: ignore[arg-type]
 
 
 def test_virtio_disk_starts_rotational(vm: GuestVM) -> None:
@@ -105,12 +95,6 @@ def test_restarted_agent_rediscovers_the_area(vm: GuestVM, agent: AgentClient) -
     assert area.priority == 10 and area.discard == pb.DISCARD_BOTH and not area.rotational
 
 
-def fill_and_release(vm: GuestVM, disk: str) -> dict[str, float]:
-    """Push FILL_MIB through a 64 MiB cgroup into swap, end it, and watch the host's file."""
-    make_cgroup(vm, "fill", memory_max="64M")
-    return swap_and_release(vm, "fill", FILL_MIB, disk)
-
-
 def test_swap_blocks_go_back_to_the_host(vm: GuestVM, agent: AgentClient) -> None:
     figures = fill_and_release(vm, "swap")
     RESULTS["discard_both"] = figures
@@ -130,16 +114,6 @@ def test_without_discard_the_host_keeps_the_blocks(vm: GuestVM, agent: AgentClie
     agent.disable_swap(pb.DeviceSelector(serial="swap1"))
 
 
-def expect_error(call: object, code: grpc.StatusCode, *words: str) -> str:
-    with pytest.raises(grpc.RpcError) as raised:
-        call()  # type: ignore[operator]
-    assert raised.value.code() == code, raised.value.details()
-    details = raised.value.details() or ""
-    for word in words:
-        assert word in details, details
-    return details
-
-
 def test_a_disk_with_a_filesystem_is_refused_and_keeps_its_data(
     vm: GuestVM, agent: AgentClient
 ) -> None:
@@ -154,13 +128,7 @@ def test_a_disk_with_a_filesystem_is_refused_and_keeps_its_data(
         "mounted on /mnt/ext",
     )
     vm.exec("umount /mnt/ext")
-    expect_error(
-        lambda: enable(agent, device=pb.DeviceSelector(serial="ext0")),
-        grpc.StatusCode.FAILED_PRECONDITION,
-        device,
-        "ext2/3/4",
-        "refusing to format",
-    )
+    expect_ext4_refused(agent, "ext0", device)
     vm.exec(f"mount {device} /mnt/ext")
     assert vm.exec("sha256sum /mnt/ext/data").stdout.split()[0] == checksum
     vm.exec("umount /mnt/ext")

@@ -20,8 +20,7 @@ from guestagent.host.vmm import Balloon
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
-from tests.vm.guest import filler_ready, start_filler, stop_filler, wait_until
-from tests.vm.test_virtio_mem import oom_kills
+from tests.vm.guest import filler_ready, oom_kills, start_filler, stop_filler, wait_until
 from tests.workloads.reclaim import (
     Iteration,
     guest_time,

@@ -11,8 +11,8 @@ from guestagent.ops.agent_info import agent_info
 from guestagent.ops.idle import IdleAger
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot, make_fake_root
+from tests.fakes.servicer import FakeContext, make_servicer
 from tests.fakes.taskstats import FakeTaskstats
-from tests.unit.agent.test_rpc import FakeContext, make_servicer
 
 
 async def ask(root: FakeRoot) -> pb.AgentInfo:

@@ -14,7 +14,7 @@ from guestagent.linux.lru_gen import lru_gen_path
 from guestagent.ops.idle import IdleAger
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
-from tests.unit.agent.test_rpc import Aborted, FakeContext, make_servicer
+from tests.fakes.servicer import Aborted, FakeContext, make_servicer
 
 S = 1_000_000_000
 PAGES_100_MIB = 100 * 256

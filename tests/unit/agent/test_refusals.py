@@ -21,7 +21,7 @@ from guestagent.agent.status import BUG_REASON
 from guestagent.host.refusal import refusal_from
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
-from tests.unit.agent.test_rpc import Aborted, FakeContext, make_servicer
+from tests.fakes.servicer import Aborted, FakeContext, make_servicer
 
 ROOT = Path(__file__).resolve().parents[3]
 CODE = grpc.StatusCode

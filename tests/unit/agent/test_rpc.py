@@ -3,7 +3,6 @@ each state-changing call (success or refusal) with the caller the relay saw."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
@@ -14,50 +13,11 @@ import grpc
 import pytest
 
 from guestagent import errors
-from guestagent.agent.peers import PeerTable
 from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_for
 from guestagent.errors import kernel_error
-from guestagent.host.refusal import refusal_from
-from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
-from guestagent.ops.idle import IdleAger
-from guestagent.ops.swap import SwapManager
-from guestagent.ops.workingset.reclaimer import Reclaimer
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
-
-
-class Aborted(Exception):
-    pass
-
-
-class FakeContext:
-    """The parts of grpc.aio.ServicerContext the servicer uses."""
-
-    def __init__(self, peer: str = "ipv4:127.0.0.1:40000") -> None:
-        self._peer = peer
-        self.code: grpc.StatusCode | None = None
-        self.details = ""
-        self.trailer: tuple[tuple[str, bytes], ...] = ()
-
-    def peer(self) -> str:
-        return self._peer
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    async def abort(
-        self,
-        code: grpc.StatusCode,
-        details: str = "",
-        trailing_metadata: tuple[tuple[str, bytes], ...] = (),
-    ) -> NoReturn:
-        self.code, self.details, self.trailer = code, details, trailing_metadata
-        raise Aborted
-
-    @property
-    def reason(self) -> str:
-        """The refusal's ErrorInfo.reason, from the Status in the trailer."""
-        return refusal_from(self.code or grpc.StatusCode.OK, self.details, self.trailer).reason
+from tests.fakes.servicer import Aborted, FakeContext, make_servicer
 
 
 @pytest.mark.parametrize(
@@ -104,20 +64,6 @@ def test_a_bug_is_internal_with_its_type() -> None:
 def servicer(fake_root: FakeRoot) -> MemoryAgentServicer:
     fake_root.add_cgroup("pod")
     return make_servicer(fake_root)
-
-
-def make_servicer(fake_root: FakeRoot, ager: IdleAger | None = None) -> MemoryAgentServicer:
-    fs = fake_root.fs
-    return MemoryAgentServicer(
-        fs,
-        asyncio.Event(),
-        SwapManager(fs),
-        HotplugWatcher(fs, OnlinePolicy("online")),
-        Reclaimer(fs),
-        PeerTable(),
-        ager or IdleAger(fs),
-        stall=None,
-    )
 
 
 def audit_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, object]]:

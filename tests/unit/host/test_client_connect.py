@@ -8,12 +8,15 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
 from guestagent.host.client import AgentClient
+from guestagent.host.ctl import main as ctl_main
+from tests.fakes.hvsock import hybrid_vsock_server
 
 # Longer than the 1.2 s that grpc-core gave a connection attempt with a 100 ms
 # min_reconnect_backoff_ms (1 s max backoff plus 20 % jitter).
@@ -93,3 +96,33 @@ def test_wait_ready_keeps_to_its_own_timeout(slow_agent: SlowPeer) -> None:
         with pytest.raises(TimeoutError, match="not serving after 1 s"):
             client.wait_ready(1.0)
         assert time.monotonic() - started < SETTINGS_DELAY_S
+
+
+@pytest.mark.parametrize(
+    ("vmm_reply", "cause"),
+    [
+        (None, "No such file or directory (ENOENT)"),
+        (b"FAILURE\n", "the VMM said 'FAILURE' to CONNECT 1024"),
+    ],
+)
+def test_guestctl_names_the_hybrid_vsock_that_did_not_answer_and_why(
+    vmm_reply: bytes | None, cause: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the relay's bare `relay_dial_failed` and grpc's `recvmsg: Connection reset by
+    peer` on the relay's temporary socket were all a user saw."""
+    vsock_path = str(tmp_path / "vsock.sock")
+    if vmm_reply is not None:
+        hybrid_vsock_server(vsock_path, vmm_reply, connections=100)
+    status = ctl_main(["--target", f"hvsock://{vsock_path}:1024", "--timeout", "2", "health"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err == f"guestctl: hybrid vsock {vsock_path} port 1024 did not answer: {cause}" + (
+        ", so nothing in the guest listens there (yet)\n" if vmm_reply else "\n"
+    )
+
+
+def test_an_unavailable_agent_without_a_failed_dial_is_grpcs_error(tmp_path: Path) -> None:
+    client = AgentClient(f"unix://{tmp_path / 'none.sock'}", timeout=1)
+    with pytest.raises(grpc.RpcError) as raised, client:
+        client.health()
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from guestagent.agent import cli as agent_cli
 from guestagent.host import ctl
 from guestagent.host.ctl import main as ctl_main
 from guestagent.host.sizing import fit_model, model_to_dict
@@ -33,6 +36,10 @@ from tests.fakes.sizing import sample
         (["swap", "enable", "--serial", "swap0"], {"swap_command": "enable", "serial": "swap0"}),
         (["swap", "list"], {"command": "swap", "swap_command": "list"}),
         (["watch", "--count", "3"], {"count": 3, "interval_ms": 0}),
+        (["info", "--cold-after-ms", "5"], {"cold_after_ms": 5}),
+        (["info", "--cold-after", "5"], {"cold_after_ms": 5}),  # the old spelling, hidden
+        (["watch", "--cold-after", "7"], {"cold_after_ms": 7}),
+        (["give-back", "--api", "s", "--safe", "--cold-after-ms", "9"], {"cold_after_ms": 9}),
     ],
 )
 def test_arguments(argv: list[str], expected: dict[str, object]) -> None:
@@ -44,7 +51,7 @@ def test_arguments(argv: list[str], expected: dict[str, object]) -> None:
     ("argv", "message"),
     [
         (["limits", "--cgroup", "a", "--limit", "12X"], "size '12X' is not"),
-        (["reclaim", "now", "--cgroup", "a", "--bytes", "-1"], "size '-1' is not"),
+        (["reclaim", "now", "--cgroup", "a", "--bytes", "-1"], "size '-1' is negative"),
         (["reclaim", "now", "--cgroup", "a"], "the following arguments are required: --bytes"),
         (["reclaim", "on"], "the following arguments are required: --cgroup"),
         (["reclaim", "off", "--cgroup", "a", "--cgroup", "b", "x"], "unrecognized arguments: x"),
@@ -62,6 +69,59 @@ def test_bad_arguments_exit_2_naming_the_value(
         ctl.build_parser().parse_args(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("9223372036854775808", "over the largest, 9223372036854775807 bytes"),
+        ("8388608T", "over the largest"),
+        ("-1G", "-1 or max means unlimited"),
+        ("-5", "-1 or max means unlimited"),
+        ("64MB", "write 64MiB"),
+    ],
+)
+@pytest.mark.parametrize("flag", ["--limit", "--swap", "--reservation"])
+def test_a_limit_out_of_range_is_a_usage_error_not_a_traceback(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, 2^63 reached protobuf's int64 as `ValueError: Value out of range`, and `-1G`
+    was taken for an option ("expected one argument")."""
+    with pytest.raises(SystemExit) as exit_info:
+        ctl_main(["--target", "unix:///nowhere", "limits", "--cgroup", "a", flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_a_negative_value_attached_to_its_flag_reaches_the_parser() -> None:
+    argv = ["limits", "--limit", "-1G", "--swap=-1", "--create", "-1"]
+    assert ctl.attach_negative_values(argv) == ["limits", "--limit=-1G", "--swap=-1", "--create=-1"]
+
+
+def _options_without_help(parser: argparse.ArgumentParser, name: str) -> Iterator[str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, subparser in action.choices.items():
+                yield from _options_without_help(subparser, f"{name} {sub}")
+        elif action.option_strings and not action.help:
+            yield f"{name} {action.option_strings[0]}"
+
+
+@pytest.mark.parametrize(
+    ("parser", "name"), [(ctl.build_parser(), "guestctl"), (agent_cli.build_parser(), "guestagent")]
+)
+def test_every_option_says_what_it_is_for(parser: argparse.ArgumentParser, name: str) -> None:
+    assert list(_options_without_help(parser, name)) == []
+
+
+def test_the_old_cold_after_spelling_is_hidden(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ctl_main(["info", "--help"])
+    out = capsys.readouterr().out
+    assert "--cold-after-ms MS" in out
+    assert "--cold-after MS" not in out
 
 
 def test_every_command_is_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:

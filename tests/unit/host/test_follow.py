@@ -28,7 +28,7 @@ from guestagent.host.follow import (
 )
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-from tests.unit.host.test_giveback import FakeAgent, report
+from tests.fakes.giveback import FakeAgent, report
 
 POLICY = Policy(hold_seconds=30, stall_threshold=0.1, step=128 * MIB, min_change=8 * MIB)
 

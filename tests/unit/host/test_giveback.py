@@ -31,31 +31,8 @@ from guestagent.host.qmp import QemuMonitor, QemuVmm
 from guestagent.host.vmm import Balloon, VirtioMemDevice
 from guestagent.sizes import GIB, MIB
 from guestagent.v1 import agent_pb2 as pb
+from tests.fakes.giveback import ADDR, FakeAgent, report
 from tests.fakes.qmp import FakeQemu
-
-ADDR = 0x100000000
-
-
-def report(
-    mem_total: int = 1000 * MIB,
-    safe_target: int | None = 600 * MIB,
-    vmem_safe: int | None = None,
-) -> pb.MemoryInfo:
-    info = pb.MemoryInfo(system=pb.SystemMemory(mem_total_bytes=mem_total))
-    if safe_target is not None:
-        info.giveback.safe_balloon_target.CopyFrom(
-            pb.Figure(bytes=safe_target, reason="working set 300 MiB + kernel 60 MiB + headroom")
-        )
-    if vmem_safe is not None:
-        info.hotplug.virtio_mem.append(pb.VirtioMemRegion(device="virtio4", start_address=ADDR))
-        info.giveback.virtio_mem.append(
-            pb.VirtioMemTarget(
-                device="virtio4",
-                plugged_bytes=GIB,
-                safe_requested_size=pb.Figure(bytes=vmem_safe, reason="holder fits in 1 block"),
-            )
-        )
-    return info
 
 
 def qemu_balloon(actual: int, ram: int) -> Balloon:
@@ -240,20 +217,6 @@ def test_unforced_balloon_never_leaves_less_than_the_safe_target(
         return
     # What the guest keeps: its MemTotal less what the balloon takes beyond today's.
     assert mem_total - (actual - step.value) >= safe_target or step.value == ram
-
-
-class FakeAgent:
-    def __init__(self, info: pb.MemoryInfo) -> None:
-        self.info = info
-        self.calls: list[str] = []
-
-    def report(self) -> pb.MemoryInfo:
-        self.calls.append("report")
-        return self.info
-
-    def compact(self) -> pb.CompactResult:
-        self.calls.append("compact")
-        return pb.CompactResult(free_huge_bytes_before=10 * MIB, free_huge_bytes_after=90 * MIB)
 
 
 def options(**changes: Any) -> Options:

@@ -20,12 +20,12 @@ from guestagent.host.giveback import BALLOON, VIRTIO_MEM, Options, Refused, give
 from guestagent.host.unixhttp import UnixHttpClient
 from guestagent.host.vmm import Balloon, VmmError
 from guestagent.sizes import GIB, MIB
+from tests.fakes.giveback import FakeAgent, report
 from tests.fakes.qmp import FakeQemu
 from tests.standins import schema
 from tests.standins.cloud_hypervisor import CloudHypervisorStandIn
 from tests.standins.firecracker import FirecrackerStandIn
 from tests.standins.server import StandIn
-from tests.unit.host.test_giveback import FakeAgent, report
 
 
 def options(**changes: Any) -> Options:

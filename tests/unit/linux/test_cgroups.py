@@ -2,18 +2,17 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from guestagent.errors import (
+    QUOTE_MAX,
     Aborted,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     errno_text,
-    kernel_error,
 )
 from guestagent.linux import cgroups
 from guestagent.linux.cgroups import (
@@ -24,69 +23,8 @@ from guestagent.linux.cgroups import (
     undo_create,
     validate_cgroup_name,
 )
-from tests.fakes.root import MEMORY_EVENTS, MEMORY_STAT, FakeRoot, Proceed
-
-
-@dataclass
-class FakeCgroupKernel:
-    """What cgroupfs does on mkdir and rmdir, played on the regular files of the fake tree.
-
-    A new cgroup gets cgroup.subtree_control, and the memory.* files when its parent's
-    subtree_control lists memory; rmdir takes the interface files away with the directory.
-    """
-
-    fake: FakeRoot
-    memory: bool = True  # False: the memory files never appear, as with no memory controller.
-    swap: bool = True
-    fail_mkdir: str | None = None  # A directory name whose mkdir fails with ENOSPC.
-
-    def install(self) -> FakeCgroupKernel:
-        def mkdir(path: Path, value: str, proceed: Proceed) -> None:
-            existed = path.is_dir()
-            if self._inside(path) and path.name == self.fail_mkdir:
-                error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                raise kernel_error("make directory", path, None, error)
-            proceed(value)
-            if self._inside(path) and not existed:
-                self._populate(path)
-
-        def rmdir(path: Path, value: str, proceed: Proceed) -> None:
-            if self._inside(path):
-                for entry in path.iterdir():
-                    if entry.is_file():
-                        entry.unlink()
-            proceed(value)
-
-        self.fake.kernel.on("mkdir", mkdir)
-        self.fake.kernel.on("rmdir", rmdir)
-        return self
-
-    def _inside(self, path: Path) -> bool:
-        mount = (self.fake.root / "sys/fs/cgroup").resolve()
-        return mount in path.resolve().parents
-
-    def _populate(self, directory: Path) -> None:
-        (directory / "cgroup.subtree_control").write_text("")
-        parent_enabled = [
-            token.removeprefix("+")
-            for token in (directory.parent / "cgroup.subtree_control").read_text().split()
-            if not token.startswith("-")
-        ]
-        if not self.memory or "memory" not in parent_enabled:
-            return
-        files = {
-            "memory.current": "0\n",
-            "memory.max": "max\n",
-            "memory.high": "max\n",
-            "memory.low": "0\n",
-            "memory.min": "0\n",
-            "memory.stat": MEMORY_STAT,
-            "memory.events": MEMORY_EVENTS,
-        }
-        if self.swap:
-            files |= {"memory.swap.current": "0\n", "memory.swap.max": "max\n"}
-        for name, text in files.items():
-            (directory / name).write_text(text)
+from tests.fakes.cgroups import FakeCgroupKernel
+from tests.fakes.root import FakeRoot
 
 
 @pytest.fixture
@@ -122,6 +60,19 @@ def test_valid_names(name: str, parts: tuple[str, ...]) -> None:
 def test_refused_names(name: str, reason: str) -> None:
     with pytest.raises(InvalidArgument, match=reason):
         validate_cgroup_name(name)
+
+
+def test_a_long_component_is_quoted_to_the_contracts_length() -> None:
+    """docs/contract.md: a quoted value is cut to QUOTE_MAX characters, this one too."""
+    part = "c" * 300
+    with pytest.raises(InvalidArgument, match="300 bytes, over 255") as refused:
+        validate_cgroup_name(f"pod/{part}")
+    assert f"'{'c' * QUOTE_MAX}'... (300 characters)" in str(refused.value)
+
+
+def test_the_contract_states_the_quote_length_the_code_uses() -> None:
+    contract = (Path(__file__).parents[3] / "docs/contract.md").read_text()
+    assert f"is cut to {QUOTE_MAX} characters" in " ".join(contract.split())
 
 
 def test_symlink_out_of_mount_is_refused(fake_root: FakeRoot) -> None:

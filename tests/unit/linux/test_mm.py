@@ -1,5 +1,5 @@
 from guestagent.linux.mm import parse_buddyinfo
-from tests.unit.ops.test_compaction import BUDDYINFO
+from tests.fakes.root import BUDDYINFO
 
 
 def test_buddyinfo_sums_zones_per_order() -> None:

@@ -11,13 +11,7 @@ from guestagent.ops.compaction import (
     counter_deltas,
     free_bytes_at_or_above,
 )
-from tests.fakes.root import FakeRoot
-
-BUDDYINFO = """\
-Node 0, zone      DMA      1      0      0      0      0      0      0      0      1      1      3
-Node 0, zone    DMA32      2      3      3      1      2      2      1      5      5      3    751
-Node 1, zone   Normal     10     20      0      0      0      0      0      0      0      0      1
-"""
+from tests.fakes.root import BUDDYINFO, FakeRoot
 
 
 def test_free_bytes_at_or_above_order() -> None:

@@ -17,8 +17,8 @@ from guestagent.ops.limits import (
     cgroup_values,
 )
 from guestagent.sizes import MIB
+from tests.fakes.cgroups import FakeCgroupKernel
 from tests.fakes.root import FakeRoot, Proceed
-from tests.unit.linux.test_cgroups import FakeCgroupKernel
 
 GiB = 1024 * MIB
 NOTHING = CgroupMemoryValues(None, None, None)

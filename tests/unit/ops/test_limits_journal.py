@@ -24,8 +24,8 @@ from guestagent.ops.limits_journal import (
     encode,
 )
 from guestagent.sizes import MIB
+from tests.fakes.cgroups import FakeCgroupKernel
 from tests.fakes.root import FakeRoot, Proceed
-from tests.unit.linux.test_cgroups import FakeCgroupKernel
 
 GiB = 1024 * MIB
 PAGE = 4096

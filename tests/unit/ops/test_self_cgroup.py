@@ -15,8 +15,8 @@ from guestagent.ops.self_cgroup import (
     decide,
     protect_self,
 )
+from tests.fakes.cgroups import FakeCgroupKernel
 from tests.fakes.root import FakeRoot
-from tests.unit.linux.test_cgroups import FakeCgroupKernel
 
 ROOT_CONTROLLERS = "cpuset cpu io memory pids"
 

@@ -6,20 +6,12 @@ from pathlib import Path
 import pytest
 
 from guestagent.vm.qemu import FLAVOURS, GuestVM, VMConfig
+from tests.fakes.qemu_command import command_line, option
 
 
 @pytest.fixture(autouse=True)
 def no_kvm_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GUESTAGENT_ACCEL", "tcg")
-
-
-def command_line(config: VMConfig, tmp_path: Path) -> list[str]:
-    vm = GuestVM(config, image_dir=tmp_path / "image", workdir=tmp_path / "vm")
-    return vm._command_line()
-
-
-def option(argv: list[str], name: str) -> list[str]:
-    return [argv[i + 1] for i, word in enumerate(argv) if word == name]
 
 
 def test_fast_flavour_boots_the_shell_init_with_agent_args(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from guestagent.host.qemu import qemu_version
 from guestagent.vm.qemu import GuestVM, VirtioMem, VMConfig
-from tests.unit.vm.test_qemu_flavour import command_line, option
+from tests.fakes.qemu_command import command_line, option
 
 
 @pytest.fixture(autouse=True)
