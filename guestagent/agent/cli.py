@@ -167,9 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     jsonlog.configure(args.log_level)
     if "MALLOC_ARENA_MAX" not in os.environ:  # An operator's setting wins.
         limit_malloc_arenas(MALLOC_ARENAS)
-    fs = Kernel(args.root, args.cgroup_mount)
+    kernel = Kernel(args.root, args.cgroup_mount)
     if not args.no_self_cgroup:
-        protect_self(fs)
+        protect_self(kernel)
     import asyncio
 
     from guestagent.agent.daemon import ServerConfig, serve
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             listen=tuple(
                 parse_address(a) for a in args.listen or [f"vsock://:{DEFAULT_VSOCK_PORT}"]
             ),
-            fs=fs,
+            kernel=kernel,
             allowed_cids=frozenset({HOST_CID, *args.allow_cid}),
             grace_seconds=args.grace_seconds,
             online_memory=None

@@ -82,7 +82,7 @@ RESERVED_FDS = 128
 @dataclass
 class ServerConfig:
     listen: tuple[Address, ...]
-    fs: Kernel = field(default_factory=Kernel)
+    kernel: Kernel = field(default_factory=Kernel)
     allowed_cids: frozenset[int] = frozenset({HOST_CID})
     grace_seconds: float = 10.0
     # How hot-plugged memory is onlined; None leaves it offline.
@@ -136,20 +136,20 @@ class Agent:
         self.bound: list[str] = []
         self._unix_paths: list[tuple[str, int]] = []
         self._private_dir: Path | None = None
-        self.hotplug = HotplugWatcher(config.fs, config.online_memory)
-        self.confidential = decide(config.confidential, read_facts(config.fs))
-        self.swaps = SwapManager(config.fs, confidential=self.confidential)
+        self.hotplug = HotplugWatcher(config.kernel, config.online_memory)
+        self.confidential = decide(config.confidential, read_facts(config.kernel))
+        self.swaps = SwapManager(config.kernel, confidential=self.confidential)
         # Delay accounting's stall where the guest has no PSI; a test tree has no tasks.
         self.stall = (
-            DelayStallMeter(config.fs, preferred=config.stall_signal == DELAYACCT_SIGNAL)
-            if config.fs.is_real
+            DelayStallMeter(config.kernel, preferred=config.stall_signal == DELAYACCT_SIGNAL)
+            if config.kernel.is_real
             else None
         )
-        self.reclaimer = Reclaimer(config.fs, stall=self.stall)
-        self.ager = IdleAger(config.fs, config.idle_aging_s)
+        self.reclaimer = Reclaimer(config.kernel, stall=self.stall)
+        self.ager = IdleAger(config.kernel, config.idle_aging_s)
         pb_grpc.add_MemoryAgentServicer_to_server(
             MemoryAgentServicer(
-                config.fs,
+                config.kernel,
                 self.stopping,
                 self.swaps,
                 self.hotplug,
@@ -177,7 +177,7 @@ class Agent:
         await self.server.start()
         for relay in self.relays:
             relay.start()
-        if self.config.online_memory is not None and self.config.fs.is_real:
+        if self.config.online_memory is not None and self.config.kernel.is_real:
             await self.hotplug.start()
         await asyncio.to_thread(self.swaps.check_state)
         # Off unless the host (now or before a restart) or --reclaim turned it on.
@@ -282,11 +282,11 @@ class Agent:
 
 def switch_kernel_features(config: ServerConfig) -> None:
     """Delay accounting and the multi-gen LRU on, unless kept as found; logged and audited."""
-    if not config.fs.is_real:
+    if not config.kernel.is_real:
         return
     for switch in (
-        kernel_switches.switch_delayacct(config.fs, config.delayacct),
-        kernel_switches.switch_mglru(config.fs, config.mglru),
+        kernel_switches.switch_delayacct(config.kernel, config.delayacct),
+        kernel_switches.switch_mglru(config.kernel, config.mglru),
     ):
         log.info(
             "kernel_setting",
@@ -344,10 +344,10 @@ async def serve(config: ServerConfig) -> None:
     raise_nofile_limit()
     # Before anything reads its state: a directory that is not the agent's own is refused,
     # and the agent serves without persisting (GetMemoryInfo's state_unavailable says so).
-    statestore.check_directory(config.fs)
+    statestore.check_directory(config.kernel)
     # Before any listener: a limits change a dead agent left half done is rolled back
     # before a caller can see or change that cgroup.
-    limits.recover(config.fs)
+    limits.recover(config.kernel)
     # Before the reclaimer reloads its policies: on a kernel without PSI they need one on.
     switch_kernel_features(config)
     # Blocking kernel work (mkswap, a memory.max write reclaiming, Compact) runs in threads;

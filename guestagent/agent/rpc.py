@@ -185,7 +185,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
 
     def __init__(
         self,
-        fs: Kernel,
+        kernel: Kernel,
         stopping: asyncio.Event,
         swaps: SwapManager,
         hotplug: HotplugWatcher,
@@ -198,20 +198,22 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         """The parts are the daemon's (agent/daemon.py wires them, once). `stall` is delay
         accounting's meter, read where the guest has no PSI; None reads PSI only. The ager is
         not started here: the daemon runs the one aging loop."""
-        self.fs = fs
+        self.kernel = kernel
         self.stall = stall
         self.reclaimer = reclaimer
         self.ager = ager
         self._stopping = stopping
         self.swaps = swaps
-        self.compactor = Compactor(fs)
+        self.compactor = Compactor(kernel)
         self.hotplug = hotplug
         self.peers = peers
         # One report for GetMemoryInfo and every stream (its hotplug section cached for all).
         self.reporter = Reporter(
-            fs, confidential=swaps.confidential, reclaimer=reclaimer, ager=ager, stall=stall
+            kernel, confidential=swaps.confidential, reclaimer=reclaimer, ager=ager, stall=stall
         )
-        self.signals = SignalHub(fs, max_watches)  # Every stream's inotify watches and triggers.
+        self.signals = SignalHub(
+            kernel, max_watches
+        )  # Every stream's inotify watches and triggers.
         self._readers = IdleExitPool(READ_THREADS, "read", after_burst=give_heap_back)
         self._stream_readers = IdleExitPool(
             STREAM_READ_THREADS, "sread", after_burst=give_heap_back
@@ -230,7 +232,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     async def GetAgentInfo(
         self, _: None, context: Context[pb.GetAgentInfoRequest, pb.AgentInfo]
     ) -> AgentInfo:
-        return await self._read(agent_info, self.fs, self.stall, self.ager.state)
+        return await self._read(agent_info, self.kernel, self.stall, self.ager.state)
 
     @unary(wire.memory_info_from_pb, wire.report_pb)
     async def GetMemoryInfo(
@@ -241,7 +243,12 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:
         return watch_memory(
-            self.fs, spec, self._stopping, self._watch_report, hub=self.signals, stall=self.stall
+            self.kernel,
+            spec,
+            self._stopping,
+            self._watch_report,
+            hub=self.signals,
+            stall=self.stall,
         )
 
     @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)
@@ -284,7 +291,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         spec: SetLimitsSpec,
         context: Context[pb.SetMemoryLimitsRequest, pb.AppliedLimits],
     ) -> AppliedLimits:
-        return await asyncio.to_thread(apply_memory_limits, self.fs, spec)
+        return await asyncio.to_thread(apply_memory_limits, self.kernel, spec)
 
     @unary(wire.compact_node_from_pb, wire.compact_result_pb, audited=True)
     async def Compact(
@@ -299,7 +306,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     async def Reclaim(
         self, spec: ReclaimSpec, context: Context[pb.ReclaimRequest, pb.ReclaimResult]
     ) -> ReclaimResult:
-        return await asyncio.to_thread(reclaim, self.fs, spec)
+        return await asyncio.to_thread(reclaim, self.kernel, spec)
 
     @unary(wire.no_arguments, wire.online_result_pb, audited=True)
     async def OnlineMemory(
@@ -313,4 +320,4 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         workloads: tuple[str, ...],
         context: Context[pb.GetGuestOverheadRequest, pb.GuestOverhead],
     ) -> GuestOverhead:
-        return await self._read(guest_overhead, self.fs, workloads)
+        return await self._read(guest_overhead, self.kernel, workloads)

@@ -151,7 +151,7 @@ ReadReport = Callable[[InfoSpec, bool], Awaitable[Report]]
 
 
 async def watch_memory(
-    fs: Kernel,
+    kernel: Kernel,
     spec: WatchSpec,
     stopping: asyncio.Event,
     read: ReadReport | None = None,
@@ -163,17 +163,17 @@ async def watch_memory(
     answers, off the event loop's thread (the servicer's reader threads); None reads a bare
     report in place. `stall` is delay accounting's meter, which serves a trigger asked for
     where there is no PSI."""
-    hub = hub or SignalHub(fs)
+    hub = hub or SignalHub(kernel)
 
     async def report(removed_ok: bool = True) -> Report:
         if read is None:
-            return Reporter(fs, stall=stall).report(spec.info, removed_ok)
+            return Reporter(kernel, stall=stall).report(spec.info, removed_ok)
         return await read(spec.info, removed_ok)
 
     # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
     first = await report(removed_ok=False)
-    events = {name: fs.cgroup(name).events_file for name in spec.cgroups}
-    psi = read_psi_absence(fs)
+    events = {name: kernel.cgroup(name).events_file for name in spec.cgroups}
+    psi = read_psi_absence(kernel)
     delay = None
     if psi is not None and spec.trigger_asked:
         delay = (
@@ -186,7 +186,7 @@ async def watch_memory(
         poller = None
         if triggers.delayacct is not None and stall is not None:
             poller = asyncio.ensure_future(
-                _poll_delay_stall(stall, fs, triggers.delayacct, signals)
+                _poll_delay_stall(stall, kernel, triggers.delayacct, signals)
             )
         try:
             yield WatchUpdate(first, WatchReason.INITIAL)
@@ -196,7 +196,7 @@ async def watch_memory(
                     return
                 reason, changed = reason_for(woke)
                 now = await report()
-                follow_cgroups(fs, signals, now.report.removed)
+                follow_cgroups(kernel, signals, now.report.removed)
                 yield WatchUpdate(now, reason, changed)
         finally:
             if poller is not None:
@@ -206,7 +206,7 @@ async def watch_memory(
 
 
 async def _poll_delay_stall(
-    stall: DelayStallMeter, fs: Kernel, trigger: PressureTriggerSpec, signals: KernelSignals
+    stall: DelayStallMeter, kernel: Kernel, trigger: PressureTriggerSpec, signals: KernelSignals
 ) -> None:
     """The guest's stall from delay accounting, polled through the trigger's window; a
     PRESSURE signal whenever the trigger's rule fires (StallWindow)."""
@@ -224,14 +224,14 @@ async def _poll_delay_stall(
         await asyncio.sleep(period_s)
 
 
-def follow_cgroups(fs: Kernel, signals: KernelSignals, removed: tuple[str, ...]) -> None:
+def follow_cgroups(kernel: Kernel, signals: KernelSignals, removed: tuple[str, ...]) -> None:
     """Keep a stream's watches on its cgroups as they come and go: a removed one loses its
     watch, and one created again under its name is watched again."""
     signals.hub.forget(signals, removed)
     for name in signals.unwatched():
         if name not in removed:
             with contextlib.suppress(errors.NotFound):  # Gone again meanwhile.
-                signals.hub.watch(signals, name, fs.cgroup(name).events_file)
+                signals.hub.watch(signals, name, kernel.cgroup(name).events_file)
 
 
 async def _next_signals(

@@ -30,12 +30,12 @@ class AgentInfo:
 
 
 def agent_info(
-    fs: Kernel, stall: DelayStallMeter | None = None, idle: IdleState | None = None
+    kernel: Kernel, stall: DelayStallMeter | None = None, idle: IdleState | None = None
 ) -> AgentInfo:
     """`stall`: the agent's delay-accounting meter, which knows whether taskstats answers.
     `idle`: the aging loop's state, which knows when the agent ages nothing (--idle-aging 0)
     or cannot read the ages (no debugfs), beyond what the kernel has."""
-    features = dict(read_features(fs))
+    features = dict(read_features(kernel))
     if idle is not None and idle.absent is not None and idle.absent is not NOT_AGED:
         features[IDLE_AGES] = Absent(IDLE_AGES, idle.absent.reason)
     features[DELAYACCT] = (

@@ -51,25 +51,25 @@ def free_bytes_at_or_above(free_blocks: tuple[int, ...], order: int, page_size: 
 class Compactor:
     """Runs one compaction per node at a time; callers arriving meanwhile share its result."""
 
-    def __init__(self, fs: Kernel, page_size: int | None = None) -> None:
-        self.fs = fs
+    def __init__(self, kernel: Kernel, page_size: int | None = None) -> None:
+        self.kernel = kernel
         self.page_size = page_size or PAGE_SIZE
         self._running: dict[int | None, asyncio.Task[CompactResult]] = {}
 
     def _compact(self, node: int | None, path: Path) -> CompactResult:
-        buddy_before = read_free_blocks(self.fs, node)
-        counters_before = read_compaction_counters(self.fs)
+        buddy_before = read_free_blocks(self.kernel, node)
+        counters_before = read_compaction_counters(self.kernel)
         started = time.monotonic()
-        trigger_compaction(self.fs, path)
+        trigger_compaction(self.kernel, path)
         duration = time.monotonic() - started
-        buddy_after = read_free_blocks(self.fs, node)
+        buddy_after = read_free_blocks(self.kernel, node)
         order = huge_order(self.page_size)
         result = CompactResult(
             node=node,
             duration_s=duration,
             free_blocks_before=buddy_before,
             free_blocks_after=buddy_after,
-            counters=counter_deltas(counters_before, read_compaction_counters(self.fs)),
+            counters=counter_deltas(counters_before, read_compaction_counters(self.kernel)),
             huge_block_bytes=self.page_size << order,
             free_huge_bytes_before=free_bytes_at_or_above(buddy_before, order, self.page_size),
             free_huge_bytes_after=free_bytes_at_or_above(buddy_after, order, self.page_size),
@@ -79,10 +79,10 @@ class Compactor:
 
     def compact_blocking(self, node: int | None = None) -> CompactResult:
         """One run on the caller's thread (the reclaimer's), not shared with RPC callers."""
-        return self._compact(node, compaction_trigger(self.fs, node))
+        return self._compact(node, compaction_trigger(self.kernel, node))
 
     async def compact(self, node: int | None, timeout_s: float | None) -> CompactResult:
-        path = compaction_trigger(self.fs, node)
+        path = compaction_trigger(self.kernel, node)
         task = self._running.get(node)
         shared = task is not None
         if task is None:

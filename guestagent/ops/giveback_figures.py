@@ -256,9 +256,9 @@ def cgroup_swap_room(guest: int | None, swap: CgroupSwap | None) -> int | None:
 
 
 def giveback_figures(
-    fs: Kernel, report: MemoryReport, state: IdleState, spec: IdleSpec
+    kernel: Kernel, report: MemoryReport, state: IdleState, spec: IdleSpec
 ) -> GiveBackFigures:
-    sources = read_giveback_sources(fs, report.system, report.hotplug)
+    sources = read_giveback_sources(kernel, report.system, report.hotplug)
     page = sources.page_size
     cgroups = []
     for c in report.cgroups:

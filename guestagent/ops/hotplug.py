@@ -101,16 +101,16 @@ def online_states(policy: OnlinePolicy, blocks: list[MemoryBlock]) -> dict[int, 
     return states
 
 
-def online_memory(fs: Kernel, policy: OnlinePolicy = OnlinePolicy()) -> OnlineResult:
-    blocks = read_memory_blocks(fs, read_virtio_mem_regions(fs))
+def online_memory(kernel: Kernel, policy: OnlinePolicy = OnlinePolicy()) -> OnlineResult:
+    blocks = read_memory_blocks(kernel, read_virtio_mem_regions(kernel))
     onlined, movable, failed = [], [], []
     for index, state in online_states(policy, blocks).items():
         name = f"memory{index}"
         try:
-            set_block_state(fs, name, state)
+            set_block_state(kernel, name, state)
         except AgentError as e:
             # The kernel's auto-onlining (or another writer) may have got there first.
-            if block_state(fs, name) != "online":
+            if block_state(kernel, name) != "online":
                 failed.append(f"{name}: {e}")
             continue
         onlined.append(name)
@@ -119,8 +119,8 @@ def online_memory(fs: Kernel, policy: OnlinePolicy = OnlinePolicy()) -> OnlineRe
     result = OnlineResult(
         tuple(onlined),
         tuple(failed),
-        read_system_memory(fs).mem_total,
-        block_size_bytes(fs) if blocks else 0,
+        read_system_memory(kernel).mem_total,
+        block_size_bytes(kernel) if blocks else 0,
         tuple(movable),
     )
     if onlined or failed:
@@ -139,9 +139,9 @@ class HotplugWatcher:
     """Onlines memory when a block is added (udev or kernel uevents): the event loop reads
     the events, a blocking-pool thread makes the pass."""
 
-    def __init__(self, fs: Kernel, policy: OnlinePolicy | None) -> None:
+    def __init__(self, kernel: Kernel, policy: OnlinePolicy | None) -> None:
         """policy None: onlining is off (--online-memory off), on demand too."""
-        self.fs = fs
+        self.kernel = kernel
         self.policy = policy
         self._lock = threading.Lock()  # Blocks appear in bursts; one pass at a time.
         self._events: socket.socket | None = None
@@ -155,13 +155,13 @@ class HotplugWatcher:
                 "ONLINE_MEMORY_OFF",
             )
         with self._lock:
-            return online_memory(self.fs, self.policy)
+            return online_memory(self.kernel, self.policy)
 
     async def start(self) -> None:
         import asyncio
 
         self._loop = asyncio.get_running_loop()
-        self._events = open_uevents(self.fs)
+        self._events = open_uevents(self.kernel)
         self._loop.add_reader(self._events, self._events_arrived, self._events, self._loop)
         # After the socket listens, so no block is missed in between; on a thread, since
         # onlining many blocks must not hold up any call.

@@ -283,12 +283,12 @@ class IdleAger:
 
     def __init__(
         self,
-        fs: Kernel,
+        kernel: Kernel,
         interval: float = DEFAULT_AGING_INTERVAL_S,
         clock: Callable[[], int] = time.monotonic_ns,
         wall: Callable[[], int] = time.time_ns,
     ) -> None:
-        self.fs = fs
+        self.kernel = kernel
         self.interval = interval
         self._clock = clock
         self._wall = wall
@@ -333,21 +333,23 @@ class IdleAger:
         """Age what the last reading listed, then read: the books are as of this aging."""
         # Once read, only the switch can change (debugfs does not leave the kernel): one read
         # instead of three opens, each a millisecond or more under TCG.
-        absent = read_idle_ages_absence(self.fs) if self._lruvecs else debugfs_absence(self.fs)
+        absent = (
+            read_idle_ages_absence(self.kernel) if self._lruvecs else debugfs_absence(self.kernel)
+        )
         if absent is not None:
             self._lruvecs = ()
             with self._lock:
                 self._state = IdleState({}, absent)
             return
         try:
-            with debugfs(self.fs) as path:
+            with debugfs(self.kernel) as path:
                 if not self._lruvecs:
-                    self._lruvecs = read_lruvecs(self.fs, path)
-                write_aging(self.fs, path, self._lruvecs)
-                lruvecs = read_lruvecs(self.fs, path)
+                    self._lruvecs = read_lruvecs(self.kernel, path)
+                write_aging(self.kernel, path, self._lruvecs)
+                lruvecs = read_lruvecs(self.kernel, path)
                 read_ns = self._clock()
                 unix_offset = self._wall() - read_ns
-            barred = read_swap_barred(self.fs, {v.path for v in lruvecs})
+            barred = read_swap_barred(self.kernel, {v.path for v in lruvecs})
         except AgentError as e:
             self._lruvecs = ()
             with self._lock:

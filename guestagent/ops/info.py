@@ -41,7 +41,7 @@ class Reporter:
     """What a report is read from. One per agent, shared by GetMemoryInfo and every stream;
     a part left None (a test's) leaves its figures out of the report."""
 
-    fs: Kernel
+    kernel: Kernel
     hotplug: HotplugReportCache = field(default_factory=HotplugReportCache)
     confidential: Confidential = NOT_CONFIDENTIAL
     reclaimer: Reclaimer | None = None
@@ -51,14 +51,14 @@ class Reporter:
     def report(self, spec: InfoSpec, removed_ok: bool = False) -> Report:
         """removed_ok lists an asked-for cgroup that does not exist in the report's `removed`
         (a stream's, after its first message) instead of refusing the call."""
-        report = read_report(self.fs, spec.cgroups, self.hotplug, self.stall, removed_ok)
+        report = read_report(self.kernel, spec.cgroups, self.hotplug, self.stall, removed_ok)
         return Report(
             report,
             self.confidential,
             self.reclaimer.known(spec.cgroups) if self.reclaimer is not None else (),
-            state_unavailable(self.fs),
+            state_unavailable(self.kernel),
             (
-                giveback_figures(self.fs, report, self.ager.state, spec.idle)
+                giveback_figures(self.kernel, report, self.ager.state, spec.idle)
                 if self.ager is not None
                 else None
             ),

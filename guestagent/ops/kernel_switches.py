@@ -72,26 +72,26 @@ def _shown(value: bool | None) -> str:
     return "absent" if value is None else str(int(value))
 
 
-def switch_delayacct(fs: Kernel, mode: str) -> Switch:
-    before = read_task_delayacct(fs)
+def switch_delayacct(kernel: Kernel, mode: str) -> Switch:
+    before = read_task_delayacct(kernel)
     turn, why = delayacct_switch(mode, before)
     if not turn:
         return Switch(DELAYACCT_SETTING, _shown(before), _shown(before), why)
     try:
-        write_task_delayacct(fs, True)
+        write_task_delayacct(kernel, True)
     except AgentError as e:
         return Switch(DELAYACCT_SETTING, _shown(before), _shown(before), str(e))
-    return Switch(DELAYACCT_SETTING, _shown(before), _shown(read_task_delayacct(fs)))
+    return Switch(DELAYACCT_SETTING, _shown(before), _shown(read_task_delayacct(kernel)))
 
 
-def switch_mglru(fs: Kernel, mode: str) -> Switch:
-    before = read_lru_gen_enabled(fs)
+def switch_mglru(kernel: Kernel, mode: str) -> Switch:
+    before = read_lru_gen_enabled(kernel)
     shown = (before or "absent").strip()
     turn, why = mglru_switch(mode, before)
     if not turn:
         return Switch(MGLRU_SETTING, shown, shown, why)
     try:
-        write_lru_gen_enabled(fs, "y")
+        write_lru_gen_enabled(kernel, "y")
     except AgentError as e:
         return Switch(MGLRU_SETTING, shown, shown, str(e))
-    return Switch(MGLRU_SETTING, shown, (read_lru_gen_enabled(fs) or "absent").strip())
+    return Switch(MGLRU_SETTING, shown, (read_lru_gen_enabled(kernel) or "absent").strip())

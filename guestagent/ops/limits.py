@@ -150,7 +150,7 @@ class SetLimitsSpec:
     create: bool = False
 
 
-def apply_memory_limits(fs: Kernel, spec: SetLimitsSpec) -> AppliedLimits:
+def apply_memory_limits(kernel: Kernel, spec: SetLimitsSpec) -> AppliedLimits:
     """Write the limits of `spec` to its cgroup, all of them or none.
 
     Lowering memory.max below what the cgroup uses makes the kernel reclaim, and then
@@ -158,14 +158,14 @@ def apply_memory_limits(fs: Kernel, spec: SetLimitsSpec) -> AppliedLimits:
     """
     cgroup = spec.cgroup
     values = cgroup_values(spec.memory)
-    with _lock, _Journaling(fs) as journaling:
+    with _lock, _Journaling(kernel) as journaling:
         # The journal goes down before the first change (a mkdir, or the first write), so an
         # agent killed midway is rolled back when it starts again (recover).
-        made, enabled = creation_plan(fs, cgroup) if spec.create else ((), ())
+        made, enabled = creation_plan(kernel, cgroup) if spec.create else ((), ())
         if made:
             journaling.save(Journal(cgroup, (), made, enabled))
-        created = bool(create_cgroup(fs, cgroup).made) if spec.create else False
-        memory = fs.cgroup(cgroup)
+        created = bool(create_cgroup(kernel, cgroup).made) if spec.create else False
+        memory = kernel.cgroup(cgroup)
         try:
             writes, untouched = _plan(memory, values)
             if writes:
@@ -176,7 +176,7 @@ def apply_memory_limits(fs: Kernel, spec: SetLimitsSpec) -> AppliedLimits:
         except AgentError as e:
             if journaling.journal is None:
                 raise
-            raise e.reworded(f"{e}; {roll_back(fs, journaling.journal).describe()}") from e
+            raise e.reworded(f"{e}; {roll_back(kernel, journaling.journal).describe()}") from e
     log.info(
         "memory_limits_applied",
         cgroup=cgroup,
@@ -198,13 +198,13 @@ class _Journaling:
     leaves the journal to the next start.
     """
 
-    def __init__(self, fs: Kernel) -> None:
-        self.fs = fs
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
         self.journal: Journal | None = None
 
     def save(self, journal: Journal) -> None:
         try:
-            limits_journal.save(self.fs, journal)
+            limits_journal.save(self.kernel, journal)
         except StateFileError as e:
             raise FailedPrecondition(
                 "cannot write the limits journal before changing cgroup "
@@ -223,8 +223,8 @@ class _Journaling:
         if kind is not None and not issubclass(kind, AgentError):
             if not issubclass(kind, Exception):
                 return
-            roll_back_and_log(self.fs, self.journal)
-        limits_journal.discard(self.fs)
+            roll_back_and_log(self.kernel, self.journal)
+        limits_journal.discard(self.kernel)
 
 
 @dataclass(frozen=True)
@@ -264,10 +264,10 @@ def rollback_plan(
     return tuple(writes)
 
 
-def roll_back(fs: Kernel, journal: Journal) -> Rollback:
+def roll_back(kernel: Kernel, journal: Journal) -> Rollback:
     """Put the journal's files back as they were, then remove the cgroups it made."""
     try:
-        memory: MemoryCgroup | None = fs.cgroup(journal.cgroup)
+        memory: MemoryCgroup | None = kernel.cgroup(journal.cgroup)
     except NotFound:
         memory = None
     found: dict[str, str | None] = {}
@@ -283,13 +283,13 @@ def roll_back(fs: Kernel, journal: Journal) -> Rollback:
                 failed.append((write, str(e)))
     undone = None
     if journal.made or journal.enabled:
-        created = planned_creation(fs, journal.cgroup, journal.made, journal.enabled, "memory")
-        undone = undo_create(fs, created)
+        created = planned_creation(kernel, journal.cgroup, journal.made, journal.enabled, "memory")
+        undone = undo_create(kernel, created)
     return Rollback(journal, found, tuple(restored), tuple(failed), undone, memory is None)
 
 
-def roll_back_and_log(fs: Kernel, journal: Journal) -> Rollback:
-    rollback = roll_back(fs, journal)
+def roll_back_and_log(kernel: Kernel, journal: Journal) -> Rollback:
+    rollback = roll_back(kernel, journal)
     if rollback.cgroup_gone:
         log.warning(
             "limits_journal_dropped",
@@ -317,19 +317,19 @@ def roll_back_and_log(fs: Kernel, journal: Journal) -> Rollback:
     return rollback
 
 
-def recover(fs: Kernel) -> Journal | None:
+def recover(kernel: Kernel) -> Journal | None:
     """At start: roll back the change a dead agent left in flight, log it, drop the journal.
 
     Returns the journal that was found, if any. Nothing here raises: a rollback that fails is
     logged with its errno, and the agent serves anyway, since refusing to start would leave
     the guest with no agent at all.
     """
-    journal = limits_journal.load(fs)
+    journal = limits_journal.load(kernel)
     if journal is None:
         return None
-    roll_back_and_log(fs, journal)
+    roll_back_and_log(kernel, journal)
     try:
-        limits_journal.discard(fs)
+        limits_journal.discard(kernel)
     except StateFileError as e:
         log.error("limits_journal_kept", error=str(e))
     return journal

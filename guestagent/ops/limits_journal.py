@@ -125,18 +125,18 @@ def limit_text_valid(text: str) -> bool:
     return text == "max" or (0 < len(text) <= 20 and text.isascii() and text.isdigit())
 
 
-def store(fs: Kernel) -> StateFile:
-    return state_file(fs, LIMITS_JOURNAL)
+def store(kernel: Kernel) -> StateFile:
+    return state_file(kernel, LIMITS_JOURNAL)
 
 
-def save(fs: Kernel, journal: Journal) -> None:
-    store(fs).save(encode(journal))
+def save(kernel: Kernel, journal: Journal) -> None:
+    store(kernel).save(encode(journal))
 
 
-def load(fs: Kernel) -> Journal | None:
+def load(kernel: Kernel) -> Journal | None:
     """The journal a call left; None if none, or if it was not one (then moved aside)."""
-    return store(fs).load_valid(decode)
+    return store(kernel).load_valid(decode)
 
 
-def discard(fs: Kernel) -> None:
-    store(fs).remove()
+def discard(kernel: Kernel) -> None:
+    store(kernel).remove()

@@ -31,20 +31,20 @@ class GuestOverhead:
     swiotlb: Swiotlb | Absent  # within kernel_reserved
 
 
-def guest_overhead(fs: Kernel, workload_cgroups: tuple[str, ...] = ()) -> GuestOverhead:
-    workloads = sum(fs.cgroup(name).current() for name in workload_cgroups)
-    present = read_present_bytes(fs, PAGE_SIZE)
+def guest_overhead(kernel: Kernel, workload_cgroups: tuple[str, ...] = ()) -> GuestOverhead:
+    workloads = sum(kernel.cgroup(name).current() for name in workload_cgroups)
+    present = read_present_bytes(kernel, PAGE_SIZE)
     if present is None:
-        online = sum(1 for state in memory_blocks(fs).values() if state == "online")
-        present = online * block_size_bytes(fs)
-    system = read_system_memory(fs)
+        online = sum(1 for state in memory_blocks(kernel).values() if state == "online")
+        present = online * block_size_bytes(kernel)
+    system = read_system_memory(kernel)
     used = system.mem_total - system.mem_available
     return GuestOverhead(
         present=present,
         mem_total=system.mem_total,
         kernel_reserved=max(0, present - system.mem_total),
         outside_workloads=max(0, used - workloads),
-        agent_rss=read_own_rss(fs),
+        agent_rss=read_own_rss(kernel),
         workloads=workloads,
-        swiotlb=read_swiotlb(fs),
+        swiotlb=read_swiotlb(kernel),
     )

@@ -50,14 +50,14 @@ def validate_reclaim(bytes_: int, drop_caches: int) -> None:
         )
 
 
-def reclaim(fs: Kernel, spec: ReclaimSpec) -> ReclaimResult:
+def reclaim(kernel: Kernel, spec: ReclaimSpec) -> ReclaimResult:
     cgroup, bytes_, drop_caches = spec.cgroup, spec.bytes, spec.drop_caches
     validate_reclaim(bytes_, drop_caches)
-    memory = fs.cgroup(cgroup)
+    memory = kernel.cgroup(cgroup)
     memory.require_reclaim()
     before = memory.current()
     if drop_caches:
-        drop_caches_now(fs, drop_caches)
+        drop_caches_now(kernel, drop_caches)
     complete = memory.reclaim(str(bytes_))
     after = memory.current()
     log.info(

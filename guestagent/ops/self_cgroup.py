@@ -92,16 +92,16 @@ def decide(
     return Decision(Action.MOVE, "running in the root cgroup", current)
 
 
-def protect_self(fs: Kernel, pid: int | None = None, euid: int | None = None) -> Decision:
+def protect_self(kernel: Kernel, pid: int | None = None, euid: int | None = None) -> Decision:
     """Move this process into /guestagent with its protection, and log what was done.
 
     Never fatal: an agent without its own cgroup still serves, it just competes for memory.
     """
     pid = os.getpid() if pid is None else pid
-    current = read_own_cgroup(fs)
-    others = set(read_cgroup_procs(fs, current)) - {pid} if current not in (None, "/") else ()
+    current = read_own_cgroup(kernel)
+    others = set(read_cgroup_procs(kernel, current)) - {pid} if current not in (None, "/") else ()
     decision = decide(
-        os.geteuid() if euid is None else euid, current, *read_mount_facts(fs), bool(others)
+        os.geteuid() if euid is None else euid, current, *read_mount_facts(kernel), bool(others)
     )
     if decision.action is not Action.MOVE:
         log.info(
@@ -112,9 +112,9 @@ def protect_self(fs: Kernel, pid: int | None = None, euid: int | None = None) ->
         )
         return decision
     try:
-        create_cgroup(fs, AGENT_CGROUP)
-        move_process(fs, AGENT_CGROUP, pid)
-        memory = fs.cgroup(AGENT_CGROUP)
+        create_cgroup(kernel, AGENT_CGROUP)
+        move_process(kernel, AGENT_CGROUP, pid)
+        memory = kernel.cgroup(AGENT_CGROUP)
         memory.set_limit(memcg.MEMORY_MIN, MEMORY_MIN)
         memory.set_limit(memcg.MEMORY_HIGH, MEMORY_HIGH)
     except (AgentError, OSError) as e:

@@ -209,29 +209,29 @@ class SwapManager:
 
     def __init__(
         self,
-        fs: Kernel,
+        kernel: Kernel,
         finder: DeviceFinder | None = None,
         confidential: Confidential | None = None,
     ) -> None:
-        self.fs = fs
+        self.kernel = kernel
         self.confidential = (
-            confidential if confidential is not None else decide("auto", read_facts(fs))
+            confidential if confidential is not None else decide("auto", read_facts(kernel))
         )
         self._finder = finder
         self._lock = threading.Lock()
         self._page_size = PAGE_SIZE
-        self._store = state_file(fs, SWAPS)
+        self._store = state_file(kernel, SWAPS)
 
     @property
     def finder(self) -> DeviceFinder:
         if self._finder is None:
-            if not self.fs.is_real:
+            if not self.kernel.is_real:
                 # libudev knows the live system's disks, not a test tree's.
                 raise FailedPrecondition(
-                    f"finding block devices needs udev; this agent runs over {self.fs.root}",
+                    f"finding block devices needs udev; this agent runs over {self.kernel.root}",
                     "UDEV_UNAVAILABLE",
                 )
-            self._finder = UdevDevices(self.fs)
+            self._finder = UdevDevices(self.kernel)
         return self._finder
 
     def check_state(self) -> None:
@@ -245,7 +245,7 @@ class SwapManager:
                     log.info("encrypted_swap_found", mapping=mapping.name, device=mapping.devnode)
                     continue
                 try:
-                    DeviceMapper(self.fs).remove(mapping.name)
+                    DeviceMapper(self.kernel).remove(mapping.name)
                 except (AgentError, OSError) as e:
                     log.error("stale_mapping_not_removed", mapping=mapping.name, error=str(e))
                     continue
@@ -254,7 +254,7 @@ class SwapManager:
                 )
 
     def _mappings(self) -> list[Mapping]:
-        return [m for m in read_mappings(self.fs) if m.name.startswith(MAPPING_PREFIX)]
+        return [m for m in read_mappings(self.kernel) if m.name.startswith(MAPPING_PREFIX)]
 
     def _mapping_of(self, device: BlockDevice) -> Mapping | None:
         """Our mapping over device, or device itself when it is one of our mappings."""
@@ -271,7 +271,7 @@ class SwapManager:
         self._store.save(state)
 
     def active(self) -> list[ActiveSwap]:
-        areas = active_swaps(self.fs)
+        areas = active_swaps(self.kernel)
         if areas is None:
             raise FailedPrecondition(
                 "the kernel has no swap support (no /proc/swaps)", "SWAP_UNSUPPORTED"
@@ -285,7 +285,7 @@ class SwapManager:
         return None
 
     def _same_device(self, filename: str, device: BlockDevice) -> bool:
-        return device_number(self.fs, filename) == (device.major, device.minor)
+        return device_number(self.kernel, filename) == (device.major, device.minor)
 
     def _area(
         self,
@@ -296,9 +296,9 @@ class SwapManager:
         formatted: bool = False,
     ) -> SwapArea:
         recorded = self._read_state().get(device.devnode, {})
-        rotational = queue_value(self.fs, device, "rotational")
-        discard_max = queue_value(self.fs, device, "discard_max_bytes")
-        header = read_swap_header(self.fs, device.devnode, self._page_size)
+        rotational = queue_value(self.kernel, device, "rotational")
+        discard_max = queue_value(self.kernel, device, "discard_max_bytes")
+        header = read_swap_header(self.kernel, device.devnode, self._page_size)
         return SwapArea(
             device=device.devnode,
             size_bytes=entry.size_bytes,
@@ -330,10 +330,10 @@ class SwapManager:
                 )
                 return self._area(swap_device, entry, mapping, already_active=True)
             # On the raw disk, before anything is mapped; a mapping left on it holds it.
-            refuse_unsafe_device(self.fs, device)
+            refuse_unsafe_device(self.kernel, device)
             head = self._read_head(device)
             reusable = self._check_signatures(device, head, spec.force)
-            rotational_before = queue_value(self.fs, device, "rotational")
+            rotational_before = queue_value(self.kernel, device, "rotational")
             if chosen is SwapEncryption.EPHEMERAL:
                 mapping = self._map_and_swapon(device, spec, head, rotational_before)
                 swap_device = mapped_device(mapping)
@@ -367,7 +367,7 @@ class SwapManager:
     ) -> Mapping:
         """Map device through dm-crypt with a fresh key, format and enable the mapping; on
         any failure remove the mapping and put the disk back as it was found."""
-        mapper = DeviceMapper(self.fs)
+        mapper = DeviceMapper(self.kernel)
         missing = has_crypt_target(mapper)
         if missing is not None:
             raise FailedPrecondition(
@@ -375,9 +375,9 @@ class SwapManager:
                 "ENCRYPTION_UNAVAILABLE",
                 metadata={"device": device.devnode},
             )
-        logical_block = queue_value(self.fs, device, "logical_block_size")
+        logical_block = queue_value(self.kernel, device, "logical_block_size")
         table = crypt_table(
-            size_bytes(self.fs, device), int(logical_block or 512), device.major, device.minor
+            size_bytes(self.kernel, device), int(logical_block or 512), device.major, device.minor
         )
         name = mapping_name(device.sysname)
         created = False
@@ -387,7 +387,7 @@ class SwapManager:
             created = True
             mapper.load_crypt(name, table)
             mapper.resume(name)
-            mapping = mapping_named(self.fs, name)
+            mapping = mapping_named(self.kernel, name)
             if mapping is None:
                 raise FailedPrecondition(
                     f"mapping {name} is not in /sys/block after its resume",
@@ -414,8 +414,8 @@ class SwapManager:
         return mapping
 
     def _set_nonrotational(self, device: BlockDevice) -> None:
-        write_queue_value(self.fs, device, "rotational", "0")
-        if queue_value(self.fs, device, "rotational") != "0":
+        write_queue_value(self.kernel, device, "rotational", "0")
+        if queue_value(self.kernel, device, "rotational") != "0":
             raise FailedPrecondition(
                 f"{device.devnode} still reads rotational=1 after writing 0",
                 "DEVICE_STAYS_ROTATIONAL",
@@ -423,7 +423,7 @@ class SwapManager:
             )
 
     def _read_head(self, device: BlockDevice) -> bytes:
-        fd = open_exclusive(self.fs, device)
+        fd = open_exclusive(self.kernel, device)
         try:
             return os.pread(fd, HEAD_BYTES, 0)
         finally:
@@ -449,7 +449,7 @@ class SwapManager:
     def _refuse_unknown_data(self, device: BlockDevice) -> None:
         """A disk handed over for swap is blank (a sparse file reads as zeros) or swap already;
         anything else is somebody's data in a format no probe knows."""
-        fd = open_exclusive(self.fs, device)
+        fd = open_exclusive(self.kernel, device)
         try:
             offset = first_data_offset(fd)
         except OSError as e:
@@ -482,7 +482,7 @@ class SwapManager:
         """Put the device back as it was found; say what state it is in."""
         done: list[str] = []
         try:
-            fd = open_exclusive(self.fs, device)
+            fd = open_exclusive(self.kernel, device)
             try:
                 if os.pread(fd, len(head), 0) != head:
                     os.pwrite(fd, head, 0)
@@ -491,7 +491,7 @@ class SwapManager:
             finally:
                 os.close(fd)
             if rotational is not None:
-                write_queue_value(self.fs, device, "rotational", rotational)
+                write_queue_value(self.kernel, device, "rotational", rotational)
                 done.append(f"restored rotational={rotational}")
         except Exception as e:
             return f"{', '.join(done) or 'nothing restored'}; restoring failed: {e}"
@@ -541,16 +541,16 @@ class SwapManager:
         blank for the next EnableSwap, then remove it: the key goes with it."""
         device = mapped_device(mapping)
         try:
-            fd = open_exclusive(self.fs, device)
+            fd = open_exclusive(self.kernel, device)
             try:
-                discard_all(fd, size_bytes(self.fs, device))
+                discard_all(fd, size_bytes(self.kernel, device))
             finally:
                 os.close(fd)
         except (AgentError, OSError) as e:
             # The disk keeps ciphertext: unreadable, but no longer blank (EnableSwap needs force).
             log.warning("mapping_not_discarded", mapping=mapping.name, error=str(e))
         try:
-            DeviceMapper(self.fs).remove(mapping.name)
+            DeviceMapper(self.kernel).remove(mapping.name)
         except (AgentError, OSError) as e:
             # An AgentError already says why (no device-mapper, the control node refused).
             why = errno_text(e) if isinstance(e, OSError) else str(e)
@@ -564,7 +564,7 @@ class SwapManager:
     def list(self) -> list[SwapArea]:
         areas = []
         for entry in self.active():
-            device = device_for_node(self.fs, entry.filename)
+            device = device_for_node(self.kernel, entry.filename)
             if device is None:
                 areas.append(
                     SwapArea(

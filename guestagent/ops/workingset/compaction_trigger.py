@@ -91,7 +91,7 @@ class CompactionTrigger:
 
     def __init__(
         self,
-        fs: Kernel,
+        kernel: Kernel,
         clock: Callable[[], float],
         page_size: int,
         rule: CompactionRule | None = None,
@@ -99,12 +99,12 @@ class CompactionTrigger:
     ) -> None:
         """`stall`: delay accounting's meter, whose whole-guest stall is the calm bar where
         the guest has no PSI (None: without PSI it never compacts)."""
-        self.fs = fs
+        self.kernel = kernel
         self._stall = stall
         self._clock = clock
         self._page_size = page_size
         self._rule = rule or CompactionRule()
-        self._compactor = Compactor(fs, page_size)
+        self._compactor = Compactor(kernel, page_size)
         self.status = CompactionStatus()
         self._checked: float | None = None
         self._compacted_at: float | None = None
@@ -124,7 +124,7 @@ class CompactionTrigger:
         if self._checked is not None and now - self._checked < CHECK_EVERY_S:
             return
         stall_total = self._read_system_stall_us()
-        free_blocks = read_free_blocks_optional(self.fs)
+        free_blocks = read_free_blocks_optional(self.kernel)
         if not policies or stall_total is None or free_blocks is None:
             return
         elapsed = now - self._checked if self._checked else None
@@ -160,7 +160,7 @@ class CompactionTrigger:
 
     def _read_system_stall_us(self) -> int | None:
         """The whole guest's stall so far: PSI's, else delay accounting's; None with neither."""
-        pressure = read_system_pressure(self.fs)
+        pressure = read_system_pressure(self.kernel)
         if pressure is not None and not (self._stall and self._stall.stands_in(True)):
             return pressure.some.total_us
         if self._stall is None or self._stall.absence() is not None:

@@ -192,7 +192,7 @@ def decode_policies(value: object) -> dict[str, tuple[bool, ReclaimPolicy]]:
 class Reclaimer:
     def __init__(
         self,
-        fs: Kernel,
+        kernel: Kernel,
         clock: Callable[[], float] = time.monotonic,
         compaction_rule: CompactionRule | None = None,
         write: WriteReclaim = MemoryCgroup.reclaim,
@@ -200,13 +200,13 @@ class Reclaimer:
     ) -> None:
         """`write` is the one memory.reclaim write (tests give a fake kernel's); `stall` the
         agent's delay-accounting meter, the stall source where PSI is not (None: PSI only)."""
-        self.fs = fs
+        self.kernel = kernel
         self._stall = stall
         self._clock = clock
         self._page_size = PAGE_SIZE
         self._writer = StepWriter(clock, PAGE_SIZE, write)
-        self._compaction = CompactionTrigger(fs, clock, PAGE_SIZE, compaction_rule, stall)
-        self._store = state_file(fs, RECLAIM_POLICIES)
+        self._compaction = CompactionTrigger(kernel, clock, PAGE_SIZE, compaction_rule, stall)
+        self._store = state_file(kernel, RECLAIM_POLICIES)
         self._targets: dict[str, _Target] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -219,7 +219,7 @@ class Reclaimer:
     def set_policy(self, request: ReclaimPolicyRequest, persist: bool = True) -> TargetStatus:
         cgroup, enabled, policy = request.cgroup, request.enabled, request.policy
         validate_policy(policy)
-        memory = self.fs.cgroup(cgroup)
+        memory = self.kernel.cgroup(cgroup)
         source, absent = self._check_kernel(memory, policy) if enabled else (PSI_STALL, ())
         with self._lock:
             if persist:
@@ -244,7 +244,7 @@ class Reclaimer:
             cgroup=cgroup,
             enabled=enabled,
             stall_source=source if enabled else None,
-            multigen_lru=read_lru_gen(self.fs),
+            multigen_lru=read_lru_gen(self.kernel),
             absent={a.feature: a.reason for a in absent},
             **asdict(policy),
         )
@@ -259,20 +259,20 @@ class Reclaimer:
         """Refuse what cannot run; return its stall source and the features it runs without."""
         memory.require_reclaim()
         source = self._stall_source(memory.directory)
-        if policy.anon and not active_swaps(self.fs):
+        if policy.anon and not active_swaps(self.kernel):
             raise FailedPrecondition(
                 "anon reclaim asked with no active swap area (/proc/swaps lists none): "
                 "enable swap first, or leave anon off",
                 "NO_ACTIVE_SWAP",
             )
-        mglru = read_mglru_absence(self.fs)
+        mglru = read_mglru_absence(self.kernel)
         return source, (mglru,) if mglru is not None else ()
 
     def _stall_source(self, directory: Path) -> str:
         """PSI where the cgroup has it (unless delay accounting is preferred), else delay
         accounting; neither is refused: without its stall budget the reclaimer slowed a hot
         set past the bound (docs/design-reclaimer.md: Without PSI)."""
-        psi = read_cgroup_psi_absence(self.fs, directory)
+        psi = read_cgroup_psi_absence(self.kernel, directory)
         if psi is None and not (self._stall and self._stall.stands_in(True)):
             return PSI_STALL
         delay = self._stall.absence() if self._stall is not None else None
