@@ -125,11 +125,6 @@ def encoder(message: type[M]) -> Callable[[Any], M]:
     return lambda value: encode(value, message)
 
 
-def fill(message: Message, value: Any) -> None:
-    """Merge a value of a declared type into a message (its `elsewhere` fields left)."""
-    message.MergeFrom(type(message)(**_fields(value)))
-
-
 def _fields(value: Any) -> dict[str, Any]:
     """The message's fields for a declared value, as its constructor takes them (the
     constructor is the fast way to fill a message: 3x setting fields one by one)."""
