@@ -59,10 +59,10 @@ def check_off_then_on(vm: GuestVM, agent: AgentClient, results: dict[str, Any]) 
     assert_off_then_on_bounds(figures)
 
 
-def check_no_thrash(vm: GuestVM, agent: AgentClient, results: dict[str, Any]) -> None:
+def check_no_thrash(vm: GuestVM, agent: AgentClient, results: dict[str, Any], pace: Pace) -> None:
     figures = results["no_thrash"] = no_thrash(vm, agent, source=DELAYACCT_STALL)
     assert figures["signals"][0] == DELAYACCT_STALL, without_timelines(figures)
-    assert_no_thrash_bounds(figures)
+    assert_no_thrash_bounds(figures, pace.factor)
 
 
 def _collect(stream: WatchStream, into: queue.Queue[pb.MemoryInfo]) -> None:
@@ -132,8 +132,10 @@ class RuntimeKernelScenarios:
     ) -> None:
         check_off_then_on(vm, agent, self.results)
 
-    def test_no_thrash_on_delay_accounting(self, vm: GuestVM, agent: AgentClient) -> None:
-        check_no_thrash(vm, agent, self.results)
+    def test_no_thrash_on_delay_accounting(
+        self, vm: GuestVM, agent: AgentClient, pace: Pace
+    ) -> None:
+        check_no_thrash(vm, agent, self.results, pace)
 
     def test_an_explicit_pressure_trigger_fires_under_pressure(
         self, vm: GuestVM, agent: AgentClient, pace: Pace

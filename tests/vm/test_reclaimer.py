@@ -17,6 +17,7 @@ from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot, wait_until
+from tests.vm.pace import Pace
 from tests.workloads.reclaim import (
     CONFIG,
     assert_no_thrash_bounds,
@@ -47,9 +48,11 @@ def test_cold_memory_goes_back_to_the_host_only_with_the_policy_on(
     assert_off_then_on_bounds(figures)
 
 
-def test_no_thrash_when_the_hot_set_is_most_of_the_memory(vm: GuestVM, agent: AgentClient) -> None:
+def test_no_thrash_when_the_hot_set_is_most_of_the_memory(
+    vm: GuestVM, agent: AgentClient, pace: Pace
+) -> None:
     RESULTS["no_thrash"] = figures = no_thrash(vm, agent)
-    assert_no_thrash_bounds(figures)
+    assert_no_thrash_bounds(figures, pace.factor)
 
 
 def test_turns_with_the_host(vm: GuestVM, agent: AgentClient) -> None:

@@ -434,15 +434,19 @@ def assert_off_then_on_bounds(figures: dict[str, Any]) -> None:
     assert figures["stall_us_per_s_on"] <= STALL_TARGET_US, summary
 
 
-def assert_no_thrash_bounds(figures: dict[str, Any]) -> None:
+def assert_no_thrash_bounds(figures: dict[str, Any], pace_factor: float = 1.0) -> None:
     """Backed off: reclaimed bytes flat, few refaults, stall within the target, measured over
     the last 20 s. Finding the edge of the hot set costs a stall once (recorded as
     stall_ms_whole_window: 268 and 351 ms in two runs under TCG): the price of finding it by
     probing. The hot loop in units of the guest's pace (WORKLOAD): the raw medians went
     122.8 -> 154.9 ms (1.26x) in a stressed run with the reclaimer idle and 1 major fault/s,
-    the host's pace changing between the windows."""
+    the host's pace changing between the windows. The stall is wall time, which a busy host's
+    TCG guest stretches: its bound scales by the guest's pace (tests/vm/pace.py), as the VM
+    tests' deadlines do (an apple run at 2.39x read 3110 us/s, 1301 at an idle host's pace;
+    alone on the host the same test passes within 2000)."""
+    figures["stall_bound_us_per_s"] = bound = round(STALL_TARGET_US * max(1.0, pace_factor))
     summary = without_timelines(figures)
     assert figures["reclaimed_mib_last_20_s"] <= 32, summary  # A plateau, not a slope.
     assert figures["majfaults_per_s_last_20_s"] <= 2048, summary  # Under 8 MiB/s of swap-in.
-    assert figures["stall_us_per_s_last_20_s"] <= STALL_TARGET_US, summary
+    assert figures["stall_us_per_s_last_20_s"] <= bound, summary
     assert figures["hot_slowdown_paced"] <= 1.2, summary
