@@ -187,8 +187,8 @@ def exact_memory(smaps_rollup: str) -> dict[str, int]:
     """VmRSS and RssAnon as smaps_rollup counts them, from the page tables, in bytes. The
     guest's kernel (6.1) keeps /proc/PID/status's counters per thread and folds them in every
     64 page faults, and one fault maps up to 16 file pages (fault-around): a process's status
-    lagged its smaps by 0.7-3.7 MiB of file pages in one guest, by how many faults its threads
-    had not yet folded in; proc(5) says to read smaps for accurate figures. Rss less Anonymous
+    lagged its smaps by 1.1-3.9 MiB of VmRSS in the bench's runs, by how many faults its
+    threads had not yet folded in; proc(5) says to read smaps for accurate figures. Rss less Anonymous
     is the file-backed (and shared memory) part. Full smaps text sums to the same."""
     fields = {"Rss": 0, "Anonymous": 0}
     for line in smaps_rollup.splitlines():
@@ -275,7 +275,8 @@ def measure_footprint(
 # Runs in the guest on the tree's interpreter with the agent's flags: what each step of the
 # agent's imports adds to RssAnon, the grpcio floor's own imports first.
 STAGES = r"""
-import gc, importlib, json, sys
+import ctypes, gc, importlib, json, sys
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # No huge pages, as the agent: else 2 MiB steps.
 sys.modules["ssl"] = None
 sys.path.append(sys.argv[1])
 STAGES = [
@@ -291,7 +292,8 @@ STAGES = [
     ("guestagent.agent", ["guestagent.agent.daemon"]),
 ]
 def rss_anon():
-    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon"))
+    rollup = open("/proc/self/smaps_rollup")  # Exact, where status's counters lag.
+    return next(int(l.split()[1]) for l in rollup if l.startswith("Anonymous:"))
 out, last = [], rss_anon()
 for name, modules in STAGES:
     count = len(sys.modules)
