@@ -132,6 +132,23 @@ def limit_malloc_arenas(count: int) -> bool:
     return mallopt is not None and mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(count)) == 1
 
 
+PR_SET_THP_DISABLE = 41
+PR_GET_THP_DISABLE = 42
+
+
+def refuse_huge_pages() -> bool:
+    """Keep transparent huge pages out of this process (prctl PR_SET_THP_DISABLE): where the
+    kernel's THP is "always", the first touch of a 2 MiB-aligned stretch of an anonymous
+    mapping (glibc's 64 MiB-aligned arena heaps, thread stacks) can take a whole 2 MiB page
+    for a few KiB in use; an agent that uses little of each mapping pays for all of it.
+    Inherited by children; affects faults from now on. False where the kernel refuses."""
+    return bool(_libc().prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0)
+
+
+def huge_pages_refused() -> bool:
+    return bool(_libc().prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1)
+
+
 def give_heap_back() -> bool:
     """Return free heap to the kernel (glibc's malloc_trim(0)): free(3) keeps what it frees
     for reuse, in every arena, and only the top of the main heap goes back on its own. False

@@ -183,9 +183,35 @@ def window_wakeups(before: dict[str, int], after: dict[str, int]) -> int:
     return lived + sum(1 for tid in before if tid not in after)
 
 
+def exact_memory(smaps_rollup: str) -> dict[str, int]:
+    """VmRSS and RssAnon as smaps_rollup counts them, from the page tables, in bytes. The
+    guest's kernel (6.1) keeps /proc/PID/status's counters per thread and folds them in every
+    64 page faults, and one fault maps up to 16 file pages (fault-around): a process's status
+    lagged its smaps by 1.1-3.9 MiB of VmRSS in the bench's runs, by how many faults its
+    threads had not yet folded in; proc(5) says to read smaps for accurate figures. Rss less
+    Anonymous is the file-backed (and shared memory) part. Full smaps text sums to the same."""
+    fields = {"Rss": 0, "Anonymous": 0}
+    for line in smaps_rollup.splitlines():
+        key, _, rest = line.partition(":")
+        if key in fields:
+            fields[key] += int(rest.split()[0]) * 1024
+    return {
+        "VmRSS": fields["Rss"],
+        "RssAnon": fields["Anonymous"],
+        "RssFile": fields["Rss"] - fields["Anonymous"],
+    }
+
+
 def sample_figures(sample: dict[str, Any]) -> dict[str, float]:
-    """One idle window's end: the memory figures and the wakeups a second over the window."""
-    figures: dict[str, float] = {**footprint(sample["status"], sample["smaps_rollup"])}
+    """One idle window's end: the memory figures (VmRSS and RssAnon exact, status's beside
+    them) and the wakeups a second over the window."""
+    status = footprint(sample["status"], sample["smaps_rollup"])
+    figures: dict[str, float] = {
+        **status,
+        "VmRSS_status": status["VmRSS"],
+        "RssAnon_status": status["RssAnon"],
+        **exact_memory(sample["smaps_rollup"]),
+    }
     if sample["seconds"] >= 1:  # The health server's is no window: its ready time is all.
         wakeups = window_wakeups(*sample["switches"])
         figures["wakeups_per_s"] = round(wakeups / sample["seconds"], 2)
@@ -249,7 +275,8 @@ def measure_footprint(
 # Runs in the guest on the tree's interpreter with the agent's flags: what each step of the
 # agent's imports adds to RssAnon, the grpcio floor's own imports first.
 STAGES = r"""
-import gc, importlib, json, sys
+import ctypes, gc, importlib, json, sys
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # No huge pages, as the agent: else 2 MiB steps.
 sys.modules["ssl"] = None
 sys.path.append(sys.argv[1])
 STAGES = [
@@ -265,7 +292,8 @@ STAGES = [
     ("guestagent.agent", ["guestagent.agent.daemon"]),
 ]
 def rss_anon():
-    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon"))
+    rollup = open("/proc/self/smaps_rollup")  # Exact, where status's counters lag.
+    return next(int(l.split()[1]) for l in rollup if l.startswith("Anonymous:"))
 out, last = [], rss_anon()
 for name, modules in STAGES:
     count = len(sys.modules)
@@ -316,12 +344,15 @@ print(json.dumps({"threads": [[name, n - before.get(tid, [name, 0])[1]]
                   "idle_s": idle_s, "smaps": smaps, "status": status}))
 """
 
-# The agent under tracemalloc: at SIGUSR1, the Python heap traced so far by file, to stdout.
+# The agent, at SIGUSR1: under tracemalloc the Python heap traced so far by file; otherwise
+# the two allocators' own counts (pymalloc's and glibc's), all to stderr.
 TRACED_AGENT = r"""
-import collections, json, signal, sys, tracemalloc
+import collections, ctypes, json, signal, sys, tracemalloc
 sys.path.append(sys.argv.pop(1))
 def dump(signum, frame):
     if not tracemalloc.is_tracing():
+        sys._debugmallocstats()
+        ctypes.CDLL(None).malloc_stats()
         return
     by_file = collections.Counter()
     for stat in tracemalloc.take_snapshot().statistics("filename"):
@@ -357,6 +388,41 @@ def anon_by_mapping(smaps: str) -> dict[str, int]:
                 kind = f"{name.rsplit('/', 1)[-1]} (copy-on-write)"
             kinds[kind] = kinds.get(kind, 0) + int(fields[1])
     return dict(sorted(kinds.items(), key=lambda item: -item[1]))
+
+
+def pymalloc_figures(stats: str) -> dict[str, int]:
+    """sys._debugmallocstats()'s totals: pymalloc's 1 MiB arenas (mmap'd, freed only when
+    every block in them is), the bytes in live objects, and the rest of the arenas."""
+    figures: dict[str, int] = {}
+    for line in stats.splitlines():
+        name, _, value = line.partition("=")
+        name = name.strip()
+        if name == "# arenas allocated current":
+            figures["arenas"] = int(value.replace(",", ""))
+        elif name == "# bytes in allocated blocks":
+            figures["allocated_bytes"] = int(value.replace(",", ""))
+        elif name == "Total" and "arenas" in figures and "total_bytes" not in figures:
+            figures["total_bytes"] = int(value.replace(",", ""))
+    if "total_bytes" in figures and "allocated_bytes" in figures:
+        figures["unused_bytes"] = figures["total_bytes"] - figures["allocated_bytes"]
+    return figures
+
+
+def glibc_malloc_figures(stats: str) -> dict[str, int]:
+    """malloc_stats()'s arenas and totals: what glibc holds from the kernel (heap, arena heaps
+    and mmap'd chunks) and what of it is in use."""
+    figures = {"arenas": 0}
+    in_total = False
+    for line in stats.splitlines():
+        name, _, value = line.partition("=")
+        name = name.strip()
+        if line.startswith("Arena "):
+            figures["arenas"] += 1
+        elif line.startswith("Total (incl. mmap)"):
+            in_total = True
+        elif in_total and name in ("system bytes", "in use bytes", "max mmap bytes"):
+            figures[name.replace(" ", "_")] = int(value)
+    return figures
 
 
 def import_self_times(importtime: str, top: int = 15) -> list[tuple[str, int]]:
@@ -396,9 +462,14 @@ def breakdown(vm: GuestVM, idle_s: float) -> dict[str, Any]:
         for line in traced["log"].splitlines()
         if line.startswith("TRACEMALLOC ")
     )
+    # The import-time run is the agent without tracemalloc; its SIGUSR1 dumped both
+    # allocators' counts after the idle window.
+    pymalloc_text, _, glibc_text = timed["log"].partition("Arena 0:")
     return {
         "imports": stages,
-        "footprint_at_ready": footprint(plain["status"]),
+        "footprint_at_ready": {**footprint(plain["status"]), **exact_memory(plain["smaps"])},
+        "pymalloc": pymalloc_figures(pymalloc_text),
+        "glibc_malloc": glibc_malloc_figures("Arena 0:" + glibc_text),
         "anon_kib_by_mapping": anon_by_mapping(plain["smaps"]),
         "threads_wakeups": plain["threads"],
         "idle_s": idle_s,

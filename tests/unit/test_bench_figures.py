@@ -106,3 +106,63 @@ def test_import_times_sum_by_package() -> None:
         "some other line\n"
     )
     assert import_self_times(log) == [("guestagent.linux", 150), ("json", 70)]
+
+
+def test_exact_memory_from_smaps_rollup_and_from_full_smaps() -> None:
+    from tests.bench.footprint import exact_memory
+
+    rollup = (
+        "55d0a0000000-7ffd00000000 ---p 00000000 00:00 0    [rollup]\n"
+        "Rss:               36000 kB\nPss:               30000 kB\nAnonymous:         20000 kB\n"
+    )
+    assert exact_memory(rollup) == {
+        "VmRSS": 36000 << 10,
+        "RssAnon": 20000 << 10,
+        "RssFile": 16000 << 10,
+    }
+    smaps = "Rss: 100 kB\nAnonymous: 40 kB\nRss: 50 kB\nAnonymous: 0 kB\n"
+    assert exact_memory(smaps) == {"VmRSS": 150 << 10, "RssAnon": 40 << 10, "RssFile": 110 << 10}
+
+
+DEBUGMALLOCSTATS = """Small block threshold = 512, in 32 size classes.
+# arenas allocated total           =                  169
+# arenas allocated current         =                    5
+5 arenas * 1048576 bytes/arena     =            5,242,880
+
+# bytes in allocated blocks        =            4,337,392
+# bytes in available blocks        =              250,016
+Total                              =            5,242,880
+
+            1 free PyDictObjects * 48 bytes each =                   48
+Total                              =                  48
+"""
+
+MALLOC_STATS = """Arena 0:
+system bytes     =    5300224
+in use bytes     =    3000000
+Arena 1:
+system bytes     =     135168
+in use bytes     =       2224
+Total (incl. mmap):
+system bytes     =    5570560
+in use bytes     =    3137392
+max mmap regions =          2
+max mmap bytes   =     135168
+"""
+
+
+def test_allocator_figures() -> None:
+    from tests.bench.footprint import glibc_malloc_figures, pymalloc_figures
+
+    assert pymalloc_figures(DEBUGMALLOCSTATS) == {
+        "arenas": 5,
+        "allocated_bytes": 4_337_392,
+        "total_bytes": 5_242_880,
+        "unused_bytes": 5_242_880 - 4_337_392,
+    }
+    assert glibc_malloc_figures(MALLOC_STATS) == {
+        "arenas": 2,
+        "system_bytes": 5_570_560,
+        "in_use_bytes": 3_137_392,
+        "max_mmap_bytes": 135_168,
+    }

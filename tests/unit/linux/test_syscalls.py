@@ -71,3 +71,20 @@ def test_giving_heap_back_returns_what_free_kept() -> None:
     )
     # 32 MiB were freed; at least most of it leaves RSS.
     assert int(done.stdout) > 24 * 1024
+
+
+def test_huge_pages_refused_in_this_process_and_its_children() -> None:
+    # In a child, so the test process keeps the kernel's default; the grandchild inherits it.
+    program = (
+        "import subprocess, sys\n"
+        "from guestagent.linux.syscalls import huge_pages_refused, refuse_huge_pages\n"
+        "assert not huge_pages_refused()\n"
+        "assert refuse_huge_pages()\n"
+        "assert huge_pages_refused()\n"
+        "child = 'from guestagent.linux.syscalls import huge_pages_refused as r; print(r())'\n"
+        "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True,"
+        " check=True).stdout.strip())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
