@@ -7,7 +7,7 @@ import pytest
 from guestagent.host.measure import guest_ram_resident
 from guestagent.host.vmm_memory import parse_smaps
 from guestagent.sizes import MIB
-from tests.unit.host.test_vmm_memory import SMAPS
+from tests.fakes.smaps import SMAPS
 
 
 @pytest.mark.parametrize(
