@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, quoted
-from guestagent.linux.abi import LONG_MAX
+from guestagent.linux.abi import LONG_MAX, PAGE_SIZE
 from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS, parsed
 from guestagent.linux.keyed import parse_flat_keyed, workingset_refaults
@@ -51,6 +51,12 @@ def kernel_pages(text: str, page_size: int) -> int:
     largest = LONG_MAX // page_size
     value = parse_limit(text)
     return largest if value is None else min(value // page_size, largest)
+
+
+def protection_bytes(value: int | None) -> int:
+    """A protection (memory.low) as bytes: "max" is what the kernel stores for it, its
+    largest count of whole pages, since the report carries a protection as a number."""
+    return (LONG_MAX // PAGE_SIZE) * PAGE_SIZE if value is None else value
 
 
 def same_limit(a: str, b: str, page_size: int) -> bool:
@@ -257,7 +263,7 @@ class MemoryCgroup:
             current=current,
             max=self.limit(MEMORY_MAX),
             high=self.limit(MEMORY_HIGH),
-            low=self._read(MEMORY_LOW, int),
+            low=protection_bytes(self.limit(MEMORY_LOW)),
             swap=self.swap(),
             events=self.events(),
             pressure=self.pressure(),

@@ -3,6 +3,7 @@ import errno
 import pytest
 
 from guestagent.errors import FailedPrecondition, KernelFormat
+from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.memcg import (
@@ -111,3 +112,12 @@ def test_the_reclaim_control_is_required_and_eagain_is_partial(fake_root: FakeRo
     assert memory.reclaim("4096")
     fake_root.fs.kernel.fail("write", "memory.reclaim", errno.EAGAIN)
     assert not MemoryCgroup(fake_root.fs, memory.directory, "pod").reclaim("4096")
+
+
+def test_the_report_carries_full_protection_as_the_kernels_largest_value(
+    fake_root: FakeRoot,
+) -> None:
+    """memory.low "max" (systemd's MemoryLow=infinity) is a protection the report shows as
+    the number the kernel stores for it, not a format error that fails the whole report."""
+    assert handle(fake_root, memory_low="max\n").read().low == (2**63 - 1) // PAGE_SIZE * PAGE_SIZE
+    assert handle(fake_root, memory_low="8192\n").read().low == 8192
