@@ -98,11 +98,18 @@ def protect_self(kernel: Kernel, pid: int | None = None, euid: int | None = None
     Never fatal: an agent without its own cgroup still serves, it just competes for memory.
     """
     pid = os.getpid() if pid is None else pid
+    euid = os.geteuid() if euid is None else euid
     current = read_own_cgroup(kernel)
-    others = set(read_cgroup_procs(kernel, current)) - {pid} if current not in (None, "/") else ()
-    decision = decide(
-        os.geteuid() if euid is None else euid, current, *read_mount_facts(kernel), bool(others)
-    )
+    facts = read_mount_facts(kernel)
+    decision = decide(euid, current, *facts)
+    # Whether it is alone is asked only of a cgroup it would stay in: one on a real cgroup2
+    # root, whose path stays below the mount (in a cgroup namespace it may start with '..').
+    if (
+        decision.action is Action.STAY
+        and current is not None
+        and set(read_cgroup_procs(kernel, current)) - {pid}
+    ):
+        decision = decide(euid, current, *facts, shared=True)
     if decision.action is not Action.MOVE:
         log.info(
             "self_cgroup",

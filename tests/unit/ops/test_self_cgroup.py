@@ -133,6 +133,18 @@ def test_alone_in_a_units_cgroup_it_stays(guest: FakeRoot) -> None:
     assert protect_self(guest.fs, pid=4242, euid=0).action is Action.STAY
 
 
+def test_in_a_cgroup_namespace_it_reads_nothing_outside_the_mount(guest: FakeRoot) -> None:
+    """There /proc/self/cgroup may name a path above the mount ('/../x'): the agent skips,
+    and never opens that path (a '..' the kernel files refuse)."""
+    guest.write("proc/self/cgroup", "0::/../sibling\n")
+    guest.write("sys/fs/cgroup/cgroup.type", "domain\n")
+    decision = protect_self(guest.fs, pid=4242, euid=0)
+    assert (decision.action, decision.reason) == (
+        Action.SKIP,
+        "the cgroup mount is not a cgroup2 root",
+    )
+
+
 def test_a_failure_is_logged_not_fatal(guest: FakeRoot, caplog: pytest.LogCaptureFixture) -> None:
     FakeKernel(guest, fail_mkdir="guestagent").install()
     with caplog.at_level(logging.INFO):
