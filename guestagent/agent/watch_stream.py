@@ -164,10 +164,11 @@ async def watch_memory(
     report in place. `stall` is delay accounting's meter, which serves a trigger asked for
     where there is no PSI."""
     hub = hub or SignalHub(kernel)
+    in_place = Reporter(kernel, stall=stall)  # One hotplug cache for the stream's reports.
 
     async def report(removed_ok: bool = True) -> Report:
         if read is None:
-            return Reporter(kernel, stall=stall).report(spec.info, removed_ok)
+            return in_place.report(spec.info, removed_ok)
         return await read(spec.info, removed_ok)
 
     # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
