@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from guestagent.build.runtime import INTERPRETER_FLAGS
 from guestagent.vm.qemu import GuestCommandError, GuestVM, VMConfig
 from tests.bench.figures import footprint, ratio_verdict
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
@@ -38,7 +39,8 @@ READY_TARGET = 1.10
 AGENT_COMMAND = ("/opt/guestagent/bin/guestagent", "serve", "--no-self-cgroup", "--listen")
 # The yardsticks start as the agent's command does: the tree's interpreter, its flags in the
 # shebang, the tree's site-packages, LC_ALL=C (the probe sets it for all three).
-INTERPRETER_LINE = "#!/opt/guestagent/bin/python3.11 -ISBXutf8"
+INTERPRETER = "/opt/guestagent/bin/python3.11"
+INTERPRETER_LINE = f"#!{INTERPRETER} {INTERPRETER_FLAGS}"
 HEALTH_CHECK = ("/grpc.health.v1.Health/Check", "", "0801")  # "" is the whole server; SERVING.
 AGENT_METHODS = ("GetMemoryInfo", "ListSwaps", "GetGuestOverhead", "GetReclaimStatus")
 # Empty requests: the whole guest, every swap area, every cgroup the reclaimer knows.
@@ -363,7 +365,7 @@ from guestagent.agent.cli import entry
 sys.argv[0] = "guestagent"
 sys.exit(entry())
 """
-TRACED_COMMAND = ["/opt/guestagent/bin/python3.11", "-ISBXutf8"]
+TRACED_COMMAND = [INTERPRETER, INTERPRETER_FLAGS]
 
 
 def anon_by_mapping(smaps: str) -> dict[str, int]:
@@ -443,7 +445,7 @@ def breakdown(vm: GuestVM, idle_s: float) -> dict[str, Any]:
     vm.exec("cat > /run/bench-stages.py", stdin=STAGES)
     vm.exec("cat > /run/bench-snapshot.py", stdin=SNAPSHOT)
     vm.exec("cat > /run/bench-traced.py", stdin=TRACED_AGENT)
-    python = ["/opt/guestagent/bin/python3.11", "-ISBXutf8"]
+    python = [INTERPRETER, INTERPRETER_FLAGS]
     stages = json.loads(vm.exec([*python, "/run/bench-stages.py", SITE], timeout=600).stdout)
 
     def snapshot(command: list[str]) -> dict[str, Any]:

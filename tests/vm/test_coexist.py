@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from guestagent.build.runtime import INTERPRETER_FLAGS
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
 from guestagent.vm.qemu import GuestVM, VMConfig
 from tests.vm.guest import boot_and_record, read_guest
@@ -55,7 +56,8 @@ def only_pid(vm: GuestVM, pattern: str) -> str:
 def test_the_stand_in_started_first(vm: GuestVM) -> None:
     standin = only_pid(vm, f"^/usr/bin/python3 {STANDIN} {INIT_AGENT_PORT}$")
     agent = only_pid(
-        vm, "^/opt/guestagent/bin/python3.11 -ISBXutf8 /opt/guestagent/bin/guestagent serve"
+        vm,
+        f"^/opt/guestagent/bin/python3.11 {INTERPRETER_FLAGS} /opt/guestagent/bin/guestagent serve",
     )
     assert start_ticks(vm, standin) <= start_ticks(vm, agent)
 
