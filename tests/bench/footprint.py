@@ -2,7 +2,8 @@
 same way in the same boot: RssAnon, VmRSS, Pss, threads and idle wakeups a second, when ready,
 after a burst of mixed calls and after a watch stream, each read at the end of an idle window;
 and the time to serving beside a health-only server's. The three servers take turns, round
-after round, and each figure is the median of the rounds.
+after round, and each figure is the median of the rounds. All three start with transparent
+huge pages refused (the probe sets it and they inherit it), as the agent refuses them itself.
 
 `python -m tests.bench.run --sections footprint --out FILE.json` runs it alone;
 --footprint-idle-seconds and --footprint-watch-seconds shorten it (defaults: the footprint
@@ -102,6 +103,11 @@ def idle_sample(pid, seconds):
     return {"status": read("status"), "smaps_rollup": read("smaps_rollup"),
             "switches": [before, after], "seconds": elapsed}
 
+# PR_SET_THP_DISABLE, inherited by the server: the agent refuses transparent huge pages at
+# start, so each yardstick starts refusing them too. Otherwise a yardstick's first touch of a
+# 2 MiB-aligned stretch can take a whole huge page and the ratios ride on which did.
+import ctypes
+ctypes.CDLL(None, use_errno=True).prctl(41, 1, 0, 0, 0)
 method, request, reply = spec["ready"]
 log = open(spec["log"], "w")
 started = time.monotonic()
@@ -192,7 +198,7 @@ def exact_memory(smaps_rollup: str) -> dict[str, int]:
     lagged its smaps by 1.1-3.9 MiB of VmRSS in the bench's runs, by how many faults its
     threads had not yet folded in; proc(5) says to read smaps for accurate figures. Rss less
     Anonymous is the file-backed (and shared memory) part. Full smaps text sums to the same."""
-    fields = {"Rss": 0, "Anonymous": 0}
+    fields = {"Rss": 0, "Anonymous": 0, "AnonHugePages": 0}
     for line in smaps_rollup.splitlines():
         key, _, rest = line.partition(":")
         if key in fields:
@@ -201,6 +207,7 @@ def exact_memory(smaps_rollup: str) -> dict[str, int]:
         "VmRSS": fields["Rss"],
         "RssAnon": fields["Anonymous"],
         "RssFile": fields["Rss"] - fields["Anonymous"],
+        "AnonHugePages": fields["AnonHugePages"],
     }
 
 

@@ -114,14 +114,21 @@ def test_exact_memory_from_smaps_rollup_and_from_full_smaps() -> None:
     rollup = (
         "55d0a0000000-7ffd00000000 ---p 00000000 00:00 0    [rollup]\n"
         "Rss:               36000 kB\nPss:               30000 kB\nAnonymous:         20000 kB\n"
+        "AnonHugePages:      2048 kB\n"
     )
     assert exact_memory(rollup) == {
         "VmRSS": 36000 << 10,
         "RssAnon": 20000 << 10,
         "RssFile": 16000 << 10,
+        "AnonHugePages": 2048 << 10,
     }
     smaps = "Rss: 100 kB\nAnonymous: 40 kB\nRss: 50 kB\nAnonymous: 0 kB\n"
-    assert exact_memory(smaps) == {"VmRSS": 150 << 10, "RssAnon": 40 << 10, "RssFile": 110 << 10}
+    assert exact_memory(smaps) == {
+        "VmRSS": 150 << 10,
+        "RssAnon": 40 << 10,
+        "RssFile": 110 << 10,
+        "AnonHugePages": 0,
+    }
 
 
 DEBUGMALLOCSTATS = """Small block threshold = 512, in 32 size classes.
