@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 from guestagent.host.client import AgentClient
 from guestagent.host.ctl import main as ctl_main
+from guestagent.host.qemu import Disk, VMConfig
 from guestagent.sizes import MIB
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 
 # Touches 200 MiB, then creates the file its argument names. No quotes: it goes inside two.
 FILLER = (
