@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from google.protobuf.json_format import MessageToDict
 
 from guestagent.host.client import AgentClient
-from guestagent.host.display import mib
+from guestagent.host.display import GIVEBACK_FIGURES, mib
 from guestagent.host.vmm import Balloon, VirtioMemDevice, Vmm, VmmError
 from guestagent.host.vmm_memory import read_vmm_memory
 from guestagent.v1 import agent_pb2 as pb
@@ -378,7 +378,7 @@ def _figure_text(name: str, figure: dict[str, Any]) -> str:
 def _guest_text(side: dict[str, Any]) -> list[str]:
     giveback = side["giveback"]
     lines = [f"  MemTotal {mib(side['mem_total_bytes'])}"]
-    for name in ("free_reportable", "free_fragmented", "cold", "safe_balloon_target"):
+    for name in GIVEBACK_FIGURES:
         if name in giveback:
             lines.append(_figure_text(name, giveback[name]))
     for target in giveback.get("virtio_mem", []):
