@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -26,7 +25,7 @@ import grpc
 
 from guestagent.host.client import WatchStream, describe_error
 from guestagent.host.display import mib
-from guestagent.host.feed import backoff_delay
+from guestagent.host.feed import Reopening
 from guestagent.host.giveback import (
     BALLOON,
     Agent,
@@ -277,9 +276,7 @@ class Follower:
         self.policy, self.options = policy, options
         self.metrics: Metrics = metrics if metrics is not None else NoMetrics()
         self.out, self.clock = out, clock
-        self.stopping = threading.Event()
-        self._stream: WatchStream | None = None
-        self._lock = threading.Lock()
+        self._reports = Reopening(watch, self._broken)
         self._asked = 0
         self._hold: Hold | None = None
         self._stall: StallSample | None = None
@@ -289,11 +286,7 @@ class Follower:
 
     def stop(self) -> None:
         """From a signal handler or another thread: the loop ends after the report in hand."""
-        self.stopping.set()
-        with self._lock:
-            stream = self._stream
-        if stream is not None:
-            stream.cancel()
+        self._reports.stop()
 
     def say(self, event: str, **fields: Any) -> None:
         if self.options.json:
@@ -302,31 +295,9 @@ class Follower:
         detail = "; ".join(f"{k} {v}" for k, v in fields.items())
         self.out(f"give-back --follow: {event}: {detail}")
 
-    def _stream_reports(self) -> Iterable[pb.MemoryInfo]:
-        """Reports until stop(); a broken stream is opened again after a growing delay."""
-        attempt = 0
-        while not self.stopping.is_set():
-            stream = self.watch()
-            with self._lock:
-                self._stream = stream
-            if self.stopping.is_set():
-                stream.cancel()
-            try:
-                for info in stream:
-                    attempt = 0
-                    yield info
-                error = "the agent ended the stream"
-            except grpc.RpcError as e:
-                error = describe_error(e)
-            with self._lock:
-                self._stream = None
-            if self.stopping.is_set():
-                return
-            delay = backoff_delay(attempt)
-            print(f"guestctl: give-back --follow: {error}; again in {delay:.1f} s", file=sys.stderr)
-            if self.stopping.wait(delay):
-                return
-            attempt += 1
+    @staticmethod
+    def _broken(error: str, delay: float) -> None:
+        print(f"guestctl: give-back --follow: {error}; again in {delay:.1f} s", file=sys.stderr)
 
     def step(self, info: pb.MemoryInfo) -> Change | None:
         """One report: read, decide, act. Returns the change made."""
@@ -382,8 +353,8 @@ class Follower:
             asked=self._asked,
             policy=asdict(self.policy),
         )
-        for info in self._stream_reports():
-            if self.stopping.is_set():
+        for info in self._reports:
+            if self._reports.stopping.is_set():
                 break
             try:
                 self.step(info)

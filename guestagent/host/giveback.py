@@ -230,9 +230,7 @@ class ClientAgent:
     cold_after_ms: int
 
     def report(self) -> pb.MemoryInfo:
-        request = pb.GetMemoryInfoRequest(cold_after_ms=self.cold_after_ms)
-        info: pb.MemoryInfo = self.client.stub.GetMemoryInfo(request, timeout=self.client.timeout)
-        return info
+        return self.client.info(cold_after_ms=self.cold_after_ms)
 
     def compact(self) -> pb.CompactResult:
         return self.client.compact()
