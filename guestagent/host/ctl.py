@@ -481,17 +481,10 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     """Exit 0 when the pod fits, 1 when the preflight fails, 2 on bad input."""
-    from guestagent.host.sizing import (
-        PLAIN,
-        Container,
-        PodSizing,
-        model_from_dict,
-        plan,
-        plan_text,
-        plan_to_dict,
-        platform_block_size,
-        platform_model,
-    )
+    from guestagent.host.sizing.model import model_from_dict
+    from guestagent.host.sizing.plan import Container, PodSizing, plan
+    from guestagent.host.sizing.survey import PLAIN, platform_block_size, platform_model
+    from guestagent.host.sizing.text import plan_text, plan_to_dict
 
     if args.model is not None and args.platform != PLAIN:
         # measure-overhead boots plain guests only: a model file is not a confidential one's.
@@ -565,7 +558,7 @@ def _measure_overhead(args: argparse.Namespace) -> int:
         return 2
     # Imported here: it brings in the QEMU harness, which nothing else in guestctl needs.
     from guestagent.host.measure import MeasureError, measure_size, table_text
-    from guestagent.host.sizing import fit_model, model_to_dict
+    from guestagent.host.sizing.model import fit_model, model_to_dict
 
     samples = []
     try:

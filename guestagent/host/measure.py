@@ -20,7 +20,7 @@ from pathlib import Path
 
 from guestagent.host.client import AgentClient
 from guestagent.host.qemu import GuestVMError, QemuGuest, VMConfig, accelerator
-from guestagent.host.sizing import OverheadModel, OverheadSample, overhead_formula
+from guestagent.host.sizing.model import OverheadModel, OverheadSample, overhead_formula
 from guestagent.host.vmm_memory import Mapping, read_vmm_memory
 from guestagent.sizes import MIB
 
