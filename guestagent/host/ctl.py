@@ -754,7 +754,7 @@ def _give_back(args: argparse.Namespace) -> int:
     except (giveback.GiveBackError, VmmError, AgentError, OSError) as e:
         print(f"guestctl: give-back: {e}", file=sys.stderr)
         return 1
-    print(giveback.result_json(result) if args.json else giveback.result_text(result))
+    print(json.dumps(result, indent=2) if args.json else giveback.result_text(result))
     return 0
 
 

@@ -20,7 +20,6 @@ as the guest's unreclaimable kernel memory, so the target rises by them): the sa
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -427,7 +426,3 @@ def result_text(result: dict[str, Any]) -> str:
         f"({mib(guest_rss(result['before']) - guest_rss(result['after']))} given back)",
     ]
     return "\n".join(lines)
-
-
-def result_json(result: dict[str, Any]) -> str:
-    return json.dumps(result, indent=2)
