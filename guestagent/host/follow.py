@@ -80,13 +80,10 @@ def stall_share(previous: StallSample | None, now: StallSample | None) -> float 
 
 
 def delay_stall_sample(info: pb.MemoryInfo, at: float) -> StallSample | None:
-    """The one place the delay-accounting stall (MemoryInfo.delay_stall, a MemoryStall: source,
-    total_us) is read, for guests without PSI. Read from the set fields by name, so this works
-    with a contract that has the field and with one that does not yet."""
-    for field, value in info.ListFields():
-        if field.name == "delay_stall":
-            return StallSample(str(value.source) or DELAYACCT, int(value.total_us), at)
-    return None
+    """The delay-accounting stall (MemoryInfo.delay_stall), for guests without PSI."""
+    if not info.HasField("delay_stall"):
+        return None
+    return StallSample(info.delay_stall.source or DELAYACCT, info.delay_stall.total_us, at)
 
 
 def stall_sample(info: pb.MemoryInfo, at: float) -> StallSample | None:
