@@ -30,11 +30,11 @@ from guestagent.host.giveback import (
     BALLOON,
     Agent,
     pick_virtio_mem,
-    round_down,
     safe_balloon_taken,
     safe_virtio_mem,
     virtio_mem_device,
 )
+from guestagent.host.units import round_down
 from guestagent.host.vmm import Vmm, VmmError
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb

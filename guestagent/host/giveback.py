@@ -29,6 +29,7 @@ from google.protobuf.json_format import MessageToDict
 
 from guestagent.host.client import AgentClient
 from guestagent.host.display import GIVEBACK_FIGURES, mib
+from guestagent.host.units import round_down, round_up
 from guestagent.host.vmm import Balloon, VirtioMemDevice, Vmm, VmmError
 from guestagent.host.vmm_memory import read_vmm_memory
 from guestagent.v1 import agent_pb2 as pb
@@ -62,14 +63,6 @@ class Step:
     forced: bool = False
     # The balloon's sizes are in what it leaves of this RAM (QEMU), else 0: what it takes.
     leaves_of: int = 0
-
-
-def round_up(size: int, block: int) -> int:
-    return -(-size // block) * block
-
-
-def round_down(size: int, block: int) -> int:
-    return size // block * block
 
 
 def safe_balloon_taken(info: pb.MemoryInfo, balloon: Balloon) -> tuple[int | None, str]:
