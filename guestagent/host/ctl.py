@@ -72,11 +72,8 @@ def remote(call: Call) -> Run:
         try:
             with AgentClient(args.target, timeout=args.timeout) as client:
                 output = call(client, args)
-        except grpc.RpcError as e:
+        except (grpc.RpcError, AgentError, OSError) as e:
             print(f"guestctl: {describe_error(e)}", file=sys.stderr)
-            return 1
-        except (AgentError, OSError) as e:
-            print(f"guestctl: {e}", file=sys.stderr)
             return 1
         if output:
             print(output)
@@ -566,8 +563,7 @@ def _measure_overhead(args: argparse.Namespace) -> int:
             print(f"guestctl: booting a {size} MiB guest", file=sys.stderr, flush=True)
             samples.append(measure_size(size, args.image_dir, args.boot_timeout))
     except (MeasureError, TimeoutError, OSError, grpc.RpcError) as e:
-        detail = describe_error(e) if isinstance(e, grpc.RpcError) else str(e)
-        print(f"guestctl: measure-overhead: {detail}", file=sys.stderr)
+        print(f"guestctl: measure-overhead: {describe_error(e)}", file=sys.stderr)
         return 1
     sizes = ", ".join(str(size) for size in args.sizes)
     model = fit_model(samples, f"measured under {samples[0].accel} at {sizes} MiB")
@@ -748,11 +744,8 @@ def _give_back(args: argparse.Namespace) -> int:
     except giveback.Refused as e:
         print(f"guestctl: give-back: {e}", file=sys.stderr)
         return 2
-    except grpc.RpcError as e:
+    except (grpc.RpcError, giveback.GiveBackError, VmmError, AgentError, OSError) as e:
         print(f"guestctl: give-back: {describe_error(e)}", file=sys.stderr)
-        return 1
-    except (giveback.GiveBackError, VmmError, AgentError, OSError) as e:
-        print(f"guestctl: give-back: {e}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2) if args.json else giveback.result_text(result))
     return 0

@@ -355,9 +355,7 @@ class Follower:
                 break
             try:
                 self.step(info)
-            except VmmError as e:
-                print(f"guestctl: give-back --follow: {e}", file=sys.stderr, flush=True)
-            except grpc.RpcError as e:
+            except (VmmError, grpc.RpcError) as e:
                 print(f"guestctl: give-back --follow: {describe_error(e)}", file=sys.stderr)
         try:
             taken: int | None = self.knob.read(pb.MemoryInfo()).taken
