@@ -240,14 +240,6 @@ class Metrics(Protocol):
     def changed(self, change: Change, direction: str) -> None: ...
 
 
-class NoMetrics:
-    def observe(self, reading: Reading, asked: int, stall: float | None) -> None:
-        pass
-
-    def changed(self, change: Change, direction: str) -> None:
-        pass
-
-
 @dataclass(frozen=True)
 class FollowOptions:
     json: bool = False  # A JSON object per line instead of text.
@@ -271,7 +263,7 @@ class Follower:
     ) -> None:
         self.watch, self.agent, self.vmm_name, self.knob = watch, agent, vmm_name, knob
         self.policy, self.options = policy, options
-        self.metrics: Metrics = metrics if metrics is not None else NoMetrics()
+        self.metrics = metrics
         self.out, self.clock = out, clock
         self._reports = Reopening(watch, self._broken)
         self._asked = 0
@@ -317,7 +309,8 @@ class Follower:
         ):
             detail = f"unmoved {now - self._unmoved_since:.0f} s short of {mib(self._asked)}"
             change = Change(reading.taken, "stopped", detail)
-        self.metrics.observe(reading, self._asked, stall)
+        if self.metrics is not None:
+            self.metrics.observe(reading, self._asked, stall)
         if change is None or change.to == self._asked:
             return None
         direction = "inflate" if change.to > self._asked else "deflate"
@@ -335,7 +328,8 @@ class Follower:
             safe=reading.safe,
             stall=None if stall is None else round(stall, 4),
         )
-        self.metrics.changed(change, direction)
+        if self.metrics is not None:
+            self.metrics.changed(change, direction)
         self._asked = change.to
         self._unmoved_since = now  # A new ask: its own still time.
         return change
