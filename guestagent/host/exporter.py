@@ -13,7 +13,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from http.server import ThreadingHTTPServer
-from types import FrameType
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -67,14 +66,6 @@ class MetricsServer(ThreadingHTTPServer):
         print(f"guestctl: {what} on http://{bound}/metrics", file=sys.stderr, flush=True)
 
 
-class _Stop(Exception):
-    """SIGTERM, raised in the main thread to leave serve_forever."""
-
-
-def _raise_stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
-
-
 def serve_metrics(target: str, listen: TcpAddress, cgroups: Sequence[str], interval_ms: int) -> int:
     """Serve until SIGTERM or SIGINT; a listen address that cannot be bound raises OSError."""
     with AgentClient(target) as client:
@@ -82,11 +73,12 @@ def serve_metrics(target: str, listen: TcpAddress, cgroups: Sequence[str], inter
         feed = WatchFeed(client, cgroups, interval_ms)
         registry.register(FeedCollector(feed.snapshot))
         server = MetricsServer(listen, registry, f"metrics of {target}")
-        previous = signal.signal(signal.SIGTERM, _raise_stop)
+        # SIGTERM as SIGINT: KeyboardInterrupt in the main thread leaves serve_forever.
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
         feed.start()
         try:
             server.serve_forever()
-        except (_Stop, KeyboardInterrupt):
+        except KeyboardInterrupt:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
