@@ -101,8 +101,7 @@ class AgentClient:
         self._dial_failure = error
 
     def agent_info(self) -> pb.AgentInfo:
-        info: pb.AgentInfo = self.stub.GetAgentInfo(pb.GetAgentInfoRequest(), timeout=self.timeout)
-        return info
+        return self.stub.GetAgentInfo(pb.GetAgentInfoRequest(), timeout=self.timeout)
 
     def info(
         self,
@@ -113,8 +112,7 @@ class AgentClient:
         request = pb.GetMemoryInfoRequest(
             cgroups=list(cgroups), idle_edges_ms=list(idle_edges_ms), cold_after_ms=cold_after_ms
         )
-        response: pb.MemoryInfo = self.stub.GetMemoryInfo(request, timeout=self.timeout)
-        return response
+        return self.stub.GetMemoryInfo(request, timeout=self.timeout)
 
     def watch(
         self,
@@ -132,18 +130,13 @@ class AgentClient:
         )
         if trigger is not None:
             request.pressure_trigger.CopyFrom(trigger)
-        stream: WatchStream = self.stub.WatchMemory(request)
-        return stream
+        return self.stub.WatchMemory(request)
 
     def enable_swap(self, request: pb.EnableSwapRequest) -> pb.SwapArea:
-        area: pb.SwapArea = self.stub.EnableSwap(request, timeout=self.timeout)
-        return area
+        return self.stub.EnableSwap(request, timeout=self.timeout)
 
     def disable_swap(self, device: pb.DeviceSelector) -> pb.SwapArea:
-        area: pb.SwapArea = self.stub.DisableSwap(
-            pb.DisableSwapRequest(device=device), timeout=self.timeout
-        )
-        return area
+        return self.stub.DisableSwap(pb.DisableSwapRequest(device=device), timeout=self.timeout)
 
     def list_swaps(self) -> list[pb.SwapArea]:
         response = self.stub.ListSwaps(pb.ListSwapsRequest(), timeout=self.timeout)
@@ -153,41 +146,32 @@ class AgentClient:
         self, cgroup: str, memory: pb.LinuxMemory, create: bool = False
     ) -> pb.AppliedLimits:
         request = pb.SetMemoryLimitsRequest(cgroup=cgroup, memory=memory, create=create)
-        applied: pb.AppliedLimits = self.stub.SetMemoryLimits(request, timeout=self.timeout)
-        return applied
+        return self.stub.SetMemoryLimits(request, timeout=self.timeout)
 
     def compact(self, node: int | None = None) -> pb.CompactResult:
         request = pb.CompactRequest() if node is None else pb.CompactRequest(node=node)
-        result: pb.CompactResult = self.stub.Compact(request, timeout=self.timeout)
-        return result
+        return self.stub.Compact(request, timeout=self.timeout)
 
     def reclaim(self, cgroup: str, bytes_: int, drop_caches: int = 0) -> pb.ReclaimResult:
         request = pb.ReclaimRequest(cgroup=cgroup, bytes=bytes_, drop_caches=drop_caches)
-        result: pb.ReclaimResult = self.stub.Reclaim(request, timeout=self.timeout)
-        return result
+        return self.stub.Reclaim(request, timeout=self.timeout)
 
     def online_memory(self) -> pb.OnlineMemoryResult:
-        result: pb.OnlineMemoryResult = self.stub.OnlineMemory(
-            pb.OnlineMemoryRequest(), timeout=self.timeout
-        )
-        return result
+        return self.stub.OnlineMemory(pb.OnlineMemoryRequest(), timeout=self.timeout)
 
     def overhead(self, workload_cgroups: Iterable[str] = ()) -> pb.GuestOverhead:
         request = pb.GetGuestOverheadRequest(workload_cgroups=list(workload_cgroups))
-        result: pb.GuestOverhead = self.stub.GetGuestOverhead(request, timeout=self.timeout)
-        return result
+        return self.stub.GetGuestOverhead(request, timeout=self.timeout)
 
     def set_reclaim_policy(
         self, cgroup: str, enabled: bool, policy: pb.ReclaimPolicy | None = None
     ) -> pb.ReclaimTargetStatus:
         request = pb.SetReclaimPolicyRequest(cgroup=cgroup, enabled=enabled, policy=policy)
-        status: pb.ReclaimTargetStatus = self.stub.SetReclaimPolicy(request, timeout=self.timeout)
-        return status
+        return self.stub.SetReclaimPolicy(request, timeout=self.timeout)
 
     def reclaim_status(self, cgroups: Iterable[str] = ()) -> pb.ReclaimStatus:
         request = pb.GetReclaimStatusRequest(cgroups=list(cgroups))
-        status: pb.ReclaimStatus = self.stub.GetReclaimStatus(request, timeout=self.timeout)
-        return status
+        return self.stub.GetReclaimStatus(request, timeout=self.timeout)
 
     def health(self, service: str = "", timeout: float | None = None) -> str:
         response = self.health_stub.Check(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from guestagent.host.unixhttp import ApiError, UnixHttpClient, peer_pid
+from guestagent.host.unixhttp import RestVmm
 from guestagent.host.vmm import BALLOON_PAGE, CLOUD_HYPERVISOR, Balloon, VirtioMemDevice, VmmError
 
 API_PREFIX = "/api/v1"
@@ -114,19 +114,10 @@ def resize_request(
     raise VmmError(f"Cloud Hypervisor has no memory zone {device.id!r}")
 
 
-class CloudHypervisorVmm:
+class CloudHypervisorVmm(RestVmm):
     name = CLOUD_HYPERVISOR
-    balloon_leaves = False
-
-    def __init__(self, path: str, timeout: float) -> None:
-        self.api = UnixHttpClient(path, timeout, API_PREFIX)
-        self.pid = peer_pid(path, timeout)
-
-    def _call(self, method: str, endpoint: str, body: dict[str, Any] | None = None) -> Any:
-        try:
-            return self.api.request(method, endpoint, body)
-        except ApiError as e:
-            raise VmmError(f"Cloud Hypervisor: {e}") from None
+    title = "Cloud Hypervisor"
+    prefix = API_PREFIX
 
     def info(self) -> dict[str, Any]:
         info: dict[str, Any] = self._call("GET", "/vm.info")
@@ -144,6 +135,3 @@ class CloudHypervisorVmm:
     def set_virtio_mem(self, device: VirtioMemDevice, requested: int) -> None:
         endpoint, body = resize_request(self.info(), device, requested)
         self._call("PUT", endpoint, body)
-
-    def close(self) -> None:
-        """Nothing held: each request has its own connection."""

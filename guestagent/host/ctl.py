@@ -72,11 +72,8 @@ def remote(call: Call) -> Run:
         try:
             with AgentClient(args.target, timeout=args.timeout) as client:
                 output = call(client, args)
-        except grpc.RpcError as e:
+        except (grpc.RpcError, AgentError, OSError) as e:
             print(f"guestctl: {describe_error(e)}", file=sys.stderr)
-            return 1
-        except (AgentError, OSError) as e:
-            print(f"guestctl: {e}", file=sys.stderr)
             return 1
         if output:
             print(output)
@@ -481,17 +478,10 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     """Exit 0 when the pod fits, 1 when the preflight fails, 2 on bad input."""
-    from guestagent.host.sizing import (
-        PLAIN,
-        Container,
-        PodSizing,
-        model_from_dict,
-        plan,
-        plan_text,
-        plan_to_dict,
-        platform_block_size,
-        platform_model,
-    )
+    from guestagent.host.sizing.model import model_from_dict
+    from guestagent.host.sizing.plan import Container, PodSizing, plan
+    from guestagent.host.sizing.survey import PLAIN, platform_block_size, platform_model
+    from guestagent.host.sizing.text import plan_text, plan_to_dict
 
     if args.model is not None and args.platform != PLAIN:
         # measure-overhead boots plain guests only: a model file is not a confidential one's.
@@ -565,7 +555,7 @@ def _measure_overhead(args: argparse.Namespace) -> int:
         return 2
     # Imported here: it brings in the QEMU harness, which nothing else in guestctl needs.
     from guestagent.host.measure import MeasureError, measure_size, table_text
-    from guestagent.host.sizing import fit_model, model_to_dict
+    from guestagent.host.sizing.model import fit_model, model_to_dict
 
     samples = []
     try:
@@ -573,8 +563,7 @@ def _measure_overhead(args: argparse.Namespace) -> int:
             print(f"guestctl: booting a {size} MiB guest", file=sys.stderr, flush=True)
             samples.append(measure_size(size, args.image_dir, args.boot_timeout))
     except (MeasureError, TimeoutError, OSError, grpc.RpcError) as e:
-        detail = describe_error(e) if isinstance(e, grpc.RpcError) else str(e)
-        print(f"guestctl: measure-overhead: {detail}", file=sys.stderr)
+        print(f"guestctl: measure-overhead: {describe_error(e)}", file=sys.stderr)
         return 1
     sizes = ", ".join(str(size) for size in args.sizes)
     model = fit_model(samples, f"measured under {samples[0].accel} at {sizes} MiB")
@@ -755,13 +744,10 @@ def _give_back(args: argparse.Namespace) -> int:
     except giveback.Refused as e:
         print(f"guestctl: give-back: {e}", file=sys.stderr)
         return 2
-    except grpc.RpcError as e:
+    except (grpc.RpcError, giveback.GiveBackError, VmmError, AgentError, OSError) as e:
         print(f"guestctl: give-back: {describe_error(e)}", file=sys.stderr)
         return 1
-    except (giveback.GiveBackError, VmmError, AgentError, OSError) as e:
-        print(f"guestctl: give-back: {e}", file=sys.stderr)
-        return 1
-    print(giveback.result_json(result) if args.json else giveback.result_text(result))
+    print(json.dumps(result, indent=2) if args.json else giveback.result_text(result))
     return 0
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal, get_args
 
 from google.protobuf.json_format import MessageToDict
 
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
+
+# MemoryInfo.giveback's figures, in the order every view lists them.
+GivebackFigure = Literal["free_reportable", "free_fragmented", "cold", "safe_balloon_target"]
+GIVEBACK_FIGURES: tuple[GivebackFigure, ...] = get_args(GivebackFigure)
 
 
 def as_json(message: Any) -> str:
@@ -109,9 +113,7 @@ def idle_text(idle: pb.IdleHistogram, giveback: pb.GiveBack) -> str:
 
 def giveback_lines(giveback: pb.GiveBack) -> list[str]:
     figures = [
-        (name, getattr(giveback, name))
-        for name in ("free_reportable", "free_fragmented", "cold", "safe_balloon_target")
-        if giveback.HasField(name)
+        (name, getattr(giveback, name)) for name in GIVEBACK_FIGURES if giveback.HasField(name)
     ]
     lines = [f"giveback {name} {mib(f.bytes)}: {f.reason}" for name, f in figures]
     lines += [

@@ -13,7 +13,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from http.server import ThreadingHTTPServer
-from types import FrameType
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -54,20 +53,17 @@ class FeedCollector(Collector):
 
 
 class MetricsServer(ThreadingHTTPServer):
+    """/metrics over HTTP; it says on stderr where it listens, `what` naming what it serves."""
+
     daemon_threads = True  # a scrape in flight does not hold up exit
 
-    def __init__(self, address: TcpAddress, registry: CollectorRegistry) -> None:
+    def __init__(self, address: TcpAddress, registry: CollectorRegistry, what: str) -> None:
         # An IPv6 address (`[::]:9464`) needs an AF_INET6 socket; http.server defaults to IPv4.
         self.address_family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
         super().__init__((address.host, address.port), MetricsHandler.factory(registry))
-
-
-class _Stop(Exception):
-    """SIGTERM, raised in the main thread to leave serve_forever."""
-
-
-def _raise_stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
+        # The port actually bound: --listen may say 0.
+        bound = grpc_target(TcpAddress(address.host, self.server_port))
+        print(f"guestctl: {what} on http://{bound}/metrics", file=sys.stderr, flush=True)
 
 
 def serve_metrics(target: str, listen: TcpAddress, cgroups: Sequence[str], interval_ms: int) -> int:
@@ -76,19 +72,13 @@ def serve_metrics(target: str, listen: TcpAddress, cgroups: Sequence[str], inter
         registry = CollectorRegistry(auto_describe=False)
         feed = WatchFeed(client, cgroups, interval_ms)
         registry.register(FeedCollector(feed.snapshot))
-        server = MetricsServer(listen, registry)
-        # The port actually bound: --listen may say 0.
-        bound = grpc_target(TcpAddress(listen.host, server.server_port))
-        print(
-            f"guestctl: metrics of {target} on http://{bound}/metrics",
-            file=sys.stderr,
-            flush=True,
-        )
-        previous = signal.signal(signal.SIGTERM, _raise_stop)
+        server = MetricsServer(listen, registry, f"metrics of {target}")
+        # SIGTERM as SIGINT: KeyboardInterrupt in the main thread leaves serve_forever.
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
         feed.start()
         try:
             server.serve_forever()
-        except (_Stop, KeyboardInterrupt):
+        except KeyboardInterrupt:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -142,8 +132,6 @@ class FollowMetrics:
 
 def serve_in_background(listen: TcpAddress, registry: CollectorRegistry) -> MetricsServer:
     """A metrics server on a thread of its own; the caller closes it with shutdown()."""
-    server = MetricsServer(listen, registry)
+    server = MetricsServer(listen, registry, "metrics")
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    bound = grpc_target(TcpAddress(listen.host, server.server_port))
-    print(f"guestctl: metrics on http://{bound}/metrics", file=sys.stderr, flush=True)
     return server

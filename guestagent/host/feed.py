@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 
@@ -36,6 +36,56 @@ def quiet_limit(interval_ms: int) -> float:
     return max(QUIET_INTERVALS * interval, MIN_QUIET_SECONDS)
 
 
+class Reopening:
+    """The reports of `watch`'s streams until stop(): a stream that breaks is said to `broken`
+    (why, and the delay) and opened again after a growing delay."""
+
+    def __init__(
+        self, watch: Callable[[], WatchStream], broken: Callable[[str, float], None]
+    ) -> None:
+        self._watch, self._broken = watch, broken
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._stream: WatchStream | None = None
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.cancel()
+
+    def cancel(self) -> None:
+        """End the stream in hand; as a broken one, it is opened again."""
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.cancel()
+
+    def __iter__(self) -> Iterator[pb.MemoryInfo]:
+        attempt = 0
+        while not self.stopping.is_set():
+            stream = self._watch()
+            with self._lock:
+                self._stream = stream
+            # stop() may have run before the stream was held, and found nothing to cancel.
+            if self.stopping.is_set():
+                stream.cancel()
+            try:
+                for report in stream:
+                    attempt = 0
+                    yield report
+                error = "the agent ended the stream"
+            except grpc.RpcError as e:
+                error = describe_error(e)
+            with self._lock:
+                self._stream = None
+            if self.stopping.is_set():
+                return
+            delay = backoff_delay(attempt)
+            self._broken(error, delay)
+            if self.stopping.wait(delay):
+                return
+            attempt += 1
+
+
 class WatchFeed:
     def __init__(
         self,
@@ -52,21 +102,20 @@ class WatchFeed:
         self._clock = clock
         self._log = log
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
+        self._reports = Reopening(self._open, self._broken)
         self._thread = threading.Thread(target=self._run, name="watch-feed", daemon=True)
-        self._stream: WatchStream | None = None
+        self._last_error = ""
         self._report: pb.MemoryInfo | None = None
         self._received_at = 0.0
         self._connected = False
-        self._reconnects = 0
+        self._opened = 0
 
     def start(self) -> WatchFeed:
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        self._cancel()
+        self._reports.stop()
         self._thread.join(timeout)
 
     def snapshot(self) -> Snapshot:
@@ -77,51 +126,34 @@ class WatchFeed:
                 report=self._report,
                 up=self._connected and not quiet,
                 report_age_seconds=age,
-                reconnects=self._reconnects,
+                reconnects=max(0, self._opened - 1),
             )
         if quiet:
-            self._cancel()  # the stream loop sees CANCELLED and opens a new one
+            self._reports.cancel()  # the stream loop sees CANCELLED and opens a new one
         return snapshot
 
-    def _cancel(self) -> None:
-        with self._lock:
-            stream = self._stream
-        if stream is not None:
-            stream.cancel()
-
     def _run(self) -> None:
-        attempt = 0
-        last_error = ""
-        while True:
-            stream = self._client.watch(self._cgroups, self._interval_ms)
+        for report in self._reports:
             with self._lock:
-                self._stream = stream
-            # stop() may have run before the stream was stored, and found nothing to cancel.
-            if self._stopping.is_set():
-                stream.cancel()
-            try:
-                for report in stream:
-                    with self._lock:
-                        self._report, self._received_at = report, self._clock()
-                        self._connected = True
-                    if attempt:
-                        self._log(f"guestctl: metrics: stream from {self._client.target} is back")
-                    attempt, last_error = 0, ""
-                error = "the agent ended the stream"
-            except grpc.RpcError as e:
-                error = describe_error(e)
-            with self._lock:
-                self._stream = None
-                self._connected = False
-            delay = backoff_delay(attempt)
-            if not self._stopping.is_set() and error != last_error:
-                self._log(
-                    f"guestctl: metrics: stream from {self._client.target}: {error}; "
-                    f"retrying in {delay:.1f} s"
-                )
-            last_error = error
-            if self._stopping.wait(delay):
-                return
-            attempt += 1
-            with self._lock:
-                self._reconnects += 1
+                self._report, self._received_at = report, self._clock()
+                self._connected = True
+            if self._last_error:
+                self._log(f"guestctl: metrics: stream from {self._client.target} is back")
+                self._last_error = ""
+        with self._lock:
+            self._connected = False
+
+    def _open(self) -> WatchStream:
+        with self._lock:
+            self._opened += 1
+        return self._client.watch(self._cgroups, self._interval_ms)
+
+    def _broken(self, error: str, delay: float) -> None:
+        with self._lock:
+            self._connected = False
+        if error != self._last_error:
+            self._log(
+                f"guestctl: metrics: stream from {self._client.target}: {error}; "
+                f"retrying in {delay:.1f} s"
+            )
+        self._last_error = error

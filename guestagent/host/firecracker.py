@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from guestagent.host.unixhttp import ApiError, UnixHttpClient, peer_pid
+from guestagent.host.unixhttp import ApiError, RestVmm
 from guestagent.host.vmm import BALLOON_PAGE, FIRECRACKER, Balloon, VirtioMemDevice, VmmError
 from guestagent.sizes import MIB
 
@@ -51,19 +51,9 @@ def virtio_mem_of(status: dict[str, Any]) -> list[VirtioMemDevice]:
     ]
 
 
-class FirecrackerVmm:
+class FirecrackerVmm(RestVmm):
     name = FIRECRACKER
-    balloon_leaves = False
-
-    def __init__(self, path: str, timeout: float) -> None:
-        self.api = UnixHttpClient(path, timeout)
-        self.pid = peer_pid(path, timeout)
-
-    def _call(self, method: str, endpoint: str, body: dict[str, Any] | None = None) -> Any:
-        try:
-            return self.api.request(method, endpoint, body)
-        except ApiError as e:
-            raise VmmError(f"Firecracker: {e}") from None
+    title = "Firecracker"
 
     def _stats(self) -> dict[str, Any] | None:
         """None when statistics were not enabled at boot: Firecracker answers 400 then."""
@@ -72,7 +62,7 @@ class FirecrackerVmm:
         except ApiError as e:
             if "HTTP 400" in str(e):
                 return None
-            raise VmmError(f"Firecracker: {e}") from None
+            raise VmmError(f"{self.title}: {e}") from None
         return stats
 
     def _hotplug(self) -> dict[str, Any]:
@@ -97,6 +87,3 @@ class FirecrackerVmm:
 
     def set_virtio_mem(self, device: VirtioMemDevice, requested: int) -> None:
         self._call("PATCH", "/hotplug/memory", {"requested_size_mib": requested // MIB})
-
-    def close(self) -> None:
-        """Nothing held: each request has its own connection."""

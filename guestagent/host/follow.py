@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -26,16 +25,16 @@ import grpc
 
 from guestagent.host.client import WatchStream, describe_error
 from guestagent.host.display import mib
-from guestagent.host.feed import backoff_delay
+from guestagent.host.feed import Reopening
 from guestagent.host.giveback import (
     BALLOON,
     Agent,
     pick_virtio_mem,
-    round_down,
     safe_balloon_taken,
     safe_virtio_mem,
     virtio_mem_device,
 )
+from guestagent.host.units import round_down
 from guestagent.host.vmm import Vmm, VmmError
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
@@ -81,13 +80,10 @@ def stall_share(previous: StallSample | None, now: StallSample | None) -> float 
 
 
 def delay_stall_sample(info: pb.MemoryInfo, at: float) -> StallSample | None:
-    """The one place the delay-accounting stall (MemoryInfo.delay_stall, a MemoryStall: source,
-    total_us) is read, for guests without PSI. Read from the set fields by name, so this works
-    with a contract that has the field and with one that does not yet."""
-    for field, value in info.ListFields():
-        if field.name == "delay_stall":
-            return StallSample(str(value.source) or DELAYACCT, int(value.total_us), at)
-    return None
+    """The delay-accounting stall (MemoryInfo.delay_stall), for guests without PSI."""
+    if not info.HasField("delay_stall"):
+        return None
+    return StallSample(info.delay_stall.source or DELAYACCT, info.delay_stall.total_us, at)
 
 
 def stall_sample(info: pb.MemoryInfo, at: float) -> StallSample | None:
@@ -244,14 +240,6 @@ class Metrics(Protocol):
     def changed(self, change: Change, direction: str) -> None: ...
 
 
-class NoMetrics:
-    def observe(self, reading: Reading, asked: int, stall: float | None) -> None:
-        pass
-
-    def changed(self, change: Change, direction: str) -> None:
-        pass
-
-
 @dataclass(frozen=True)
 class FollowOptions:
     json: bool = False  # A JSON object per line instead of text.
@@ -275,11 +263,9 @@ class Follower:
     ) -> None:
         self.watch, self.agent, self.vmm_name, self.knob = watch, agent, vmm_name, knob
         self.policy, self.options = policy, options
-        self.metrics: Metrics = metrics if metrics is not None else NoMetrics()
+        self.metrics = metrics
         self.out, self.clock = out, clock
-        self.stopping = threading.Event()
-        self._stream: WatchStream | None = None
-        self._lock = threading.Lock()
+        self._reports = Reopening(watch, self._broken)
         self._asked = 0
         self._hold: Hold | None = None
         self._stall: StallSample | None = None
@@ -289,11 +275,7 @@ class Follower:
 
     def stop(self) -> None:
         """From a signal handler or another thread: the loop ends after the report in hand."""
-        self.stopping.set()
-        with self._lock:
-            stream = self._stream
-        if stream is not None:
-            stream.cancel()
+        self._reports.stop()
 
     def say(self, event: str, **fields: Any) -> None:
         if self.options.json:
@@ -302,31 +284,9 @@ class Follower:
         detail = "; ".join(f"{k} {v}" for k, v in fields.items())
         self.out(f"give-back --follow: {event}: {detail}")
 
-    def _stream_reports(self) -> Iterable[pb.MemoryInfo]:
-        """Reports until stop(); a broken stream is opened again after a growing delay."""
-        attempt = 0
-        while not self.stopping.is_set():
-            stream = self.watch()
-            with self._lock:
-                self._stream = stream
-            if self.stopping.is_set():
-                stream.cancel()
-            try:
-                for info in stream:
-                    attempt = 0
-                    yield info
-                error = "the agent ended the stream"
-            except grpc.RpcError as e:
-                error = describe_error(e)
-            with self._lock:
-                self._stream = None
-            if self.stopping.is_set():
-                return
-            delay = backoff_delay(attempt)
-            print(f"guestctl: give-back --follow: {error}; again in {delay:.1f} s", file=sys.stderr)
-            if self.stopping.wait(delay):
-                return
-            attempt += 1
+    @staticmethod
+    def _broken(error: str, delay: float) -> None:
+        print(f"guestctl: give-back --follow: {error}; again in {delay:.1f} s", file=sys.stderr)
 
     def step(self, info: pb.MemoryInfo) -> Change | None:
         """One report: read, decide, act. Returns the change made."""
@@ -349,7 +309,8 @@ class Follower:
         ):
             detail = f"unmoved {now - self._unmoved_since:.0f} s short of {mib(self._asked)}"
             change = Change(reading.taken, "stopped", detail)
-        self.metrics.observe(reading, self._asked, stall)
+        if self.metrics is not None:
+            self.metrics.observe(reading, self._asked, stall)
         if change is None or change.to == self._asked:
             return None
         direction = "inflate" if change.to > self._asked else "deflate"
@@ -367,7 +328,8 @@ class Follower:
             safe=reading.safe,
             stall=None if stall is None else round(stall, 4),
         )
-        self.metrics.changed(change, direction)
+        if self.metrics is not None:
+            self.metrics.changed(change, direction)
         self._asked = change.to
         self._unmoved_since = now  # A new ask: its own still time.
         return change
@@ -382,14 +344,12 @@ class Follower:
             asked=self._asked,
             policy=asdict(self.policy),
         )
-        for info in self._stream_reports():
-            if self.stopping.is_set():
+        for info in self._reports:
+            if self._reports.stopping.is_set():
                 break
             try:
                 self.step(info)
-            except VmmError as e:
-                print(f"guestctl: give-back --follow: {e}", file=sys.stderr, flush=True)
-            except grpc.RpcError as e:
+            except (VmmError, grpc.RpcError) as e:
                 print(f"guestctl: give-back --follow: {describe_error(e)}", file=sys.stderr)
         try:
             taken: int | None = self.knob.read(pb.MemoryInfo()).taken

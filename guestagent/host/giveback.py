@@ -20,7 +20,6 @@ as the guest's unreclaimable kernel memory, so the target rises by them): the sa
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -29,7 +28,8 @@ from typing import Any, Protocol
 from google.protobuf.json_format import MessageToDict
 
 from guestagent.host.client import AgentClient
-from guestagent.host.display import mib
+from guestagent.host.display import GIVEBACK_FIGURES, mib
+from guestagent.host.units import round_down, round_up
 from guestagent.host.vmm import Balloon, VirtioMemDevice, Vmm, VmmError
 from guestagent.host.vmm_memory import read_vmm_memory
 from guestagent.v1 import agent_pb2 as pb
@@ -63,14 +63,6 @@ class Step:
     forced: bool = False
     # The balloon's sizes are in what it leaves of this RAM (QEMU), else 0: what it takes.
     leaves_of: int = 0
-
-
-def round_up(size: int, block: int) -> int:
-    return -(-size // block) * block
-
-
-def round_down(size: int, block: int) -> int:
-    return size // block * block
 
 
 def safe_balloon_taken(info: pb.MemoryInfo, balloon: Balloon) -> tuple[int | None, str]:
@@ -230,9 +222,7 @@ class ClientAgent:
     cold_after_ms: int
 
     def report(self) -> pb.MemoryInfo:
-        request = pb.GetMemoryInfoRequest(cold_after_ms=self.cold_after_ms)
-        info: pb.MemoryInfo = self.client.stub.GetMemoryInfo(request, timeout=self.client.timeout)
-        return info
+        return self.client.info(cold_after_ms=self.cold_after_ms)
 
     def compact(self) -> pb.CompactResult:
         return self.client.compact()
@@ -378,7 +368,7 @@ def _figure_text(name: str, figure: dict[str, Any]) -> str:
 def _guest_text(side: dict[str, Any]) -> list[str]:
     giveback = side["giveback"]
     lines = [f"  MemTotal {mib(side['mem_total_bytes'])}"]
-    for name in ("free_reportable", "free_fragmented", "cold", "safe_balloon_target"):
+    for name in GIVEBACK_FIGURES:
         if name in giveback:
             lines.append(_figure_text(name, giveback[name]))
     for target in giveback.get("virtio_mem", []):
@@ -429,7 +419,3 @@ def result_text(result: dict[str, Any]) -> str:
         f"({mib(guest_rss(result['before']) - guest_rss(result['after']))} given back)",
     ]
     return "\n".join(lines)
-
-
-def result_json(result: dict[str, Any]) -> str:
-    return json.dumps(result, indent=2)

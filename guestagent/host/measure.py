@@ -20,7 +20,7 @@ from pathlib import Path
 
 from guestagent.host.client import AgentClient
 from guestagent.host.qemu import GuestVMError, QemuGuest, VMConfig, accelerator
-from guestagent.host.sizing import OverheadModel, OverheadSample, overhead_formula
+from guestagent.host.sizing.model import OverheadModel, OverheadSample, overhead_formula
 from guestagent.host.vmm_memory import Mapping, read_vmm_memory
 from guestagent.sizes import MIB
 
@@ -54,24 +54,18 @@ def measure_size(
 ) -> OverheadSample:
     """Boot one guest of vm_mib MiB with no workload and measure it."""
     try:
-        return _measure_size(vm_mib, image_dir, boot_timeout, settle_seconds)
+        with QemuGuest(VMConfig(memory_mib=vm_mib), image_dir, boot_timeout=boot_timeout) as vm:
+            with AgentClient(vm.agent_target, timeout=120) as client:
+                client.wait_ready(120)
+                time.sleep(settle_seconds)  # Let boot-time daemons finish starting.
+                overhead = client.overhead()
+                mem_free = client.info().system.mem_free_bytes
+            ram_sizes = [int(backend["size"]) for backend in vm.qmp("query-memdev")]
+            qemu = read_vmm_memory(vm.pid)
+            accel = accelerator(vm.image_dir / "vmlinuz")[0]
     except GuestVMError as e:
         # The boot is an implementation detail: callers see one error type.
         raise MeasureError(str(e)) from e
-
-
-def _measure_size(
-    vm_mib: int, image_dir: Path | None, boot_timeout: float, settle_seconds: float
-) -> OverheadSample:
-    with QemuGuest(VMConfig(memory_mib=vm_mib), image_dir, boot_timeout=boot_timeout) as vm:
-        with AgentClient(vm.agent_target, timeout=120) as client:
-            client.wait_ready(120)
-            time.sleep(settle_seconds)  # Let boot-time daemons finish starting.
-            overhead = client.overhead()
-            mem_free = client.info().system.mem_free_bytes
-        ram_sizes = [int(backend["size"]) for backend in vm.qmp("query-memdev")]
-        qemu = read_vmm_memory(vm.pid)
-        accel = accelerator(vm.image_dir / "vmlinuz")[0]
     counted = guest_ram_resident(qemu.mappings, ram_sizes)
     sample = OverheadSample(
         vm_size=vm_mib * MIB,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from guestagent.host.display import GIVEBACK_FIGURES
 from guestagent.v1 import agent_pb2 as pb
 
 US_PER_SECOND = 1_000_000
@@ -54,6 +55,11 @@ def limit_value(limit: pb.Limit) -> float:
 
 def _gauge(name: str, help_: str, value: float) -> Family:
     return Family(name, "gauge", help_, (), (Sample((), value),))
+
+
+def _present(*families: Family) -> list[Family]:
+    """The families that have samples: what the report lacks is absent, not an empty family."""
+    return [family for family in families if family.samples]
 
 
 # (metric name, help, field of SystemMemory): one gauge each.
@@ -103,42 +109,32 @@ def pressure_samples(pressure: pb.Pressure, *labels: str) -> list[Sample]:
 
 
 def system_families(report: pb.MemoryInfo) -> list[Family]:
-    families = [
+    gauges = [
         _gauge(name, help_, float(getattr(report.system, field)))
         for name, help_, field in SYSTEM_GAUGES
     ]
-    if report.HasField("pressure"):
-        families.append(
-            Family(
-                "guestagent_memory_pressure_stall_seconds_total",
-                "counter",
-                "time tasks stalled on memory, from /proc/pressure/memory (some: at least one "
-                "task, full: all non-idle tasks)",
-                ("kind",),
-                tuple(pressure_samples(report.pressure)),
-            )
-        )
-    if report.HasField("delay_stall"):
-        families.append(
-            Family(
-                "guestagent_memory_delay_stall_seconds_total",
-                "counter",
-                "time the guest's tasks waited on memory (reclaim, thrashing, compaction), "
-                "summed over tasks, from delay accounting: where there is no PSI",
-                (),
-                (Sample((), report.delay_stall.total_us / US_PER_SECOND),),
-            )
-        )
-    return families
+    pressure = pressure_samples(report.pressure) if report.HasField("pressure") else []
+    delay = report.delay_stall.total_us / US_PER_SECOND
+    return gauges + _present(
+        Family(
+            "guestagent_memory_pressure_stall_seconds_total",
+            "counter",
+            "time tasks stalled on memory, from /proc/pressure/memory (some: at least one "
+            "task, full: all non-idle tasks)",
+            ("kind",),
+            tuple(pressure),
+        ),
+        Family(
+            "guestagent_memory_delay_stall_seconds_total",
+            "counter",
+            "time the guest's tasks waited on memory (reclaim, thrashing, compaction), "
+            "summed over tasks, from delay accounting: where there is no PSI",
+            (),
+            (Sample((), delay),) if report.HasField("delay_stall") else (),
+        ),
+    )
 
 
-FigureName = Literal["free_reportable", "free_fragmented", "cold", "safe_balloon_target"]
-GIVEBACK_FIGURES: tuple[FigureName, ...] = (
-    "free_reportable",
-    "free_fragmented",
-    "cold",
-    "safe_balloon_target",
-)
 IDLE_HELP = (
     "bytes idle for less than le seconds (cumulative, histogram-shaped), from the multi-gen "
     "LRU's generations as of the last aging; absent without them"
@@ -160,84 +156,85 @@ def idle_samples(idle: pb.IdleHistogram, *labels: str) -> list[Sample]:
 def idle_families(report: pb.MemoryInfo) -> list[Family]:
     """The idle histograms and give-back figures, guest-wide and per cgroup; each absent
     when the report has none."""
-    families = []
-    if report.HasField("idle"):
-        samples = tuple(idle_samples(report.idle))
-        families.append(
-            Family("guestagent_memory_idle_bytes", "gauge", IDLE_HELP, ("kind", "le"), samples)
-        )
+    whole = idle_samples(report.idle) if report.HasField("idle") else []
     per_cgroup = tuple(
         s for c in report.cgroups if c.HasField("idle") for s in idle_samples(c.idle, c.path)
     )
-    if per_cgroup:
-        families.append(
-            Family(
-                "guestagent_cgroup_memory_idle_bytes",
-                "gauge",
-                IDLE_HELP,
-                ("cgroup", "kind", "le"),
-                per_cgroup,
-            )
-        )
     figures = tuple(
         Sample((name,), float(getattr(report.giveback, name).bytes))
         for name in GIVEBACK_FIGURES
         if report.giveback.HasField(name)
     )
-    if figures:
-        families.append(
-            Family(
-                "guestagent_giveback_bytes",
-                "gauge",
-                "what the host can take back now (safe_balloon_target: the smallest guest size)",
-                ("figure",),
-                figures,
-            )
-        )
     cold = tuple(
         Sample((c.path,), float(c.giveback.cold.bytes))
         for c in report.cgroups
         if c.giveback.HasField("cold")
     )
-    if cold:
-        families.append(
-            Family(
-                "guestagent_cgroup_giveback_cold_bytes",
-                "gauge",
-                "the cgroup's memory idle past the threshold that reclaim could take",
-                ("cgroup",),
-                cold,
-            )
-        )
     devices = tuple(
         Sample((t.device,), float(t.safe_requested_size.bytes)) for t in report.giveback.virtio_mem
     )
-    if devices:
-        families.append(
-            Family(
-                "guestagent_giveback_virtio_mem_safe_requested_bytes",
-                "gauge",
-                "the smallest requested size the virtio-mem device's driver can reach now",
-                ("device",),
-                devices,
-            )
-        )
-    return families
+    return _present(
+        Family("guestagent_memory_idle_bytes", "gauge", IDLE_HELP, ("kind", "le"), tuple(whole)),
+        Family(
+            "guestagent_cgroup_memory_idle_bytes",
+            "gauge",
+            IDLE_HELP,
+            ("cgroup", "kind", "le"),
+            per_cgroup,
+        ),
+        Family(
+            "guestagent_giveback_bytes",
+            "gauge",
+            "what the host can take back now (safe_balloon_target: the smallest guest size)",
+            ("figure",),
+            figures,
+        ),
+        Family(
+            "guestagent_cgroup_giveback_cold_bytes",
+            "gauge",
+            "the cgroup's memory idle past the threshold that reclaim could take",
+            ("cgroup",),
+            cold,
+        ),
+        Family(
+            "guestagent_giveback_virtio_mem_safe_requested_bytes",
+            "gauge",
+            "the smallest requested size the virtio-mem device's driver can reach now",
+            ("device",),
+            devices,
+        ),
+    )
 
 
 def cgroup_families(cgroups: Iterable[pb.CgroupMemory]) -> list[Family]:
     cgroups = list(cgroups)
-    if not cgroups:
-        return []
-    families = []
-    for suffix, help_, value_of in CGROUP_GAUGES:
-        samples = tuple(
-            Sample((c.path,), float(value)) for c in cgroups if (value := value_of(c)) is not None
+    gauges = [
+        Family(
+            f"guestagent_cgroup_memory_{suffix}",
+            "gauge",
+            help_,
+            ("cgroup",),
+            tuple(
+                Sample((c.path,), float(value))
+                for c in cgroups
+                if (value := value_of(c)) is not None
+            ),
         )
-        if samples:
-            name = f"guestagent_cgroup_memory_{suffix}"
-            families.append(Family(name, "gauge", help_, ("cgroup",), samples))
-    families.append(
+        for suffix, help_, value_of in CGROUP_GAUGES
+    ]
+    pressure = tuple(
+        sample
+        for c in cgroups
+        if c.HasField("pressure")
+        for sample in pressure_samples(c.pressure, c.path)
+    )
+    delay = tuple(
+        Sample((c.path,), c.delay_stall.total_us / US_PER_SECOND)
+        for c in cgroups
+        if c.HasField("delay_stall")
+    )
+    return _present(
+        *gauges,
         Family(
             "guestagent_cgroup_memory_events_total",
             "counter",
@@ -248,41 +245,23 @@ def cgroup_families(cgroups: Iterable[pb.CgroupMemory]) -> list[Family]:
                 for c in cgroups
                 for event in EVENTS
             ),
-        )
+        ),
+        Family(
+            "guestagent_cgroup_memory_pressure_stall_seconds_total",
+            "counter",
+            "time the cgroup's tasks stalled on memory, from memory.pressure",
+            ("cgroup", "kind"),
+            pressure,
+        ),
+        Family(
+            "guestagent_cgroup_memory_delay_stall_seconds_total",
+            "counter",
+            "time the cgroup's tasks waited on memory, summed over tasks, from delay "
+            "accounting: where the cgroup has no memory.pressure",
+            ("cgroup",),
+            delay,
+        ),
     )
-    pressure = tuple(
-        sample
-        for c in cgroups
-        if c.HasField("pressure")
-        for sample in pressure_samples(c.pressure, c.path)
-    )
-    if pressure:
-        families.append(
-            Family(
-                "guestagent_cgroup_memory_pressure_stall_seconds_total",
-                "counter",
-                "time the cgroup's tasks stalled on memory, from memory.pressure",
-                ("cgroup", "kind"),
-                pressure,
-            )
-        )
-    delay = tuple(
-        Sample((c.path,), c.delay_stall.total_us / US_PER_SECOND)
-        for c in cgroups
-        if c.HasField("delay_stall")
-    )
-    if delay:
-        families.append(
-            Family(
-                "guestagent_cgroup_memory_delay_stall_seconds_total",
-                "counter",
-                "time the cgroup's tasks waited on memory, summed over tasks, from delay "
-                "accounting: where the cgroup has no memory.pressure",
-                ("cgroup",),
-                delay,
-            )
-        )
-    return families
 
 
 def reclaim_families(targets: Iterable[pb.ReclaimTargetStatus]) -> list[Family]:

@@ -1,4 +1,5 @@
-"""Sizes as guestctl takes them on the command line: one parser for every flag.
+"""Sizes as guestctl takes them on the command line (one parser for every flag), and sizes
+rounded to whole blocks (of a balloon, a virtio-mem device, guest memory hotplug).
 
 All suffixes are 1024-based, as the kernel reads `64M` in memory.max and as Kubernetes
 reads `64Mi`: K, M, G and T, each optionally followed by `i` or `iB`, in any case. `MB`
@@ -17,6 +18,15 @@ SIZE_HELP = "bytes, or with a suffix K/M/G/T (also Ki/Mi/Gi/Ti, KiB/MiB/GiB/TiB)
 OCI_UNLIMITED = -1  # as ops/limits.py: the OCI spec's "no limit"
 # The contract's sizes are int64 (LinuxMemory) or uint64: the int64 bound fits both.
 LARGEST = (1 << 63) - 1
+
+
+def round_up(value: int, block: int) -> int:
+    """value up to a whole number of blocks; a block of 0 is exact."""
+    return -(-value // block) * block if block > 0 else value
+
+
+def round_down(value: int, block: int) -> int:
+    return value // block * block if block > 0 else value
 
 
 def parse_size(text: str) -> int:

@@ -12,6 +12,8 @@ import socket
 import struct
 from typing import Any
 
+from guestagent.host.vmm import VmmError
+
 
 class ApiError(Exception):
     """The VMM answered with an error status, or not at all; says which request and why."""
@@ -80,3 +82,26 @@ class UnixHttpClient:
             return json.loads(text)
         except json.JSONDecodeError as e:
             raise ApiError(f"{what}: not JSON ({e}): {text[:200]!r}") from None
+
+
+class RestVmm:
+    """A VMM over its REST API (Cloud Hypervisor, Firecracker): both size the balloon by what
+    it takes, and an error from the API is a VmmError that names the VMM."""
+
+    name: str
+    title: str  # The VMM as its errors name it.
+    prefix = ""  # Before every endpoint.
+    balloon_leaves = False
+
+    def __init__(self, path: str, timeout: float) -> None:
+        self.api = UnixHttpClient(path, timeout, self.prefix)
+        self.pid = peer_pid(path, timeout)
+
+    def _call(self, method: str, endpoint: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            return self.api.request(method, endpoint, body)
+        except ApiError as e:
+            raise VmmError(f"{self.title}: {e}") from None
+
+    def close(self) -> None:
+        """Nothing held: each request has its own connection."""

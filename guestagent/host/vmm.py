@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 QEMU, CLOUD_HYPERVISOR, FIRECRACKER = "qemu", "cloud-hypervisor", "firecracker"
-VMMS = (QEMU, CLOUD_HYPERVISOR, FIRECRACKER)
 BALLOON_PAGE = 4096  # virtio-balloon's page, whatever the guest's (VIRTIO_BALLOON_PFN_SHIFT).
 
 

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 from guestagent.host.client import AgentClient
 from guestagent.host.ctl import main as ctl_main
+from guestagent.host.qemu import Disk, VMConfig
 from guestagent.sizes import MIB
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 
 # Touches 200 MiB, then creates the file its argument names. No quotes: it goes inside two.
 FILLER = (
@@ -31,10 +32,11 @@ STEP_TIMEOUT_S = 300.0
 COLD_GIVEN_BACK = 100 * MIB
 
 
-def guestctl(target: str, *args: str) -> None:
-    print(f"\n$ guestctl --target {target} {shlex.join(args)}", flush=True)
-    if ctl_main(["--target", target, *args]) != 0:
-        raise SystemExit(f"guestctl {' '.join(args)} failed")
+def guestctl(target: str, command: str) -> None:
+    """Run and show one guestctl command line, given as typed."""
+    print(f"\n$ guestctl --target {target} {command}", flush=True)
+    if ctl_main(["--target", target, *shlex.split(command)]) != 0:
+        raise SystemExit(f"guestctl {command} failed")
 
 
 def heading(text: str) -> None:
@@ -94,34 +96,24 @@ def main() -> int:
         guestctl(target, "info")
 
         heading("swap: find the disk by its virtio serial, make it non-rotational, enable it")
-        guestctl(target, "swap", "enable", "--serial", "swap0", "--priority", "10")
-        guestctl(target, "swap", "enable", "--serial", "swap0")
+        guestctl(target, "swap enable --serial swap0 --priority 10")
+        guestctl(target, "swap enable --serial swap0")
         print("(the second call changed nothing: one shared area per pod)")
 
         heading("limits from OCI values: limit 64 MiB, memory+swap total 256 MiB")
-        guestctl(target, "limits", "--cgroup", "demo", "--limit", "-1", "--create")
+        guestctl(target, "limits --cgroup demo --limit -1 --create")
         guestctl(
-            target,
-            "limits",
-            "--cgroup",
-            "demo/app",
-            "--limit",
-            "64M",
-            "--swap",
-            "256M",
-            "--reservation",
-            "16M",
-            "--create",
+            target, "limits --cgroup demo/app --limit 64M --swap 256M --reservation 16M --create"
         )
         print("(memory.swap.max is the total minus the limit: 192 MiB of swap alone)")
 
         heading("the container allocates 200 MiB: reclaimed into swap, not killed")
         start_filler(vm, "demo/app", "demo")
-        guestctl(target, "info", "--cgroup", "demo/app")
+        guestctl(target, "info --cgroup demo/app")
         print(f"host: the sparse swap file holds {vm.disk_allocated_bytes('swap') / MIB:.0f} MiB")
 
         heading("giving memory back: reclaim, then compaction before the host's balloon")
-        guestctl(target, "reclaim", "now", "--cgroup", "demo/app", "--bytes", "32M")
+        guestctl(target, "reclaim now --cgroup demo/app --bytes 32M")
         vm.exec("kill $(cat /run/demo.pid)")  # By pid: a pattern would match this shell too.
         wait_for(
             steady(lambda: vm.disk_allocated_bytes("swap"), tolerance=MIB),
@@ -132,23 +124,23 @@ def main() -> int:
             "(discard gave the rest back)"
         )
         guestctl(target, "compact")
-        guestctl(target, "swap", "list")
-        guestctl(target, "overhead", "--workload", "demo")
+        guestctl(target, "swap list")
+        guestctl(target, "overhead --workload demo")
 
         heading("the working-set reclaimer: a cold 200 MiB goes back to the host by itself")
         start_filler(vm, "demo/cold", "cold")
         before = vm.qemu_rss_bytes()
         print(f"host: QEMU RSS {before / MIB:.0f} MiB with the policy off")
-        guestctl(target, "reclaim", "on", "--cgroup", "demo/cold", "--anon")
+        guestctl(target, "reclaim on --cgroup demo/cold --anon")
         with AgentClient(target) as client:
             seconds = wait_for(
                 lambda: reclaimed_bytes(client, "demo/cold") >= COLD_GIVEN_BACK,
                 f"{COLD_GIVEN_BACK // MIB} MiB reclaimed from demo/cold",
             )
         print(f"({COLD_GIVEN_BACK // MIB} MiB reclaimed in {seconds:.0f} s)")
-        guestctl(target, "reclaim", "status")
+        guestctl(target, "reclaim status")
         print(f"host: QEMU RSS {before / MIB:.0f} -> {vm.qemu_rss_bytes() / MIB:.0f} MiB")
-        guestctl(target, "reclaim", "off", "--cgroup", "demo/cold")
+        guestctl(target, "reclaim off --cgroup demo/cold")
         vm.exec("kill $(cat /run/cold.pid)")
     return 0
 

@@ -1,8 +1,8 @@
 """Boot the guest image under QEMU and give tests a handle on it.
 
-The boot itself is guestagent/host/qemu.py's. Here the kernel command line also sets
-guestagent.testexec=1, which starts a test-only command channel on a virtio-serial port
-(image/testexec.py), and the handle adds what tests ask of the guest and of QEMU.
+The boot itself, with VMConfig and its devices, is guestagent/host/qemu.py's. Here the kernel
+command line also sets guestagent.testexec=1, which starts a test-only command channel on a
+virtio-serial port (image/testexec.py), and the handle adds what tests ask of the guest and QEMU.
 """
 
 from __future__ import annotations
@@ -18,40 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guestagent.host.qemu import (
-    DEFAULT_IMAGE_DIR,
-    FLAVOURS,
-    MACHINES,
-    Disk,
-    GuestVMError,
-    QemuGuest,
-    ReadOnlyDisk,
-    VirtioMem,
-    VMConfig,
-    free_tcp_port,
-    image_dir_for,
-    installed_qemu_version,
-)
+from guestagent.host.qemu import Disk, GuestVMError, QemuGuest
 from guestagent.host.vmm_memory import read_rss, read_vmm_memory
 from guestagent.sizes import MIB
-
-# What tests take from the harness: its own names and the boot's.
-__all__ = [
-    "DEFAULT_IMAGE_DIR",
-    "FLAVOURS",
-    "MACHINES",
-    "Disk",
-    "ExecResult",
-    "GuestCommandError",
-    "GuestVM",
-    "GuestVMError",
-    "ReadOnlyDisk",
-    "VMConfig",
-    "VirtioMem",
-    "free_tcp_port",
-    "image_dir_for",
-    "installed_qemu_version",
-]
 
 TESTEXEC_PORT_NAME = "guestagent.testexec"
 # How much longer than the command's own timeout the host waits: TCG guests are slow to answer.

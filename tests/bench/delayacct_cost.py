@@ -10,7 +10,8 @@ import statistics
 import time
 from typing import Any
 
-from guestagent.vm.qemu import GuestVM, VMConfig
+from guestagent.host.qemu import VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.bench.vm import booted
 from tests.workloads.reclaim import iteration_log, start_workload, stop_workload
 

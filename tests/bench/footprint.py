@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from guestagent.build.runtime import INTERPRETER_FLAGS
-from guestagent.vm.qemu import GuestCommandError, GuestVM, VMConfig
+from guestagent.host.qemu import VMConfig
+from guestagent.vm.qemu import GuestCommandError, GuestVM
 from tests.bench.figures import footprint, ratio_verdict
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
 from tests.bench.floor_server import STREAM_METHOD as FLOOR_STREAM

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import Disk, VMConfig
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.bench import alone
 from tests.bench.plotting import rss_timelines
 from tests.bench.vm import booted

@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from guestagent.host.qemu import Disk, VMConfig
 from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, THREAD_NAME
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.bench.figures import cpu_seconds, ratio_verdict
 from tests.bench.vm import booted, guest_agent_pid
 from tests.workloads.reclaim import start_workload, stop_workload

@@ -11,7 +11,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from guestagent.vm.qemu import GuestVM, VMConfig
+from guestagent.host.qemu import VMConfig
+from guestagent.vm.qemu import GuestVM
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "image" / "build" / "guestagent-bundle.tar.xz"

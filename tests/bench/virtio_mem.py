@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import VirtioMem, VMConfig
 from guestagent.sizes import MIB
-from guestagent.vm.qemu import GuestVM, VirtioMem, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import meminfo_bytes
 from tests.workloads.virtio_mem import plug, unplug_after_workload
 

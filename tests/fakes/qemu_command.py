@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from guestagent.vm.qemu import GuestVM, VMConfig
+from guestagent.host.qemu import VMConfig
+from guestagent.vm.qemu import GuestVM
 
 
 def command_line(config: VMConfig, tmp_path: Path) -> list[str]:

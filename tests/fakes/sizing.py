@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from guestagent.host.sizing import Container, Line, OverheadModel, OverheadSample
+from guestagent.host.sizing.model import Line, OverheadModel, OverheadSample
+from guestagent.host.sizing.plan import Container
 from guestagent.sizes import MIB
 
 HOST = 31753 * MIB  # The host of the issue: "maximum amount is 31753 MiB".

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import Disk, VMConfig
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.standins import schema
 from tests.standins.server import StandIn
 from tests.vm.pace import Pace

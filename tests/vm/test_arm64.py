@@ -18,19 +18,19 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.linux.abi import huge_order
-from guestagent.sizes import MIB
-from guestagent.transport.address import DEFAULT_VSOCK_PORT
-from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import (
+from guestagent.host.qemu import (
     MACHINES,
     Disk,
-    GuestVM,
     VirtioMem,
     VMConfig,
     image_dir_for,
     installed_qemu_version,
 )
+from guestagent.linux.abi import huge_order
+from guestagent.sizes import MIB
+from guestagent.transport.address import DEFAULT_VSOCK_PORT
+from guestagent.v1 import agent_pb2 as pb
+from guestagent.vm.qemu import GuestVM
 from tests.vm import pace
 from tests.vm.conftest import image_or_skip
 from tests.vm.guest import (

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from guestagent.build.runtime import INTERPRETER_FLAGS
+from guestagent.host.qemu import VMConfig
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
-from guestagent.vm.qemu import GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot_and_record, read_guest
 
 pytestmark = pytest.mark.vm

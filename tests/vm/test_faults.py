@@ -11,10 +11,11 @@ import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import Disk, VMConfig
 from guestagent.linux.swaps import parse_proc_swaps
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot, read_guest, wait_until
 from tests.vm.pace import Pace
 

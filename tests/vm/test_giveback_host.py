@@ -16,9 +16,10 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.host.giveback import guest_rss
+from guestagent.host.qemu import Disk, VirtioMem, VMConfig
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, VirtioMem, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import (
     boot_and_record,
     filler_ready,

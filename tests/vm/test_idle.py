@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import Disk, VMConfig
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot_and_record, wait_until
 from tests.vm.pace import Pace
 from tests.workloads.reclaim import start_workload, stop_workload

@@ -20,10 +20,11 @@ import pytest
 
 from guestagent.build.extension import FIRST_PARTITION_OFFSET, PREFIX, VerityParams
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import Disk, ReadOnlyDisk, VMConfig
 from guestagent.ops.self_cgroup import MEMORY_HIGH
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, ReadOnlyDisk, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import wait_until
 
 pytestmark = pytest.mark.vm

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.host.qemu import Disk, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot, guestctl, wait_until
 from tests.vm.pace import Deadline, Pace
 

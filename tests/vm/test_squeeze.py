@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import Disk, VMConfig
 from guestagent.ops.self_cgroup import MEMORY_MIN
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot, read_guest, start_filler, wait_until
 
 pytestmark = pytest.mark.vm

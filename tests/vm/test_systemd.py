@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import FLAVOURS, VMConfig
 from guestagent.ops.self_cgroup import MEMORY_HIGH, MEMORY_MIN
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import FLAVOURS, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.conftest import SWAP_DISK
 from tests.vm.guest import boot_and_record, plug_dimm_and_wait_online, read_guest
 

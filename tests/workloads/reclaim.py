@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from guestagent.host.client import AgentClient
+from guestagent.host.qemu import Disk, VMConfig
 from guestagent.linux.abi import HUGE_ORDER
 from guestagent.linux.mm import parse_buddyinfo
 from guestagent.ops.compaction import free_bytes_at_or_above
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import Disk, GuestVM, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import make_cgroup, wait_until
 
 DATA_SERIAL = "data0"

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from guestagent.errors import InvalidArgument
 from guestagent.host.sizing.model import DEFAULT_MODEL, OverheadModel, ceil_mib, mib_text
+from guestagent.host.units import round_down, round_up
 from guestagent.sizes import MIB
 
 # x86_64 guests hotplug and online memory in 128 MiB blocks (block_size_bytes).
@@ -75,14 +76,6 @@ class Plan:
         return self.shortfall == 0
 
 
-def round_up(value: int, block: int) -> int:
-    return -(-value // block) * block if block > 0 else value
-
-
-def round_down(value: int, block: int) -> int:
-    return value // block * block if block > 0 else value
-
-
 def vm_ceiling(host_memory: int, default_maxmemory: int) -> int:
     """default_maxmemory, or the host's memory when it is 0 or larger than the host."""
     if default_maxmemory <= 0:
@@ -125,11 +118,9 @@ def plan(sizing: PodSizing, model: OverheadModel = DEFAULT_MODEL) -> Plan:
     validate(sizing)
     hotplug = hotplug_amount(sizing)
     vm_size = sizing.default_memory + hotplug.amount
-    kernel, daemons, vmm = (
-        model.kernel.at(vm_size),
-        model.daemons.at(vm_size),
-        model.vmm.at(vm_size),
-    )
+    kernel = model.kernel.at(vm_size)
+    daemons = model.daemons.at(vm_size)
+    vmm = model.vmm.at(vm_size)
     limits = sum(c.limit for c in sizing.containers if c.limit)
     host_usage = vm_size + vmm
     # Kubernetes adds the RuntimeClass overhead to the containers' limits to make the pod

@@ -13,7 +13,7 @@ import pytest
 from guestagent.agent import cli as agent_cli
 from guestagent.host import ctl
 from guestagent.host.ctl import main as ctl_main
-from guestagent.host.sizing import fit_model, model_to_dict
+from guestagent.host.sizing.model import fit_model, model_to_dict
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.sizing import sample

@@ -24,10 +24,10 @@ from guestagent.host.giveback import (
     pick_virtio_mem,
     plan_balloon,
     plan_virtio_mem,
-    round_up,
     settled,
 )
 from guestagent.host.qmp import QemuMonitor, QemuVmm
+from guestagent.host.units import round_up
 from guestagent.host.vmm import Balloon, VirtioMemDevice
 from guestagent.sizes import GIB, MIB
 from guestagent.v1 import agent_pb2 as pb

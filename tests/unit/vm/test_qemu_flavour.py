@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.vm.qemu import FLAVOURS, GuestVM, VMConfig
+from guestagent.host.qemu import FLAVOURS, VMConfig
+from guestagent.vm.qemu import GuestVM
 from tests.fakes.qemu_command import command_line, option
 
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.host.qemu import qemu_version
-from guestagent.vm.qemu import GuestVM, VirtioMem, VMConfig
+from guestagent.host.qemu import VirtioMem, VMConfig, qemu_version
+from guestagent.vm.qemu import GuestVM
 from tests.fakes.qemu_command import command_line, option
 
 

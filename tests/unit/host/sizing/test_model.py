@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guestagent.errors import InvalidArgument
-from guestagent.host.sizing import (
+from guestagent.host.sizing.model import (
     DEFAULT_MODEL,
     Envelope,
     Line,

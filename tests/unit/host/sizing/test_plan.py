@@ -9,15 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from guestagent.errors import InvalidArgument
-from guestagent.host.sizing import (
-    DEFAULT_MODEL,
-    Container,
-    PodSizing,
-    fit_model,
-    hotplug_amount,
-    plan,
-    vm_ceiling,
-)
+from guestagent.host.sizing.model import DEFAULT_MODEL, fit_model
+from guestagent.host.sizing.plan import Container, PodSizing, hotplug_amount, plan, vm_ceiling
 from guestagent.sizes import MIB
 from tests.fakes.sizing import FLAT, HOST, limits, sample
 

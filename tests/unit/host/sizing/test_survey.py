@@ -5,21 +5,17 @@ from __future__ import annotations
 import pytest
 
 from guestagent.errors import InvalidArgument
-from guestagent.host.sizing import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_MODEL,
+from guestagent.host.sizing.model import DEFAULT_MODEL, Envelope
+from guestagent.host.sizing.plan import DEFAULT_BLOCK_SIZE, Plan, PodSizing, plan
+from guestagent.host.sizing.survey import (
     PLAIN,
     SEV_SNP,
     SURVEY_ROWS,
     TDX,
-    Envelope,
-    PodSizing,
     SurveyRow,
-    plan,
     platform_block_size,
     platform_model,
 )
-from guestagent.host.sizing.plan import Plan
 from guestagent.sizes import MIB
 from tests.fakes.sizing import HOST, limits
 

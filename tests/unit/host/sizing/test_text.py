@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from guestagent.host.sizing import PodSizing, plan, plan_text, plan_to_dict, verdict_text
+from guestagent.host.sizing.plan import PodSizing, plan
+from guestagent.host.sizing.text import plan_text, plan_to_dict, verdict_text
 from guestagent.sizes import MIB
 from tests.fakes.sizing import FLAT, HOST, limits
 
