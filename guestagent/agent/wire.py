@@ -9,7 +9,9 @@ here computes.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from guestagent.agent.encoding import declare, encode, encoder
 from guestagent.agent.watch_stream import (
@@ -56,24 +58,25 @@ from guestagent.ops.workingset.reclaimer import (
 )
 from guestagent.v1 import agent_pb2 as pb
 
-DISCARD_TO_PB = {
-    DiscardPolicy.BOTH: pb.DISCARD_BOTH,
-    DiscardPolicy.PAGES: pb.DISCARD_PAGES,
-    DiscardPolicy.ONCE: pb.DISCARD_ONCE,
-    DiscardPolicy.NONE: pb.DISCARD_NONE,
-}
+if TYPE_CHECKING:
+    from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
+
+E = TypeVar("E", bound=enum.Enum)
+V = TypeVar("V", bound=int)
+
+
+def enum_to_pb(domain: type[E], wire: _EnumTypeWrapper[V], prefix: str) -> dict[E, V]:
+    """Each member as the wire's value of the same name after `prefix` (BOTH: DISCARD_BOTH)."""
+    return {member: wire.Value(prefix + member.name) for member in domain}
+
+
+DISCARD_TO_PB = enum_to_pb(DiscardPolicy, pb.DiscardPolicy, "DISCARD_")
 DISCARD_FROM_PB = {v: k for k, v in DISCARD_TO_PB.items()}
 ENCRYPTION_FROM_PB = {
-    pb.SWAP_ENCRYPTION_DEFAULT: SwapEncryption.DEFAULT,
-    pb.SWAP_ENCRYPTION_NONE: SwapEncryption.NONE,
-    pb.SWAP_ENCRYPTION_EPHEMERAL: SwapEncryption.EPHEMERAL,
+    v: k for k, v in enum_to_pb(SwapEncryption, pb.SwapEncryption, "SWAP_ENCRYPTION_").items()
 }
-WATCH_REASON_TO_PB = {
-    WatchReason.INITIAL: pb.WATCH_REASON_INITIAL,
-    WatchReason.INTERVAL: pb.WATCH_REASON_INTERVAL,
-    WatchReason.MEMORY_EVENTS: pb.WATCH_REASON_MEMORY_EVENTS,
-    WatchReason.PRESSURE: pb.WATCH_REASON_PRESSURE,
-}
+WATCH_REASON_TO_PB = enum_to_pb(WatchReason, pb.WatchReason, "WATCH_REASON_")
+RECLAIM_STATE_TO_PB = enum_to_pb(Mode, pb.ReclaimState, "RECLAIM_STATE_")
 
 
 def no_arguments(
@@ -331,14 +334,6 @@ def set_limits_spec_from_pb(request: pb.SetMemoryLimitsRequest) -> SetLimitsSpec
     return SetLimitsSpec(
         canonical_cgroup_name(request.cgroup), memory_spec_from_pb(request.memory), request.create
     )
-
-
-RECLAIM_STATE_TO_PB = {
-    Mode.PROBING: pb.RECLAIM_STATE_PROBING,
-    Mode.BACKING_OFF: pb.RECLAIM_STATE_BACKING_OFF,
-    Mode.AT_FLOOR: pb.RECLAIM_STATE_AT_FLOOR,
-    Mode.DISABLED: pb.RECLAIM_STATE_DISABLED,
-}
 
 
 def reclaim_policy_from_pb(message: pb.ReclaimPolicy) -> ReclaimPolicy:
