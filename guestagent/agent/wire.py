@@ -9,9 +9,12 @@ here computes.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from google.protobuf.message import Message
 
 from guestagent.agent.encoding import declare, encode, encoder
 from guestagent.agent.watch_stream import (
@@ -307,15 +310,19 @@ def disable_swap_from_pb(request: pb.DisableSwapRequest) -> DeviceSelector:
     return selector_from_pb(request.device)
 
 
+def set_fields(message: Message, domain: type) -> dict[str, Any]:
+    """The fields of a domain dataclass that the message sets, from its fields of the same
+    names; the dataclass's defaults stand for the others."""
+    names = (f.name for f in dataclasses.fields(domain))
+    return {name: getattr(message, name) for name in names if message.HasField(name)}
+
+
+# cgroup v1 knobs with no cgroup v2 file: refusing them beats silently dropping them.
+CGROUP_V1_ONLY = ("kernel", "kernel_tcp", "swappiness", "disable_oom_killer")
+
+
 def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
-    # cgroup v1 knobs with no cgroup v2 file: refusing them beats silently dropping them.
-    v1_only = {
-        "kernel": memory.HasField("kernel"),
-        "kernel_tcp": memory.HasField("kernel_tcp"),
-        "swappiness": memory.HasField("swappiness"),
-        "disable_oom_killer": memory.HasField("disable_oom_killer"),
-    }
-    given = [name for name, is_set in v1_only.items() if is_set]
+    given = [name for name in CGROUP_V1_ONLY if memory.HasField(name)]  # type: ignore[arg-type]
     if given:
         values = ", ".join(f"{name}={getattr(memory, name)}" for name in given)
         raise InvalidArgument(
@@ -323,11 +330,7 @@ def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
             "CGROUP_V1_SETTING",
             field="memory",
         )
-    return MemorySpec(
-        limit=memory.limit if memory.HasField("limit") else None,
-        swap=memory.swap if memory.HasField("swap") else None,
-        reservation=memory.reservation if memory.HasField("reservation") else None,
-    )
+    return MemorySpec(**set_fields(memory, MemorySpec))
 
 
 def set_limits_spec_from_pb(request: pb.SetMemoryLimitsRequest) -> SetLimitsSpec:
@@ -338,9 +341,7 @@ def set_limits_spec_from_pb(request: pb.SetMemoryLimitsRequest) -> SetLimitsSpec
 
 def reclaim_policy_from_pb(message: pb.ReclaimPolicy) -> ReclaimPolicy:
     """Unset fields take the defaults; validation (ranges) is the reclaimer's."""
-    defaults = ReclaimPolicy().__dict__
-    given = {name: getattr(message, name) for name in defaults if message.HasField(name)}  # type: ignore[arg-type]
-    return ReclaimPolicy(**{**defaults, **given})
+    return ReclaimPolicy(**set_fields(message, ReclaimPolicy))
 
 
 def reclaim_policy_request_from_pb(request: pb.SetReclaimPolicyRequest) -> ReclaimPolicyRequest:
