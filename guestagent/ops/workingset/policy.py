@@ -65,15 +65,9 @@ class ReclaimPolicy:
     refault_guard_fraction: float = 0.005
 
 
-# (low, high) for each bounded field; the error names the value and this range.
-INTERVAL_MS_RANGE = (100, 600_000)
-MAX_STEP_RANGE = (0.0001, 0.5)
-REFAULT_GUARD_RANGE = (0.0, 1.0)
-
-
-def _within(name: str, value: float, bounds: tuple[float, float]) -> None:
-    """Refuse `value` outside [low, high]; NaN is outside any range."""
-    low, high = bounds
+def _within(name: str, value: float, low: float, high: float) -> None:
+    """Refuse a policy field outside [low, high], naming the value and the range; NaN is
+    outside any range."""
     if not low <= value <= high:
         raise InvalidArgument(
             f"{name} {value} is outside [{low}, {high}]",
@@ -83,7 +77,7 @@ def _within(name: str, value: float, bounds: tuple[float, float]) -> None:
 
 
 def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
-    _within("interval_ms", policy.interval_ms, INTERVAL_MS_RANGE)
+    _within("interval_ms", policy.interval_ms, 100, 600_000)
     interval_us = policy.interval_ms * 1000
     if not 1 <= policy.stall_target_us < interval_us:
         raise InvalidArgument(
@@ -92,9 +86,9 @@ def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
             "RECLAIM_POLICY_INVALID",
             field="policy.stall_target_us",
         )
-    _within("max_step_fraction", policy.max_step_fraction, MAX_STEP_RANGE)
-    _within("refault_guard_fraction", policy.refault_guard_fraction, REFAULT_GUARD_RANGE)
-    _within("floor_bytes", policy.floor_bytes, (0, LONG_MAX))
+    _within("max_step_fraction", policy.max_step_fraction, 0.0001, 0.5)
+    _within("refault_guard_fraction", policy.refault_guard_fraction, 0.0, 1.0)
+    _within("floor_bytes", policy.floor_bytes, 0, LONG_MAX)
     return policy
 
 
