@@ -165,11 +165,12 @@ class SwapArea:
     size_bytes: int
     used_bytes: int
     priority: int
-    discard: DiscardPolicy | None  # None: enabled by someone else, policy unknown.
-    discard_supported: bool
-    rotational: bool | None
-    uuid: str
-    label: str
+    # The defaults: an area this agent cannot look into (a swap file, a device node gone).
+    discard: DiscardPolicy | None = None  # None: enabled by someone else, policy unknown.
+    discard_supported: bool = False
+    rotational: bool | None = None
+    uuid: str = ""
+    label: str = ""
     already_active: bool = False
     formatted: bool = False
     encrypted: bool = False
@@ -548,17 +549,7 @@ class SwapManager:
             device = device_for_node(self.kernel, entry.filename)
             if device is None:
                 areas.append(
-                    SwapArea(
-                        entry.filename,
-                        entry.size_bytes,
-                        entry.used_bytes,
-                        entry.priority,
-                        None,
-                        False,
-                        None,
-                        "",
-                        "",
-                    )
+                    SwapArea(entry.filename, entry.size_bytes, entry.used_bytes, entry.priority)
                 )
             else:
                 areas.append(self._area(device, entry, self._mapping_of(device)))
