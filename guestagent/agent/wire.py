@@ -160,18 +160,6 @@ def delay_stall_pb(total_us: int | None) -> pb.MemoryStall | None:
     return None if total_us is None else pb.MemoryStall(source=DELAYACCT_STALL, total_us=total_us)
 
 
-def virtio_mem_region_pb(r: RegionBlocks) -> pb.VirtioMemRegion:
-    return pb.VirtioMemRegion(
-        device=r.region.device,
-        start_address=r.region.start,
-        region_bytes=r.region.size,
-        plugged_bytes=r.added,
-        movable_blocks=r.movable,
-        normal_blocks=r.normal,
-        offline_blocks=r.offline,
-    )
-
-
 def feature_pb(feature: tuple[str, Absent | None]) -> pb.Feature:
     name, absent = feature
     return pb.Feature(name=name, present=absent is None, reason=absent.reason if absent else "")
@@ -198,10 +186,16 @@ declare(
     off_wire={"lru_anon", "lru_file"},
     elsewhere={"idle", "giveback"},  # The idle report's, by add_idle_pb.
 )
+declare(HotplugReport, pb.MemoryHotplug, renamed={"virtio_mem": "regions"})
 declare(
-    HotplugReport,
-    pb.MemoryHotplug,
-    by_hand={"virtio_mem": ("regions", lambda regions: [virtio_mem_region_pb(r) for r in regions])},
+    RegionBlocks,
+    pb.VirtioMemRegion,
+    by_hand={
+        "device": ("region", lambda region: region.device),
+        "start_address": ("region", lambda region: region.start),
+        "region_bytes": ("region", lambda region: region.size),
+    },
+    renamed={"plugged_bytes": "added"},
 )
 declare(
     MemoryReport,
