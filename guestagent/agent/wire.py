@@ -358,17 +358,12 @@ declare(ReclaimResult, pb.ReclaimResult, off_wire={"cgroup", "requested_bytes", 
 declare(OnlineResult, pb.OnlineMemoryResult)
 
 
-def swiotlb_size_pb(swiotlb: Swiotlb | Absent) -> pb.SwiotlbSize | None:
-    if isinstance(swiotlb, Absent):
-        return None
-    return pb.SwiotlbSize(bytes=swiotlb.size, source=swiotlb.source)
-
-
+declare(Swiotlb, pb.SwiotlbSize, renamed={"bytes": "size"})
 declare(
     GuestOverhead,
     pb.GuestOverhead,
     by_hand={
-        "swiotlb_size": ("swiotlb", swiotlb_size_pb),
+        "swiotlb_size": ("swiotlb", lambda s: s if isinstance(s, Swiotlb) else None),
         "swiotlb_absent": ("swiotlb", lambda s: s if isinstance(s, Absent) else None),
     },
 )
