@@ -59,10 +59,6 @@ def domain_fields(domain: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(domain))
 
 
-def message_fields(message: type[Message]) -> tuple[str, ...]:
-    return tuple(f.name for f in message.DESCRIPTOR.fields)
-
-
 PAIRS: dict[type, Pair] = {}
 
 
@@ -85,7 +81,7 @@ def mismatches(pair: Pair) -> list[str]:
     """What a declaration leaves unaccounted for: a message field with no source, a domain
     field that reaches no message field, a declared name neither side has. Empty when the
     two sides agree."""
-    on_wire = message_fields(pair.message)
+    on_wire = tuple(f.name for f in pair.message.DESCRIPTOR.fields)
     domain = domain_fields(pair.domain)
     message_name, domain_name = pair.message.DESCRIPTOR.name, pair.domain.__name__
     special = {*pair.by_hand, *pair.elsewhere}

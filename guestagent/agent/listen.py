@@ -28,7 +28,6 @@ class AddressInUse(AgentError):
 
     def __init__(self, address: str) -> None:
         super().__init__(f"{address} is in use: {OTHER_AGENTS}", metadata={"address": address})
-        self.address = address
 
 
 def open_vsock_listener(address: VsockAddress) -> socket.socket:

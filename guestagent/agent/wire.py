@@ -9,7 +9,12 @@ here computes.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from google.protobuf.message import Message
 
 from guestagent.agent.encoding import declare, encode, encoder
 from guestagent.agent.watch_stream import (
@@ -56,24 +61,25 @@ from guestagent.ops.workingset.reclaimer import (
 )
 from guestagent.v1 import agent_pb2 as pb
 
-DISCARD_TO_PB = {
-    DiscardPolicy.BOTH: pb.DISCARD_BOTH,
-    DiscardPolicy.PAGES: pb.DISCARD_PAGES,
-    DiscardPolicy.ONCE: pb.DISCARD_ONCE,
-    DiscardPolicy.NONE: pb.DISCARD_NONE,
-}
+if TYPE_CHECKING:
+    from google.protobuf.internal.enum_type_wrapper import _EnumTypeWrapper
+
+E = TypeVar("E", bound=enum.Enum)
+V = TypeVar("V", bound=int)
+
+
+def enum_to_pb(domain: type[E], wire: _EnumTypeWrapper[V], prefix: str) -> dict[E, V]:
+    """Each member as the wire's value of the same name after `prefix` (BOTH: DISCARD_BOTH)."""
+    return {member: wire.Value(prefix + member.name) for member in domain}
+
+
+DISCARD_TO_PB = enum_to_pb(DiscardPolicy, pb.DiscardPolicy, "DISCARD_")
 DISCARD_FROM_PB = {v: k for k, v in DISCARD_TO_PB.items()}
 ENCRYPTION_FROM_PB = {
-    pb.SWAP_ENCRYPTION_DEFAULT: SwapEncryption.DEFAULT,
-    pb.SWAP_ENCRYPTION_NONE: SwapEncryption.NONE,
-    pb.SWAP_ENCRYPTION_EPHEMERAL: SwapEncryption.EPHEMERAL,
+    v: k for k, v in enum_to_pb(SwapEncryption, pb.SwapEncryption, "SWAP_ENCRYPTION_").items()
 }
-WATCH_REASON_TO_PB = {
-    WatchReason.INITIAL: pb.WATCH_REASON_INITIAL,
-    WatchReason.INTERVAL: pb.WATCH_REASON_INTERVAL,
-    WatchReason.MEMORY_EVENTS: pb.WATCH_REASON_MEMORY_EVENTS,
-    WatchReason.PRESSURE: pb.WATCH_REASON_PRESSURE,
-}
+WATCH_REASON_TO_PB = enum_to_pb(WatchReason, pb.WatchReason, "WATCH_REASON_")
+RECLAIM_STATE_TO_PB = enum_to_pb(Mode, pb.ReclaimState, "RECLAIM_STATE_")
 
 
 def no_arguments(
@@ -154,18 +160,6 @@ def delay_stall_pb(total_us: int | None) -> pb.MemoryStall | None:
     return None if total_us is None else pb.MemoryStall(source=DELAYACCT_STALL, total_us=total_us)
 
 
-def virtio_mem_region_pb(r: RegionBlocks) -> pb.VirtioMemRegion:
-    return pb.VirtioMemRegion(
-        device=r.region.device,
-        start_address=r.region.start,
-        region_bytes=r.region.size,
-        plugged_bytes=r.added,
-        movable_blocks=r.movable,
-        normal_blocks=r.normal,
-        offline_blocks=r.offline,
-    )
-
-
 def feature_pb(feature: tuple[str, Absent | None]) -> pb.Feature:
     name, absent = feature
     return pb.Feature(name=name, present=absent is None, reason=absent.reason if absent else "")
@@ -192,10 +186,16 @@ declare(
     off_wire={"lru_anon", "lru_file"},
     elsewhere={"idle", "giveback"},  # The idle report's, by add_idle_pb.
 )
+declare(HotplugReport, pb.MemoryHotplug, renamed={"virtio_mem": "regions"})
 declare(
-    HotplugReport,
-    pb.MemoryHotplug,
-    by_hand={"virtio_mem": ("regions", lambda regions: [virtio_mem_region_pb(r) for r in regions])},
+    RegionBlocks,
+    pb.VirtioMemRegion,
+    by_hand={
+        "device": ("region", lambda region: region.device),
+        "start_address": ("region", lambda region: region.start),
+        "region_bytes": ("region", lambda region: region.size),
+    },
+    renamed={"plugged_bytes": "added"},
 )
 declare(
     MemoryReport,
@@ -304,15 +304,19 @@ def disable_swap_from_pb(request: pb.DisableSwapRequest) -> DeviceSelector:
     return selector_from_pb(request.device)
 
 
+def set_fields(message: Message, domain: type) -> dict[str, Any]:
+    """The fields of a domain dataclass that the message sets, from its fields of the same
+    names; the dataclass's defaults stand for the others."""
+    names = (f.name for f in dataclasses.fields(domain))
+    return {name: getattr(message, name) for name in names if message.HasField(name)}
+
+
+# cgroup v1 knobs with no cgroup v2 file: refusing them beats silently dropping them.
+CGROUP_V1_ONLY = ("kernel", "kernel_tcp", "swappiness", "disable_oom_killer")
+
+
 def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
-    # cgroup v1 knobs with no cgroup v2 file: refusing them beats silently dropping them.
-    v1_only = {
-        "kernel": memory.HasField("kernel"),
-        "kernel_tcp": memory.HasField("kernel_tcp"),
-        "swappiness": memory.HasField("swappiness"),
-        "disable_oom_killer": memory.HasField("disable_oom_killer"),
-    }
-    given = [name for name, is_set in v1_only.items() if is_set]
+    given = [name for name in CGROUP_V1_ONLY if memory.HasField(name)]  # type: ignore[arg-type]
     if given:
         values = ", ".join(f"{name}={getattr(memory, name)}" for name in given)
         raise InvalidArgument(
@@ -320,11 +324,7 @@ def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
             "CGROUP_V1_SETTING",
             field="memory",
         )
-    return MemorySpec(
-        limit=memory.limit if memory.HasField("limit") else None,
-        swap=memory.swap if memory.HasField("swap") else None,
-        reservation=memory.reservation if memory.HasField("reservation") else None,
-    )
+    return MemorySpec(**set_fields(memory, MemorySpec))
 
 
 def set_limits_spec_from_pb(request: pb.SetMemoryLimitsRequest) -> SetLimitsSpec:
@@ -333,19 +333,9 @@ def set_limits_spec_from_pb(request: pb.SetMemoryLimitsRequest) -> SetLimitsSpec
     )
 
 
-RECLAIM_STATE_TO_PB = {
-    Mode.PROBING: pb.RECLAIM_STATE_PROBING,
-    Mode.BACKING_OFF: pb.RECLAIM_STATE_BACKING_OFF,
-    Mode.AT_FLOOR: pb.RECLAIM_STATE_AT_FLOOR,
-    Mode.DISABLED: pb.RECLAIM_STATE_DISABLED,
-}
-
-
 def reclaim_policy_from_pb(message: pb.ReclaimPolicy) -> ReclaimPolicy:
     """Unset fields take the defaults; validation (ranges) is the reclaimer's."""
-    defaults = ReclaimPolicy().__dict__
-    given = {name: getattr(message, name) for name in defaults if message.HasField(name)}  # type: ignore[arg-type]
-    return ReclaimPolicy(**{**defaults, **given})
+    return ReclaimPolicy(**set_fields(message, ReclaimPolicy))
 
 
 def reclaim_policy_request_from_pb(request: pb.SetReclaimPolicyRequest) -> ReclaimPolicyRequest:
@@ -368,17 +358,12 @@ declare(ReclaimResult, pb.ReclaimResult, off_wire={"cgroup", "requested_bytes", 
 declare(OnlineResult, pb.OnlineMemoryResult)
 
 
-def swiotlb_size_pb(swiotlb: Swiotlb | Absent) -> pb.SwiotlbSize | None:
-    if isinstance(swiotlb, Absent):
-        return None
-    return pb.SwiotlbSize(bytes=swiotlb.size, source=swiotlb.source)
-
-
+declare(Swiotlb, pb.SwiotlbSize, renamed={"bytes": "size"})
 declare(
     GuestOverhead,
     pb.GuestOverhead,
     by_hand={
-        "swiotlb_size": ("swiotlb", swiotlb_size_pb),
+        "swiotlb_size": ("swiotlb", lambda s: s if isinstance(s, Swiotlb) else None),
         "swiotlb_absent": ("swiotlb", lambda s: s if isinstance(s, Absent) else None),
     },
 )

@@ -6,11 +6,13 @@ text; the udev lookup is the only part that needs a live system.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -298,10 +300,11 @@ def refuse_unsafe_device(fs: KernelFS, device: BlockDevice) -> None:
         )
 
 
-def open_exclusive(fs: KernelFS, device: BlockDevice) -> int:
+@contextlib.contextmanager
+def open_exclusive(fs: KernelFS, device: BlockDevice) -> Iterator[int]:
     """O_EXCL on a block device is the kernel's own claim check: EBUSY if anyone holds it."""
     try:
-        return fs.open(fs.host_path(device.devnode), os.O_RDWR | os.O_EXCL, "open exclusively")
+        fd = fs.open(fs.host_path(device.devnode), os.O_RDWR | os.O_EXCL, "open exclusively")
     except AgentError as e:
         if e.errno == errno.EBUSY:
             raise FailedPrecondition(
@@ -310,6 +313,10 @@ def open_exclusive(fs: KernelFS, device: BlockDevice) -> int:
                 metadata={"device": device.devnode},
             ) from e
         raise
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 class UdevDevices:

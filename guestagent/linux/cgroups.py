@@ -25,6 +25,8 @@ from guestagent.errors import (
 from guestagent.linux.fs import KernelFS
 
 SUBTREE_CONTROL = "cgroup.subtree_control"
+# The controller a cgroup made on request is made for: this agent acts on memory alone.
+CONTROLLER = "memory"
 # The kernel's limits (ENAMETOOLONG past them), checked up front to name the culprit.
 NAME_MAX = 255
 PATH_MAX = 4096
@@ -95,17 +97,16 @@ class CreatedCgroup:
     path: Path
     # Directories this call made, top down; empty when the cgroup already existed.
     made: tuple[Path, ...] = ()
-    # cgroup.subtree_control files that received "+controller", top down.
+    # cgroup.subtree_control files that received "+memory", top down.
     enabled: tuple[Path, ...] = ()
-    controller: str = "memory"
 
 
 def subtree_controllers(fs: KernelFS, directory: Path) -> tuple[str, ...]:
     return tuple(fs.read(directory / SUBTREE_CONTROL).split())
 
 
-def create_cgroup(fs: KernelFS, name: str, controller: str = "memory") -> CreatedCgroup:
-    """Make each missing level of a cgroup, enabling the controller in every ancestor.
+def create_cgroup(fs: KernelFS, name: str) -> CreatedCgroup:
+    """Make each missing level of a cgroup, enabling the memory controller in every ancestor.
 
     The controller is enabled top down, where it is not listed already, since the kernel lets
     a cgroup enable only what its parent enabled for it. An existing cgroup is returned as it
@@ -115,7 +116,7 @@ def create_cgroup(fs: KernelFS, name: str, controller: str = "memory") -> Create
     parts = validate_cgroup_name(name)
     path = fs.cgroup_root.joinpath(*parts)
     if fs.is_dir(path):
-        return CreatedCgroup(path, controller=controller)
+        return CreatedCgroup(path)
     levels = [fs.cgroup_root.joinpath(*parts[:depth]) for depth in range(len(parts) + 1)]
     for level in levels[1:]:
         if fs.exists(level) and not fs.is_dir(level):
@@ -138,20 +139,20 @@ def create_cgroup(fs: KernelFS, name: str, controller: str = "memory") -> Create
     try:
         for parent, child in pairwise(levels):
             control = parent / SUBTREE_CONTROL
-            if controller not in subtree_controllers(fs, parent):
-                fs.write(control, f"+{controller}")
+            if CONTROLLER not in subtree_controllers(fs, parent):
+                fs.write(control, f"+{CONTROLLER}")
                 enabled.append(control)
             if not fs.is_dir(child):
                 fs.mkdir(child, 0o755)
                 made.append(child)
     except AgentError as e:
-        undone = undo_create(fs, CreatedCgroup(path, tuple(made), tuple(enabled), controller))
+        undone = undo_create(fs, CreatedCgroup(path, tuple(made), tuple(enabled)))
         raise Aborted(
             f"creating cgroup {quoted(name)} failed: {e}; {undone}",
             "CGROUP_CREATE_FAILED",
             metadata={**caused_by(e), "cgroup": name},
         ) from e
-    return CreatedCgroup(path, tuple(made), tuple(enabled), controller)
+    return CreatedCgroup(path, tuple(made), tuple(enabled))
 
 
 def undo_create(fs: KernelFS, created: CreatedCgroup) -> str:
@@ -167,43 +168,39 @@ def undo_create(fs: KernelFS, created: CreatedCgroup) -> str:
         if control.parent in created.made:
             continue  # Went with its directory.
         try:
-            fs.write(control, f"-{created.controller}")
-            done.append(f"wrote '-{created.controller}' to {control}")
+            fs.write(control, f"-{CONTROLLER}")
+            done.append(f"wrote '-{CONTROLLER}' to {control}")
         except AgentError as e:
             done.append(f"could not {e}")
     return "; ".join(done) or "nothing had been created"
 
 
-def creation_plan(
-    fs: KernelFS, name: str, controller: str = "memory"
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def creation_plan(fs: KernelFS, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What create_cgroup will do for `name`, read before it does it: the cgroups it makes,
-    top down, and the cgroups whose subtree_control it gives "+controller" ("" is the mount)."""
+    top down, and the cgroups whose subtree_control it gives "+memory" ("" is the mount)."""
     parts = validate_cgroup_name(name)
     names = ["/".join(parts[:depth]) for depth in range(len(parts) + 1)]
     made = tuple(n for n in names[1:] if not fs.is_dir(fs.cgroup_root / n))
     if not made:
         return (), ()
-    enabled = tuple(n for n in names[:-1] if n in made or not _has_controller(fs, n, controller))
+    enabled = tuple(n for n in names[:-1] if n in made or not _has_controller(fs, n))
     return made, enabled
 
 
 def planned_creation(
-    fs: KernelFS, name: str, made: tuple[str, ...], enabled: tuple[str, ...], controller: str
+    fs: KernelFS, name: str, made: tuple[str, ...], enabled: tuple[str, ...]
 ) -> CreatedCgroup:
     """Of what a creation_plan said would be made and enabled, what is there now, as
     create_cgroup would have reported it: so undo_create can take it back."""
     root = fs.cgroup_root
     directories = tuple(root / n for n in made if fs.is_dir(root / n))
-    controls = tuple(
-        root / n / SUBTREE_CONTROL for n in enabled if _has_controller(fs, n, controller)
-    )
-    return CreatedCgroup(root / name, directories, controls, controller)
+    controls = tuple(root / n / SUBTREE_CONTROL for n in enabled if _has_controller(fs, n))
+    return CreatedCgroup(root / name, directories, controls)
 
 
-def _has_controller(fs: KernelFS, name: str, controller: str) -> bool:
+def _has_controller(fs: KernelFS, name: str) -> bool:
     try:
-        return controller in subtree_controllers(fs, fs.cgroup_root / name)
+        return CONTROLLER in subtree_controllers(fs, fs.cgroup_root / name)
     except AgentError:
         return False  # Not a cgroup (create_cgroup refuses it), or gone with one that was made.
 

@@ -209,10 +209,6 @@ class DelayStallMeter:
             )
             return total // 1000
 
-    def forget(self, directory: Path) -> None:
-        with self._lock:
-            self._books.pop(directory, None)
-
 
 @dataclass
 class StallWindow:

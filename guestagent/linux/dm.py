@@ -26,8 +26,7 @@ from guestagent.linux.fs import KernelFS
 DM_IOCTL = struct.Struct("=3I4Ii2IQ128s129s7x")
 # struct dm_target_spec: sector_start, length, status, next, target_type[16].
 DM_TARGET_SPEC = struct.Struct("=QQiI16s")
-# struct dm_name_list (dev, next, name) and struct dm_target_versions (next, version[3], name).
-DM_NAME_LIST = struct.Struct("=QI")
+# struct dm_target_versions: next, version[3], then the name.
 DM_TARGET_VERSIONS = struct.Struct("=4I")
 DM_NAME_LEN = 128
 DM_UUID_LEN = 129
@@ -98,18 +97,14 @@ def pack_ioctl(
 
 @dataclass(frozen=True)
 class IoctlHeader:
-    version: tuple[int, int, int]
     data_size: int
     data_start: int
     flags: int
-    dev: int
 
 
 def unpack_ioctl(buffer: bytes | bytearray) -> IoctlHeader:
     fields = DM_IOCTL.unpack_from(buffer)
-    return IoctlHeader(
-        (fields[0], fields[1], fields[2]), fields[3], fields[4], fields[7], fields[10]
-    )
+    return IoctlHeader(fields[3], fields[4], fields[7])
 
 
 @dataclass(frozen=True)
@@ -205,11 +200,6 @@ def parse_target_versions(buffer: bytes | bytearray) -> dict[str, tuple[int, int
     return targets
 
 
-def decode_dev(dev: int) -> tuple[int, int]:
-    """(major, minor) of the dev field (the kernel's huge_encode_dev, userspace's dev_t)."""
-    return os.major(dev), os.minor(dev)
-
-
 @dataclass(frozen=True)
 class Mapping:
     """A device-mapper device as sysfs shows it."""
@@ -292,11 +282,9 @@ class DeviceMapper:
                 return parse_target_versions(buffer)
             size *= 2
 
-    def create(self, name: str) -> tuple[int, int]:
-        """A new, empty, suspended mapping; its (major, minor)."""
-        buffer = pack_ioctl(name)
-        self._call(DM_DEV_CREATE_CMD, buffer, f"DM_DEV_CREATE {name}")
-        return decode_dev(unpack_ioctl(buffer).dev)
+    def create(self, name: str) -> None:
+        """A new, empty, suspended mapping (sysfs then names its device: read_mappings)."""
+        self._call(DM_DEV_CREATE_CMD, pack_ioctl(name), f"DM_DEV_CREATE {name}")
 
     def load_crypt(self, name: str, table: CryptTable) -> None:
         """Load a crypt table with a fresh random key, which exists only in the kernel after."""

@@ -17,7 +17,7 @@ import contextlib
 import errno
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -188,12 +188,8 @@ class KernelFS:
         """
         data = value.encode("ascii")
         fd = self.open(path, os.O_WRONLY | os.O_TRUNC, "write", value)
-        try:
+        with _closing(fd, "write", path, value):
             written = os.write(fd, data)
-        except OSError as e:
-            raise kernel_error("write", path, value, e) from e
-        finally:
-            os.close(fd)
         if written != len(data):
             short = OSError(errno.EIO, f"short write, {written} of {len(data)} bytes")
             raise kernel_error("write", path, value, short)
@@ -215,41 +211,35 @@ class KernelFS:
 
     def listdir(self, path: Path) -> list[str]:
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY, "list")
-        try:
+        with _closing(fd, "list", path):
             return sorted(os.listdir(fd))
-        except OSError as e:
-            raise kernel_error("list", path, None, e) from e
-        finally:
-            os.close(fd)
 
     def subdirectories(self, path: Path) -> list[str]:
         """The directories in a directory (a cgroup's children), without a look-up each."""
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY, "list")
-        try:
-            with os.scandir(fd) as entries:
-                return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
-        except OSError as e:
-            raise kernel_error("list", path, None, e) from e
-        finally:
-            os.close(fd)
+        with _closing(fd, "list", path), os.scandir(fd) as entries:
+            return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
 
     def mkdir(self, path: Path, mode: int = 0o755) -> None:
         parent = self.open(path.parent, _DIRECTORY, "look up")
-        try:
+        with _closing(parent, "make directory", path):
             os.mkdir(path.name, mode, dir_fd=parent)
-        except OSError as e:
-            raise kernel_error("make directory", path, None, e) from e
-        finally:
-            os.close(parent)
 
     def rmdir(self, path: Path) -> None:
         parent = self.open(path.parent, _DIRECTORY, "look up")
-        try:
+        with _closing(parent, "remove directory", path):
             os.rmdir(path.name, dir_fd=parent)
-        except OSError as e:
-            raise kernel_error("remove directory", path, None, e) from e
-        finally:
-            os.close(parent)
+
+
+@contextlib.contextmanager
+def _closing(fd: int, op: str, path: Path, value: str | None = None) -> Iterator[None]:
+    """Close fd after the block; an OSError in it is the domain error for op (kernel_error)."""
+    try:
+        yield
+    except OSError as e:
+        raise kernel_error(op, path, value, e) from e
+    finally:
+        os.close(fd)
 
 
 def _open_beneath(base: str, relative: str, flags: int, resolve: int) -> int:

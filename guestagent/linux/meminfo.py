@@ -142,7 +142,6 @@ def read_report(
         named = [memory_cgroup(fs, name) for name in cgroups]  # Refuse bad names first.
         present, removed = [(cgroup.read(), cgroup.directory) for cgroup in named], ()
     found = [cgroup for cgroup, _ in present]
-    directories = [directory for _, directory in present]
     system = read_system_memory(fs)
     pressure = read_system_pressure(fs)
     absent = read_absent(fs)
@@ -155,7 +154,7 @@ def read_report(
             if stall.stands_in(pressure is not None):
                 delay_stall_us = stall.guest_total_us()
             measured = []
-            for cgroup, directory in zip(found, directories, strict=True):
+            for cgroup, directory in present:
                 if stall.stands_in(cgroup.pressure is not None):
                     try:
                         cgroup = replace(cgroup, delay_stall_us=stall.total_us(directory))

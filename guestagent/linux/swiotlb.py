@@ -20,7 +20,6 @@ import errno
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from guestagent.errors import AgentError, KernelFormat, kernel_error
 from guestagent.linux.features import Absent
@@ -81,10 +80,6 @@ def parse_boot_log(kmsg: str) -> Swiotlb | Absent:
     )
 
 
-def swiotlb_dir(fs: KernelFS) -> Path:
-    return fs.sys("kernel", "debug", SWIOTLB)
-
-
 def read_kmsg(fs: KernelFS) -> str:
     """Every record /dev/kmsg still holds, read without blocking until there are no more."""
     path = fs.dev("kmsg")
@@ -110,7 +105,7 @@ def read_kmsg(fs: KernelFS) -> str:
 
 def _read_debugfs(fs: KernelFS) -> Swiotlb | None:
     """The pool debugfs shows; None when it shows no swiotlb directory."""
-    directory = swiotlb_dir(fs)
+    directory = fs.sys("kernel", "debug", SWIOTLB)
     with debugfs(fs, directory):
         if not fs.is_dir(directory):
             return None

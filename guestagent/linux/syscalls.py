@@ -107,16 +107,11 @@ def mount(source: str, target: str, fstype: str, flags: int) -> None:
 PR_SET_NAME = 15
 
 
-def set_thread_name(name: str) -> None:
-    """The calling thread's name in /proc/self/task/TID/comm (15 bytes kept), so its CPU
-    can be told apart from the process's."""
-    _check(_libc().prctl(PR_SET_NAME, os.fsencode(name)[:15], 0, 0, 0), "prctl(PR_SET_NAME)")
-
-
 def name_thread(name: str) -> None:
-    """set_thread_name, best effort: a name is for measuring, not for running."""
+    """The calling thread's name in /proc/self/task/TID/comm (15 bytes kept), so its CPU
+    can be told apart from the process's; best effort: a name is for measuring, not running."""
     with contextlib.suppress(OSError):
-        set_thread_name(name)
+        _check(_libc().prctl(PR_SET_NAME, os.fsencode(name)[:15], 0, 0, 0), "prctl(PR_SET_NAME)")
 
 
 # <malloc.h>: mallopt's parameter for the number of malloc arenas.

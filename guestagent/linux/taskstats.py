@@ -154,13 +154,9 @@ def tgid_request(family: int, tgid: int, seq: int) -> bytes:
     )
 
 
-def netlink_error(code: int) -> AgentError:
-    """The kernel's error reply to a taskstats request, as a domain error with its errno."""
-    return kernel_error("query", "taskstats", None, OSError(code, os.strerror(code)))
-
-
 def reply_body(message: bytes, seq: int) -> bytes:
-    """The attributes of the reply to request `seq`; NetlinkError for an error reply."""
+    """The attributes of the reply to request `seq`; for an error reply, the domain error of
+    its errno."""
     if len(message) < _NLMSGHDR.size:
         raise KernelFormat(f"netlink reply of {len(message)} bytes is too short")
     length, kind, _, got_seq, _ = _NLMSGHDR.unpack_from(message)
@@ -169,7 +165,8 @@ def reply_body(message: bytes, seq: int) -> bytes:
     if got_seq != seq:
         raise KernelFormat(f"netlink reply to request {got_seq}, not {seq}")
     if kind == NLMSG_ERROR:
-        raise netlink_error(-struct.unpack_from("=i", message, _NLMSGHDR.size)[0])
+        code = -struct.unpack_from("=i", message, _NLMSGHDR.size)[0]
+        raise kernel_error("query", "taskstats", None, OSError(code, os.strerror(code)))
     return message[_NLMSGHDR.size + _GENLMSGHDR.size : length]
 
 

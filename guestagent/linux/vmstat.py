@@ -7,7 +7,7 @@ compaction stalls.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.keyed import parse_flat_keyed, workingset_refaults
@@ -26,17 +26,12 @@ class VmStat:
 
 
 def vmstat_from(values: dict[str, int]) -> VmStat:
+    """Each counter is the line of its name (0 where the kernel has none), but for two."""
+    counters = {f.name: values.get(f.name, 0) for f in fields(VmStat)}
     anon, file = workingset_refaults(values)
-    return VmStat(
-        pswpin=values.get("pswpin", 0),
-        pswpout=values.get("pswpout", 0),
-        pgmajfault=values.get("pgmajfault", 0),
-        workingset_refault_anon=anon,
-        workingset_refault_file=file,
-        oom_kill=values.get("oom_kill", 0),
-        allocstall=sum(v for k, v in values.items() if k.startswith("allocstall")),
-        compact_stall=values.get("compact_stall", 0),
-    )
+    counters.update(workingset_refault_anon=anon, workingset_refault_file=file)
+    counters["allocstall"] = sum(v for k, v in values.items() if k.startswith("allocstall"))
+    return VmStat(**counters)
 
 
 def read_vmstat(fs: KernelFS) -> VmStat | None:

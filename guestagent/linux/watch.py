@@ -305,13 +305,16 @@ class SignalHub:
             for signals in armed.subscribers:
                 signals.queue.put_nowait((Signal.PRESSURE, None))
 
-    def _release(self, signals: KernelSignals, wd: int) -> None:
-        subscribers = self._by_wd.get(wd)
+    def _release(
+        self, by_wd: dict[int, set[KernelSignals]], signals: KernelSignals, wd: int
+    ) -> None:
+        """Take a stream off a watch (of memory.events, or of a parent); the last one removes it."""
+        subscribers = by_wd.get(wd)
         if subscribers is None:
             return
         subscribers.discard(signals)
         if not subscribers:
-            del self._by_wd[wd]
+            del by_wd[wd]
             if self._inotify is not None:
                 self._inotify.remove_watch(wd)
 
@@ -321,20 +324,15 @@ class SignalHub:
         for wd, name in list(signals.names_by_wd.items()):
             if name in names:
                 del signals.names_by_wd[wd]
-                self._release(signals, wd)
+                self._release(self._by_wd, signals, wd)
 
     def unsubscribe(self, signals: KernelSignals) -> None:
         self.watched -= len(signals.names)
         for wd in signals.names_by_wd:
-            self._release(signals, wd)
+            self._release(self._by_wd, signals, wd)
         signals.names_by_wd.clear()
         for wd in signals.children_by_wd:
-            parents = self._parents_by_wd.get(wd, set())
-            parents.discard(signals)
-            if not parents:
-                self._parents_by_wd.pop(wd, None)
-                if self._inotify is not None:
-                    self._inotify.remove_watch(wd)
+            self._release(self._parents_by_wd, signals, wd)
         signals.children_by_wd.clear()
         if not self._by_wd and not self._parents_by_wd and self._inotify is not None:
             asyncio.get_running_loop().remove_reader(self._inotify.fd)

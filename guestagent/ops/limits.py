@@ -283,7 +283,7 @@ def roll_back(kernel: Kernel, journal: Journal) -> Rollback:
                 failed.append((write, str(e)))
     undone = None
     if journal.made or journal.enabled:
-        created = planned_creation(kernel, journal.cgroup, journal.made, journal.enabled, "memory")
+        created = planned_creation(kernel, journal.cgroup, journal.made, journal.enabled)
         undone = undo_create(kernel, created)
     return Rollback(journal, found, tuple(restored), tuple(failed), undone, memory is None)
 

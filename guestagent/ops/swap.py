@@ -130,10 +130,6 @@ def refuse_other_encryption(
     )
 
 
-def mapping_name(sysname: str) -> str:
-    return MAPPING_PREFIX + sysname
-
-
 def mapped_device(mapping: Mapping) -> BlockDevice:
     return BlockDevice(mapping.devnode, mapping.sysname, "disk", mapping.major, mapping.minor)
 
@@ -169,11 +165,12 @@ class SwapArea:
     size_bytes: int
     used_bytes: int
     priority: int
-    discard: DiscardPolicy | None  # None: enabled by someone else, policy unknown.
-    discard_supported: bool
-    rotational: bool | None
-    uuid: str
-    label: str
+    # The defaults: an area this agent cannot look into (a swap file, a device node gone).
+    discard: DiscardPolicy | None = None  # None: enabled by someone else, policy unknown.
+    discard_supported: bool = False
+    rotational: bool | None = None
+    uuid: str = ""
+    label: str = ""
     already_active: bool = False
     formatted: bool = False
     encrypted: bool = False
@@ -219,7 +216,6 @@ class SwapManager:
         )
         self._finder = finder
         self._lock = threading.Lock()
-        self._page_size = PAGE_SIZE
         self._store = state_file(kernel, SWAPS)
 
     @property
@@ -267,9 +263,6 @@ class SwapManager:
         """What /proc/swaps cannot say (the discard policy), kept across agent restarts."""
         return self._store.load_valid(decode_swap_state) or {}
 
-    def _write_state(self, state: dict[str, dict[str, str]]) -> None:
-        self._store.save(state)
-
     def active(self) -> list[ActiveSwap]:
         areas = active_swaps(self.kernel)
         if areas is None:
@@ -298,7 +291,7 @@ class SwapManager:
         recorded = self._read_state().get(device.devnode, {})
         rotational = queue_value(self.kernel, device, "rotational")
         discard_max = queue_value(self.kernel, device, "discard_max_bytes")
-        header = read_swap_header(self.kernel, device.devnode, self._page_size)
+        header = read_swap_header(self.kernel, device.devnode, PAGE_SIZE)
         return SwapArea(
             device=device.devnode,
             size_bytes=entry.size_bytes,
@@ -349,7 +342,7 @@ class SwapManager:
                     ) from e
             state = self._read_state()
             state[swap_device.devnode] = {"discard": spec.discard.value}
-            self._write_state(state)
+            self._store.save(state)
             entry = self._active_entry(swap_device)
             if entry is None:
                 raise FailedPrecondition(
@@ -379,7 +372,7 @@ class SwapManager:
         table = crypt_table(
             size_bytes(self.kernel, device), int(logical_block or 512), device.major, device.minor
         )
-        name = mapping_name(device.sysname)
+        name = MAPPING_PREFIX + device.sysname
         created = False
         try:
             self._set_nonrotational(device)
@@ -423,15 +416,12 @@ class SwapManager:
             )
 
     def _read_head(self, device: BlockDevice) -> bytes:
-        fd = open_exclusive(self.kernel, device)
-        try:
+        with open_exclusive(self.kernel, device) as fd:
             return os.pread(fd, HEAD_BYTES, 0)
-        finally:
-            os.close(fd)
 
     def _check_signatures(self, device: BlockDevice, head: bytes, force: bool) -> SwapHeader | None:
         """The existing swap header to reuse, or None when the device must be formatted."""
-        contents = probe_disk(head, device.devnode, self._page_size)
+        contents = probe_disk(head, device.devnode, PAGE_SIZE)
         data = [s for s in contents.signatures if s != SWAP_SIGNATURE]
         if data and not force:
             raise FailedPrecondition(
@@ -449,17 +439,15 @@ class SwapManager:
     def _refuse_unknown_data(self, device: BlockDevice) -> None:
         """A disk handed over for swap is blank (a sparse file reads as zeros) or swap already;
         anything else is somebody's data in a format no probe knows."""
-        fd = open_exclusive(self.kernel, device)
-        try:
-            offset = first_data_offset(fd)
-        except OSError as e:
-            raise FailedPrecondition(
-                f"reading {device.devnode} to check that it is blank failed: {errno_text(e)}",
-                "DEVICE_UNREADABLE",
-                metadata={"device": device.devnode, "errno": errno.errorcode.get(e.errno or 0)},
-            ) from e
-        finally:
-            os.close(fd)
+        with open_exclusive(self.kernel, device) as fd:
+            try:
+                offset = first_data_offset(fd)
+            except OSError as e:
+                raise FailedPrecondition(
+                    f"reading {device.devnode} to check that it is blank failed: {errno_text(e)}",
+                    "DEVICE_UNREADABLE",
+                    metadata={"device": device.devnode, "errno": errno.errorcode.get(e.errno or 0)},
+                ) from e
         if offset is not None:
             raise FailedPrecondition(
                 f"{device.devnode} is neither blank nor swap: it has data at byte offset "
@@ -482,14 +470,11 @@ class SwapManager:
         """Put the device back as it was found; say what state it is in."""
         done: list[str] = []
         try:
-            fd = open_exclusive(self.kernel, device)
-            try:
+            with open_exclusive(self.kernel, device) as fd:
                 if os.pread(fd, len(head), 0) != head:
                     os.pwrite(fd, head, 0)
                     os.fsync(fd)
                     done.append(f"restored its first {len(head)} bytes")
-            finally:
-                os.close(fd)
             if rotational is not None:
                 write_queue_value(self.kernel, device, "rotational", rotational)
                 done.append(f"restored rotational={rotational}")
@@ -530,7 +515,7 @@ class SwapManager:
                 ) from e
             state = self._read_state()
             state.pop(swap_device.devnode, None)
-            self._write_state(state)
+            self._store.save(state)
             if mapping is not None:
                 self._unmap(mapping)
             log.info("swap_disabled", device=swap_device.devnode, mapping=area.mapping)
@@ -541,11 +526,8 @@ class SwapManager:
         blank for the next EnableSwap, then remove it: the key goes with it."""
         device = mapped_device(mapping)
         try:
-            fd = open_exclusive(self.kernel, device)
-            try:
+            with open_exclusive(self.kernel, device) as fd:
                 discard_all(fd, size_bytes(self.kernel, device))
-            finally:
-                os.close(fd)
         except (AgentError, OSError) as e:
             # The disk keeps ciphertext: unreadable, but no longer blank (EnableSwap needs force).
             log.warning("mapping_not_discarded", mapping=mapping.name, error=str(e))
@@ -567,17 +549,7 @@ class SwapManager:
             device = device_for_node(self.kernel, entry.filename)
             if device is None:
                 areas.append(
-                    SwapArea(
-                        entry.filename,
-                        entry.size_bytes,
-                        entry.used_bytes,
-                        entry.priority,
-                        None,
-                        False,
-                        None,
-                        "",
-                        "",
-                    )
+                    SwapArea(entry.filename, entry.size_bytes, entry.used_bytes, entry.priority)
                 )
             else:
                 areas.append(self._area(device, entry, self._mapping_of(device)))

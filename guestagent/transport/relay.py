@@ -67,11 +67,6 @@ class ConnectionBudget:
         with self._lock:
             self._used -= 1
 
-    @property
-    def used(self) -> int:
-        with self._lock:
-            return self._used
-
 
 class _Direction:
     """Bytes from src to dst: spliced into a pipe, then out of it (or through a buffer when

@@ -17,7 +17,6 @@ and asking on only burns the guest's CPU scanning it.
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, replace
 
 from guestagent.errors import InvalidArgument
@@ -66,20 +65,19 @@ class ReclaimPolicy:
     refault_guard_fraction: float = 0.005
 
 
-# (low, high) for each bounded field; the error names the value and this range.
-INTERVAL_MS_RANGE = (100, 600_000)
-MAX_STEP_RANGE = (0.0001, 0.5)
-REFAULT_GUARD_RANGE = (0.0, 1.0)
+def _within(name: str, value: float, low: float, high: float) -> None:
+    """Refuse a policy field outside [low, high], naming the value and the range; NaN is
+    outside any range."""
+    if not low <= value <= high:
+        raise InvalidArgument(
+            f"{name} {value} is outside [{low}, {high}]",
+            "RECLAIM_POLICY_INVALID",
+            field=f"policy.{name}",
+        )
 
 
 def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
-    low, high = INTERVAL_MS_RANGE
-    if not low <= policy.interval_ms <= high:
-        raise InvalidArgument(
-            f"interval_ms {policy.interval_ms} is outside [{low}, {high}]",
-            "RECLAIM_POLICY_INVALID",
-            field="policy.interval_ms",
-        )
+    _within("interval_ms", policy.interval_ms, 100, 600_000)
     interval_us = policy.interval_ms * 1000
     if not 1 <= policy.stall_target_us < interval_us:
         raise InvalidArgument(
@@ -88,28 +86,9 @@ def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
             "RECLAIM_POLICY_INVALID",
             field="policy.stall_target_us",
         )
-    low_f, high_f = MAX_STEP_RANGE
-    step = policy.max_step_fraction
-    if not (math.isfinite(step) and low_f <= step <= high_f):
-        raise InvalidArgument(
-            f"max_step_fraction {step} is outside [{low_f}, {high_f}]",
-            "RECLAIM_POLICY_INVALID",
-            field="policy.max_step_fraction",
-        )
-    low_g, high_g = REFAULT_GUARD_RANGE
-    guard = policy.refault_guard_fraction
-    if not (math.isfinite(guard) and low_g <= guard <= high_g):
-        raise InvalidArgument(
-            f"refault_guard_fraction {guard} is outside [{low_g}, {high_g}]",
-            "RECLAIM_POLICY_INVALID",
-            field="policy.refault_guard_fraction",
-        )
-    if not 0 <= policy.floor_bytes <= LONG_MAX:
-        raise InvalidArgument(
-            f"floor_bytes {policy.floor_bytes} is outside [0, {LONG_MAX}]",
-            "RECLAIM_POLICY_INVALID",
-            field="policy.floor_bytes",
-        )
+    _within("max_step_fraction", policy.max_step_fraction, 0.0001, 0.5)
+    _within("refault_guard_fraction", policy.refault_guard_fraction, 0.0, 1.0)
+    _within("floor_bytes", policy.floor_bytes, 0, LONG_MAX)
     return policy
 
 

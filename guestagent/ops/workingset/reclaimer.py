@@ -203,7 +203,6 @@ class Reclaimer:
         self.kernel = kernel
         self._stall = stall
         self._clock = clock
-        self._page_size = PAGE_SIZE
         self._writer = StepWriter(clock, PAGE_SIZE, write)
         self._compaction = CompactionTrigger(kernel, clock, PAGE_SIZE, compaction_rule, stall)
         self._store = state_file(kernel, RECLAIM_POLICIES)
@@ -428,13 +427,13 @@ class Reclaimer:
             scale = min(1.0, interval / max(started - previous.at, 1e-6))
             sample = Sample(
                 int(max(0, stall) * scale),
-                int(max(0, refaults) * self._page_size * scale),
+                int(max(0, refaults) * PAGE_SIZE * scale),
                 reading.current,
                 reading.protected,
                 progress.reclaimed_last,
                 progress.low_yield,
             )
-            decision = decide(sample, policy, target.state, self._page_size)
+            decision = decide(sample, policy, target.state, PAGE_SIZE)
             target.state = decision.state
             target.progress = replace(
                 progress,
