@@ -180,7 +180,8 @@ def disk_with(path: Path, size: int, *writes: tuple[int, bytes]) -> int:
         ((), None),
         # 16 bytes of text at 0 and 4 MiB of random bytes at 1 MiB: issue 13's example.
         (((0, b"precious text 16"), (MIB, os.urandom(4 * MIB))), 0),
-        (((40 * MIB, os.urandom(MIB)),), 40 * MIB),
+        # Random bytes whose first is not zero (os.urandom's is, one time in 256).
+        (((40 * MIB, b"\xff" + os.urandom(MIB - 1)),), 40 * MIB),
         (((63 * MIB + 5, b"tail"),), 63 * MIB + 5),
         # Between two samples, not reaching the next: sampling misses it, by design.
         (((40 * MIB + 8, b"x" * 16),), None),
