@@ -24,13 +24,13 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from guestagent.errors import AgentError, FailedPrecondition, errno_text
 from guestagent.jsonlog import EventLog
 from guestagent.linux.fs import KernelFS
+from guestagent.records import record
 
 log = EventLog("guestagent.statestore")
 T = TypeVar("T")
@@ -60,7 +60,7 @@ class StateFileError(FailedPrecondition):
     default_reason = "STATE_UNUSABLE"
 
 
-@dataclass(frozen=True)
+@record
 class StateFile:
     path: Path
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
+
+from guestagent.records import record
 
 UNIT_SUFFIXES = ("_bytes", "_blocks")
 
@@ -28,7 +30,7 @@ M = TypeVar("M", bound=Message)
 Converted = tuple[str, Callable[[Any], Any]]
 
 
-@dataclass(frozen=True)
+@record
 class Pair:
     """A domain dataclass and the message it is encoded as."""
 

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 
 from guestagent.agent.audit import audit_undecodable
 from guestagent.agent.peers import PeerTable
+from guestagent.records import record
 
 if TYPE_CHECKING:  # grpc.RpcMethodHandler is generic only in its type stubs.
     Handler: TypeAlias = grpc.RpcMethodHandler[Any, Any]
 
 
-@dataclass(frozen=True)
+@record
 class Undecodable:
     size: int
     error: str

@@ -11,7 +11,7 @@ import contextlib
 import enum
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from guestagent import errors
 from guestagent.jsonlog import EventLog, Repeats
@@ -21,6 +21,7 @@ from guestagent.linux.kernel import Kernel
 from guestagent.linux.watch import KernelSignals, PressureTriggerSpec, Signal, SignalHub
 from guestagent.ops.idle import IdleSpec
 from guestagent.ops.info import InfoSpec, Report, Reporter
+from guestagent.records import record
 
 log = EventLog("guestagent.watch")
 repeats = Repeats(log)
@@ -41,7 +42,7 @@ class WatchReason(enum.Enum):
     PRESSURE = "pressure"
 
 
-@dataclass(frozen=True)
+@record
 class WatchSpec:
     cgroups: tuple[str, ...] = ()
     interval_s: float = DEFAULT_WATCH_INTERVAL_MS / 1000
@@ -55,7 +56,7 @@ class WatchSpec:
         return InfoSpec(self.cgroups, self.idle)
 
 
-@dataclass(frozen=True)
+@record
 class WatchUpdate:
     answer: Report  # As GetMemoryInfo's (ops/info.py), read afresh for each message.
     reason: WatchReason
@@ -80,7 +81,7 @@ def watch_interval_seconds(interval_ms: int) -> float:
 POLLS_PER_WINDOW = 4
 
 
-@dataclass(frozen=True)
+@record
 class Triggers:
     """What a stream arms: a PSI trigger, or the same rule polled over delay accounting."""
 

@@ -13,7 +13,6 @@ import stat
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,6 +28,7 @@ from guestagent.errors import (
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.udev import open_udev
+from guestagent.records import record
 
 # Enough of a disk's start to see every signature below (btrfs sits at 64 KiB).
 HEAD_BYTES = 128 * 1024
@@ -41,7 +41,7 @@ BLANK_SAMPLES = 1024
 BLANK_SAMPLE_BYTES = PAGE_SIZE
 
 
-@dataclass(frozen=True)
+@record
 class DeviceSelector:
     """A device named by path (/dev/vdb) or by virtio serial (udev ID_SERIAL, e.g. swap0)."""
 
@@ -83,7 +83,7 @@ class DeviceSelector:
         return self.path if self.path is not None else f"serial {quoted(self.serial or '')}"
 
 
-@dataclass(frozen=True)
+@record
 class BlockDevice:
     devnode: str  # /dev/vdb
     sysname: str  # vdb
@@ -198,7 +198,7 @@ def first_data_offset(fd: int, page_size: int = PAGE_SIZE) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
+@record
 class Mount:
     major: int
     minor: int

@@ -8,7 +8,6 @@ made on request is made whole (its controller enabled in every ancestor) or not 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from guestagent.errors import (
     quoted,
 )
 from guestagent.linux.fs import KernelFS
+from guestagent.records import record
 
 SUBTREE_CONTROL = "cgroup.subtree_control"
 # The controller a cgroup made on request is made for: this agent acts on memory alone.
@@ -90,7 +90,7 @@ def cgroup_dir(fs: KernelFS, name: str) -> Path:
     return path
 
 
-@dataclass(frozen=True)
+@record
 class CreatedCgroup:
     """A cgroup made on request, and what was changed to make it, so it can be undone."""
 

@@ -7,9 +7,8 @@ host also shows (an SNP-capable host's cpuinfo lists sev_snp too).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from guestagent.linux.fs import KernelFS
+from guestagent.records import record
 
 SEV_SNP = "sev-snp"
 TDX = "tdx"
@@ -19,7 +18,7 @@ OTHER = "other"
 SETTINGS = ("auto", "yes", "no")
 
 
-@dataclass(frozen=True)
+@record
 class ConfidentialFacts:
     cpu_flags: frozenset[str]
     # arch/x86/kernel/sev.c snp_init_platform_device(): registered only in an SNP guest.
@@ -30,7 +29,7 @@ class ConfidentialFacts:
     tdx_guest_node: bool
 
 
-@dataclass(frozen=True)
+@record
 class Confidential:
     platform: str  # sev-snp, tdx, none, or other (declared by --confidential=yes).
     evidence: str  # The fact that decided it, or the flag.

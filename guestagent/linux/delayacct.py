@@ -40,6 +40,7 @@ from guestagent.errors import AgentError
 from guestagent.linux.features import DELAYACCT, Absent
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.taskstats import TaskDelays, TaskstatsClient
+from guestagent.records import record
 
 # The stall sources a reclaimer target or a report names.
 PSI_STALL = "psi_stall"
@@ -106,7 +107,7 @@ def read_subtree_tgids(fs: KernelFS, directory: Path) -> tuple[int, ...]:
     return tuple(found)
 
 
-@dataclass(frozen=True)
+@record
 class TaskSample:
     memory_ns: int
     elapsed_us: int

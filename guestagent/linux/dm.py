@@ -15,11 +15,11 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from dataclasses import dataclass
 
 from guestagent.errors import AgentError, FailedPrecondition, errno_text
 from guestagent.linux import syscalls
 from guestagent.linux.fs import KernelFS
+from guestagent.records import record
 
 # struct dm_ioctl: version[3], data_size, data_start, target_count, open_count, flags,
 # event_nr, padding, dev, name[128], uuid[129], data[7].
@@ -95,7 +95,7 @@ def pack_ioctl(
     return buffer
 
 
-@dataclass(frozen=True)
+@record
 class IoctlHeader:
     data_size: int
     data_start: int
@@ -107,7 +107,7 @@ def unpack_ioctl(buffer: bytes | bytearray) -> IoctlHeader:
     return IoctlHeader(fields[3], fields[4], fields[7])
 
 
-@dataclass(frozen=True)
+@record
 class CryptTable:
     """One crypt target over a whole disk, all but the key (which only the ioctl buffer holds)."""
 
@@ -200,7 +200,7 @@ def parse_target_versions(buffer: bytes | bytearray) -> dict[str, tuple[int, int
     return targets
 
 
-@dataclass(frozen=True)
+@record
 class Mapping:
     """A device-mapper device as sysfs shows it."""
 

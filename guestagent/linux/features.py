@@ -10,11 +10,11 @@ every read by name, which is what GetAgentInfo lists, so a feature added there i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from guestagent.linux.dm import DeviceMapper, has_crypt_target
 from guestagent.linux.fs import KernelFS
+from guestagent.records import record
 
 # The features a report or a status may list as absent.
 PSI = "psi"
@@ -26,7 +26,7 @@ SWAP_ENCRYPTION = "swap_encryption"
 VIRTIO_MEM = "virtio_mem"
 
 
-@dataclass(frozen=True)
+@record
 class Absent:
     """A kernel feature that is not there, and why (the reason says how to get it)."""
 

@@ -18,7 +18,6 @@ import errno
 import functools
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,6 +30,7 @@ from guestagent.errors import (
     quoted,
 )
 from guestagent.linux import syscalls
+from guestagent.records import record
 
 _BENEATH = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
 _DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
@@ -69,7 +69,7 @@ def have_openat2() -> bool:
     return True
 
 
-@dataclass(frozen=True)
+@record
 class KernelFS:
     root: Path = Path("/")
     # Where cgroup2 is mounted, relative to root.

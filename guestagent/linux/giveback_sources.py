@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from guestagent.errors import AgentError
 from guestagent.linux.abi import PAGE_SIZE, reporting_order
@@ -15,9 +14,10 @@ from guestagent.linux.memblocks import HotplugReport
 from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.meminfo import SystemMemory
 from guestagent.linux.mm import read_free_blocks_optional, zoneinfo_sum
+from guestagent.records import record
 
 
-@dataclass(frozen=True)
+@record
 class DeviceBlocks:
     """A virtio-mem device as the guest holds it."""
 
@@ -27,7 +27,7 @@ class DeviceBlocks:
     block_size: int
 
 
-@dataclass(frozen=True)
+@record
 class Protection:
     """A top-level cgroup's memory.min/memory.low as far as it uses it."""
 
@@ -36,7 +36,7 @@ class Protection:
     protected: int
 
 
-@dataclass(frozen=True)
+@record
 class GiveBackSources:
     """The system-wide kernel values the figures come from, in bytes."""
 

@@ -5,13 +5,12 @@ never import linux/fs.py, so no file name is assembled outside linux/ (tests/uni
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memcg import MemoryCgroup, memory_cgroup
+from guestagent.records import record
 
 
-@dataclass(frozen=True)
+@record
 class Kernel(KernelFS):
     def cgroup(self, name: str) -> MemoryCgroup:
         """The memory controller of an existing cgroup, named relative to the mount."""

@@ -17,18 +17,18 @@ import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from guestagent.errors import AgentError, KernelFormat, kernel_error
 from guestagent.linux import syscalls
 from guestagent.linux.features import MGLRU, Absent, read_idle_ages_absence
 from guestagent.linux.fs import KernelFS
+from guestagent.records import record
 
 DEBUGFS = "debugfs"
 
 
-@dataclass(frozen=True)
+@record
 class Generation:
     seq: int
     age_ms: int  # Since the generation was opened.
@@ -36,7 +36,7 @@ class Generation:
     file_pages: int
 
 
-@dataclass(frozen=True)
+@record
 class Lruvec:
     """One memcg's generations on one NUMA node, oldest first."""
 

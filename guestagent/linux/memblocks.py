@@ -14,18 +14,18 @@ Parsing is pure; the reads are at the bottom.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from guestagent.errors import AgentError, KernelFormat
 from guestagent.linux.fs import KernelFS
+from guestagent.records import record
 
 MOVABLE_ZONE = "Movable"
 _IOMEM_LINE = re.compile(r"^(?P<indent> *)(?P<start>[0-9a-f]+)-(?P<end>[0-9a-f]+) : (?P<name>.*)$")
 _VIRTIO_DEVICE = re.compile(r"^virtio\d+$")
 
 
-@dataclass(frozen=True)
+@record
 class IomemRange:
     start: int
     end: int  # Inclusive, as /proc/iomem prints it.
@@ -37,7 +37,7 @@ class IomemRange:
         return self.end - self.start + 1
 
 
-@dataclass(frozen=True)
+@record
 class VirtioMemRegion:
     device: str  # The virtio device, e.g. "virtio4".
     start: int
@@ -47,7 +47,7 @@ class VirtioMemRegion:
         return range(self.start // block_size, (self.start + self.size) // block_size)
 
 
-@dataclass(frozen=True)
+@record
 class MemoryBlock:
     index: int
     state: str  # online, offline, going-offline
@@ -66,7 +66,7 @@ class MemoryBlock:
         return self.online and self.zone == MOVABLE_ZONE
 
 
-@dataclass(frozen=True)
+@record
 class RegionBlocks:
     region: VirtioMemRegion
     movable: int
@@ -75,7 +75,7 @@ class RegionBlocks:
     added: int  # Bytes in the memory blocks the driver has added to Linux.
 
 
-@dataclass(frozen=True)
+@record
 class HotplugReport:
     block_size: int
     movable_blocks: int  # Online in ZONE_MOVABLE.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +17,7 @@ from guestagent.linux.cgroups import cgroup_dir
 from guestagent.linux.fs import KernelFS, parsed
 from guestagent.linux.keyed import parse_flat_keyed, workingset_refaults
 from guestagent.linux.psi import Pressure, parse_pressure, read_pressure
+from guestagent.records import record
 
 MEMORY_MAX = "memory.max"
 SWAP_MAX = "memory.swap.max"
@@ -67,7 +68,7 @@ def same_limit(a: str, b: str, page_size: int) -> bool:
         return a.strip() == b.strip()
 
 
-@dataclass(frozen=True)
+@record
 class MemoryEvents:
     low: int = 0
     high: int = 0
@@ -80,7 +81,7 @@ def memory_events_from(values: dict[str, int]) -> MemoryEvents:
     return MemoryEvents(**{f.name: values.get(f.name, 0) for f in fields(MemoryEvents)})
 
 
-@dataclass(frozen=True)
+@record
 class MemoryStat:
     """memory.stat, from one read."""
 
@@ -105,13 +106,13 @@ def memory_stat_from(values: dict[str, int]) -> MemoryStat:
     )
 
 
-@dataclass(frozen=True)
+@record
 class CgroupSwap:
     current: int
     max: int | None
 
 
-@dataclass(frozen=True)
+@record
 class CgroupMemory:
     path: str
     current: int
@@ -131,7 +132,7 @@ class CgroupMemory:
     delay_stall_us: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class ReclaimReading:
     """What the reclaimer reads of a cgroup each interval."""
 
@@ -141,7 +142,7 @@ class ReclaimReading:
     protected: int  # max(memory.min, memory.low): the kernel's own floor for the cgroup.
 
 
-@dataclass(frozen=True)
+@record
 class MemoryCgroup:
     """A handle on one cgroup directory's memory controller."""
 

@@ -8,7 +8,7 @@ feature that is off (PSI, swap accounting) is reported as None, never as zero.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, NotFound
@@ -19,9 +19,10 @@ from guestagent.linux.memblocks import HotplugReport, HotplugReportCache, read_h
 from guestagent.linux.memcg import CgroupMemory, memory_cgroup
 from guestagent.linux.psi import Pressure, read_pressure
 from guestagent.linux.vmstat import VmStat, read_vmstat
+from guestagent.records import record
 
 
-@dataclass(frozen=True)
+@record
 class SystemMemory:
     mem_total: int
     mem_free: int
@@ -38,7 +39,7 @@ class SystemMemory:
     reclaimable_slab: int = 0  # SReclaimable.
 
 
-@dataclass(frozen=True)
+@record
 class MemoryReport:
     collected_at_unix_ns: int
     system: SystemMemory

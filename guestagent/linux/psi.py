@@ -3,14 +3,14 @@ one format, parsed here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from guestagent.errors import KernelFormat
 from guestagent.linux.fs import KernelFS, parsed
+from guestagent.records import record
 
 
-@dataclass(frozen=True)
+@record
 class PressureLine:
     avg10: float
     avg60: float
@@ -18,7 +18,7 @@ class PressureLine:
     total_us: int
 
 
-@dataclass(frozen=True)
+@record
 class Pressure:
     some: PressureLine
     full: PressureLine

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 
 from guestagent.errors import AgentError, KernelFormat
 from guestagent.linux.blockdev import SWAP_SIGNATURE, probe_signatures
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.tools import blkid_signatures
+from guestagent.records import record
 
 _OCTAL_ESCAPE = re.compile(rb"\\([0-3][0-7]{2})")
 # Only the separators the kernel writes: a name keeps a raw \v, \f or \r, which bytes.split()
@@ -26,7 +26,7 @@ _SEPARATORS = re.compile(rb"[ \t]+")
 _COLUMNS_AFTER_NAME = 4
 
 
-@dataclass(frozen=True)
+@record
 class ActiveSwap:
     filename: str
     kind: str  # "partition" for a block device, "file" for a swap file.
@@ -35,7 +35,7 @@ class ActiveSwap:
     priority: int
 
 
-@dataclass(frozen=True)
+@record
 class SwapHeader:
     uuid: str
     label: str
@@ -94,7 +94,7 @@ def active_swaps(fs: KernelFS) -> list[ActiveSwap] | None:
     return parse_proc_swaps(fs.read_bytes(path))
 
 
-@dataclass(frozen=True)
+@record
 class DiskContents:
     signatures: tuple[str, ...]  # What the probes found on the disk, "swap" among them.
     swap_header: SwapHeader | None  # The swap header in the head, if it holds one.

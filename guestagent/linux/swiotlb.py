@@ -19,12 +19,12 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass
 
 from guestagent.errors import AgentError, KernelFormat, kernel_error
 from guestagent.linux.features import Absent
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.lru_gen import debugfs
+from guestagent.records import record
 
 SWIOTLB = "swiotlb"
 SLAB_BYTES = 1 << 11  # IO_TLB_SHIFT
@@ -36,7 +36,7 @@ _TORN_DOWN = "software IO TLB: tearing down default memory pool"
 _RECORD_BYTES = 16384
 
 
-@dataclass(frozen=True)
+@record
 class Swiotlb:
     size: int  # bytes; 0 when the kernel set no pool up
     source: str  # DEBUGFS_SOURCE or BOOT_LOG_SOURCE

@@ -23,9 +23,9 @@ import socket
 import struct
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from guestagent.errors import AgentError, KernelFormat, kernel_error
+from guestagent.records import record
 
 FAMILY_NAME = "TASKSTATS"
 
@@ -61,7 +61,7 @@ THRASHING_DELAY = 336
 COMPACT_DELAY = 360
 
 
-@dataclass(frozen=True)
+@record
 class TaskDelays:
     """One thread group's memory delays so far, in ns; None where its kernel has no such field."""
 

@@ -10,11 +10,11 @@ straight from the kernel's uevents, as kata's extension mount script finds its d
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from guestagent.linux.fs import KernelFS
+from guestagent.records import record
 
 LIBUDEV_SONAME = "libudev.so.1"
 
@@ -39,7 +39,7 @@ def load_pyudev() -> ModuleType:
     return importlib.import_module("pyudev")
 
 
-@dataclass(frozen=True)
+@record
 class Udev:
     """A libudev context and where its events come from: "udev" (the daemon's, after its
     rules ran) or "kernel" (raw uevents, when no udevd runs)."""

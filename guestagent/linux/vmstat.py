@@ -7,13 +7,14 @@ compaction stalls.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.keyed import parse_flat_keyed, workingset_refaults
+from guestagent.records import record
 
 
-@dataclass(frozen=True)
+@record
 class VmStat:
     pswpin: int
     pswpout: int

@@ -15,7 +15,6 @@ import errno
 import os
 import select
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 from guestagent.errors import (
@@ -28,6 +27,7 @@ from guestagent.errors import (
 from guestagent.jsonlog import EventLog, Repeats
 from guestagent.linux import syscalls
 from guestagent.linux.fs import KernelFS
+from guestagent.records import record
 
 log = EventLog("guestagent.linux.watch")
 repeats = Repeats(log)
@@ -46,7 +46,7 @@ class Signal(enum.Enum):
     PRESSURE = "pressure"
 
 
-@dataclass(frozen=True)
+@record
 class PressureTriggerSpec:
     stall_us: int = DEFAULT_TRIGGER_STALL_US
     window_us: int = DEFAULT_TRIGGER_WINDOW_US

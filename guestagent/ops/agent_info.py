@@ -6,21 +6,20 @@ older agent ignores and leaves unset): docs/contract.md lists each revision.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from guestagent import __version__
 from guestagent.errors import ERROR_DOMAIN
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import DELAYACCT, IDLE_AGES, Absent, read_features
 from guestagent.linux.kernel import Kernel
 from guestagent.ops.idle import NOT_AGED, IdleState
+from guestagent.records import record
 
 # 1: the contract before GetAgentInfo. 2: GetAgentInfo, refusal reasons (ErrorInfo), watch
 # streams that report a removed cgroup and go on.
 CONTRACT_REVISION = 3
 
 
-@dataclass(frozen=True)
+@record
 class AgentInfo:
     version: str
     contract_revision: int

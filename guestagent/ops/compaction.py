@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from guestagent.errors import DeadlineExceeded
@@ -23,11 +22,12 @@ from guestagent.linux.mm import (
     read_free_blocks,
     trigger_compaction,
 )
+from guestagent.records import record
 
 log = EventLog("guestagent.ops.compaction")
 
 
-@dataclass(frozen=True)
+@record
 class CompactResult:
     node: int | None
     duration_s: float

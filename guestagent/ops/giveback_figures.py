@@ -16,14 +16,13 @@ the reason it is what it is (docs/giveback.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from guestagent.linux.features import Absent
 from guestagent.linux.giveback_sources import GiveBackSources, read_giveback_sources
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import CgroupSwap
 from guestagent.linux.meminfo import MemoryReport
 from guestagent.ops.idle import IdleHistogram, IdleSpec, IdleState, IdleView
+from guestagent.records import record
 from guestagent.sizes import MIB
 
 # Room above the high watermarks for the working set to breathe: ages are as of the last
@@ -33,20 +32,20 @@ SLACK_MIN = 64 * MIB
 SLACK_SHARE = 4  # A quarter of the memory in use, when that is more than SLACK_MIN.
 
 
-@dataclass(frozen=True)
+@record
 class Figure:
     bytes: int
     reason: str
 
 
-@dataclass(frozen=True)
+@record
 class VirtioMemTarget:
     device: str
     plugged_bytes: int
     safe_requested_size: Figure
 
 
-@dataclass(frozen=True)
+@record
 class GiveBack:
     cold_after_ms: int
     cold: Figure | None  # None without idle ages (absent, never zero).
@@ -230,14 +229,14 @@ def cgroup_giveback(
     return GiveBack(cold_after_ms, cold_figure(anon, file, swap_room, cold_after_ms, barred))
 
 
-@dataclass(frozen=True)
+@record
 class CgroupGiveBack:
     path: str
     idle: IdleHistogram | None
     giveback: GiveBack
 
 
-@dataclass(frozen=True)
+@record
 class GiveBackFigures:
     """A report's idle histograms and give-back figures; absent says why there are no idle
     ages (then every histogram and cold figure is unset)."""

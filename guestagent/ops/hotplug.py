@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import socket
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from guestagent.errors import AgentError, FailedPrecondition, InvalidArgument
@@ -38,6 +37,7 @@ from guestagent.linux.memblocks import (
 )
 from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.uevents import is_memory_added, open_uevents, read_uevents
+from guestagent.records import record
 
 if TYPE_CHECKING:  # The command line imports this module before it may import asyncio.
     import asyncio
@@ -50,7 +50,7 @@ POLICIES = (AUTO_MOVABLE, *ONLINE_STATES)
 DEFAULT_MOVABLE_RATIO = 301
 
 
-@dataclass(frozen=True)
+@record
 class OnlinePolicy:
     mode: str = AUTO_MOVABLE
     # Movable memory at most this many percent of the boot memory in kernel zones.
@@ -71,7 +71,7 @@ class OnlinePolicy:
             )
 
 
-@dataclass(frozen=True)
+@record
 class OnlineResult:
     onlined: tuple[str, ...]
     failed: tuple[str, ...]  # "memory42: write ...: EBUSY ..." for blocks the kernel refused.

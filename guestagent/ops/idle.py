@@ -23,7 +23,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 from guestagent.errors import AgentError, InvalidArgument
 from guestagent.jsonlog import EventLog
@@ -39,6 +39,7 @@ from guestagent.linux.lru_gen import (
     write_aging,
 )
 from guestagent.linux.syscalls import name_thread
+from guestagent.records import record
 
 log = EventLog("guestagent.ops.idle")
 
@@ -55,7 +56,7 @@ NS_PER_MS = 1_000_000
 THREAD_NAME = "idle-ager"
 
 
-@dataclass(frozen=True)
+@record
 class IdleSpec:
     """What a report asks: bin edges (ms, ascending) and the age from which memory is cold."""
 
@@ -87,7 +88,7 @@ def idle_spec(edges_ms: Iterable[int], cold_after_ms: int) -> IdleSpec:
     return IdleSpec(edges, cold_after_ms or DEFAULT_COLD_AFTER_MS)
 
 
-@dataclass(frozen=True)
+@record
 class Layer:
     """Pages last found accessed `idle_ms` before their lruvec's last aging."""
 
@@ -96,7 +97,7 @@ class Layer:
     file: int
 
 
-@dataclass(frozen=True)
+@record
 class Book:
     """One lruvec's generations as layers, as of its last aging (the youngest's birth)."""
 
@@ -168,21 +169,21 @@ def advance(previous: Book | None, lruvec: Lruvec, read_ns: int) -> Book:
     return Book(aged_ns, layers)
 
 
-@dataclass(frozen=True)
+@record
 class IdleBin:
     idle_at_least_ms: int
     anon_bytes: int
     file_bytes: int
 
 
-@dataclass(frozen=True)
+@record
 class IdleHistogram:
     source: str
     bins: tuple[IdleBin, ...]
     aged_at_unix_ns: int
 
 
-@dataclass(frozen=True)
+@record
 class IdleView:
     """Layers of one cgroup's subtree (or the guest), as of aged_ns: what reports bin."""
 
@@ -242,7 +243,7 @@ def view_of(books: dict[tuple[int, str, int], Book], cgroup: str) -> IdleView | 
 NOT_AGED = Absent(MGLRU, "the idle ages are not read yet: the first aging runs")
 
 
-@dataclass(frozen=True)
+@record
 class IdleState:
     """The ager's last result: books by (memcg id, path, node), or why there are none. The
     books keep the monotonic clock (a stepped wall clock, as after a snapshot's restore,

@@ -4,7 +4,7 @@ the cgroups it acts on among those asked about, and what kind of guest this is."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from guestagent.linux.confidential import NONE, Confidential
 from guestagent.linux.delayacct import DelayStallMeter
@@ -14,16 +14,17 @@ from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.ops.giveback_figures import GiveBackFigures, giveback_figures
 from guestagent.ops.idle import IdleAger, IdleSpec
 from guestagent.ops.workingset.reclaimer import Reclaimer, TargetStatus
+from guestagent.records import record
 from guestagent.statestore import state_unavailable
 
 
-@dataclass(frozen=True)
+@record
 class InfoSpec:
     cgroups: tuple[str, ...] = ()
     idle: IdleSpec = field(default_factory=IdleSpec)
 
 
-@dataclass(frozen=True)
+@record
 class Report:
     report: MemoryReport
     confidential: Confidential
@@ -36,7 +37,7 @@ class Report:
 NOT_CONFIDENTIAL = Confidential(NONE, "")
 
 
-@dataclass(frozen=True)
+@record
 class Reporter:
     """What a report is read from. One per agent, shared by GetMemoryInfo and every stream;
     a part left None (a test's) leaves its figures out of the report."""

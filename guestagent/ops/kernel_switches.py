@@ -11,8 +11,6 @@ tmpfiles or sysctl.d. `keep` leaves each as found (and the figures that need it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from guestagent.errors import AgentError
 from guestagent.linux.delayacct import read_task_delayacct, write_task_delayacct
 from guestagent.linux.features import (
@@ -22,6 +20,7 @@ from guestagent.linux.features import (
     write_lru_gen_enabled,
 )
 from guestagent.linux.kernel import Kernel
+from guestagent.records import record
 
 ON, KEEP = "on", "keep"
 MODES = (ON, KEEP)
@@ -29,7 +28,7 @@ DELAYACCT_SETTING = "kernel.task_delayacct"
 MGLRU_SETTING = "lru_gen/enabled"
 
 
-@dataclass(frozen=True)
+@record
 class Switch:
     """One setting at start: what it was, what it is now, and why it was left if it was."""
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from guestagent.errors import (
     Aborted,
@@ -34,6 +33,7 @@ from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import MEMORY_LOW, MEMORY_MAX, SWAP_MAX, MemoryCgroup, same_limit
 from guestagent.ops import limits_journal
 from guestagent.ops.limits_journal import FileChange, Journal
+from guestagent.records import record
 from guestagent.statestore import StateFileError
 
 log = EventLog("guestagent.ops.limits")
@@ -44,7 +44,7 @@ OCI_UNLIMITED = -1  # The OCI spec's "no limit", written to the kernel as "max".
 _lock = threading.Lock()
 
 
-@dataclass(frozen=True)
+@record
 class MemorySpec:
     """linux.resources.memory: None and 0 both mean "not given", as in the OCI spec."""
 
@@ -53,7 +53,7 @@ class MemorySpec:
     reservation: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class CgroupMemoryValues:
     """The text to write to each file; None leaves the file untouched."""
 
@@ -62,7 +62,7 @@ class CgroupMemoryValues:
     memory_low: str | None
 
 
-@dataclass(frozen=True)
+@record
 class AppliedLimits:
     memory_max: str  # What the kernel holds after the call, read back: "max" or bytes.
     swap_max: str | None  # None when the kernel has no swap accounting.
@@ -143,7 +143,7 @@ def cgroup_values(spec: MemorySpec) -> CgroupMemoryValues:
     return CgroupMemoryValues(memory_max, _swap_max(limit, total), memory_low)
 
 
-@dataclass(frozen=True)
+@record
 class SetLimitsSpec:
     cgroup: str
     memory: MemorySpec
@@ -227,7 +227,7 @@ class _Journaling:
         limits_journal.discard(self.kernel)
 
 
-@dataclass(frozen=True)
+@record
 class Rollback:
     """What rolling a journal back did: each file put back, or why it could not be."""
 

@@ -13,13 +13,13 @@ and loads the journal; the rollback is ops/limits.py's, the same one a failed ca
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from guestagent.errors import InvalidArgument, quoted
 from guestagent.linux.cgroups import validate_cgroup_name
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import LIMIT_FILES
+from guestagent.records import record
 from guestagent.statestore import LIMITS_JOURNAL, StateFile, StateFileError, state_file
 
 FORMAT_VERSION = 1
@@ -29,14 +29,14 @@ class JournalFormatError(StateFileError):
     """A journal this agent cannot read: written by a newer agent, or damaged."""
 
 
-@dataclass(frozen=True)
+@record
 class FileChange:
     file: str  # memory.max, memory.swap.max or memory.low
     old: str  # the text read before the call, as the kernel showed it
     new: str  # the text the call writes
 
 
-@dataclass(frozen=True)
+@record
 class Journal:
     cgroup: str  # relative to the cgroup2 mount, as the caller named it
     changes: tuple[FileChange, ...]  # in the order they are written

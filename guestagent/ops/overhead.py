@@ -9,8 +9,6 @@ the swiotlb, which a confidential guest sizes with its memory, so an operator ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.features import Absent
 from guestagent.linux.kernel import Kernel
@@ -18,9 +16,10 @@ from guestagent.linux.memblocks import block_size_bytes, memory_blocks
 from guestagent.linux.meminfo import read_system_memory
 from guestagent.linux.mm import read_own_rss, read_present_bytes
 from guestagent.linux.swiotlb import Swiotlb, read_swiotlb
+from guestagent.records import record
 
 
-@dataclass(frozen=True)
+@record
 class GuestOverhead:
     present: int
     mem_total: int

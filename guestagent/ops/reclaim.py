@@ -8,24 +8,23 @@ its cache and pays for it in I/O afterwards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from guestagent.errors import InvalidArgument
 from guestagent.jsonlog import EventLog
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.mm import drop_caches as drop_caches_now
+from guestagent.records import record
 
 log = EventLog("guestagent.ops.reclaim")
 
 
-@dataclass(frozen=True)
+@record
 class ReclaimSpec:
     cgroup: str
     bytes: int
     drop_caches: int = 0  # The drop_caches level to write first, 0 for none.
 
 
-@dataclass(frozen=True)
+@record
 class ReclaimResult:
     cgroup: str
     requested_bytes: int

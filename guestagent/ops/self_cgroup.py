@@ -11,7 +11,6 @@ started by kata-agent (a guest extension), it shares kata-agent's cgroup, so it 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from enum import Enum
 
 from guestagent.errors import AgentError, errno_text
@@ -25,6 +24,7 @@ from guestagent.linux.cgroups import (
     read_own_cgroup,
 )
 from guestagent.linux.kernel import Kernel
+from guestagent.records import record
 from guestagent.sizes import MIB
 
 log = EventLog("guestagent.ops.self_cgroup")
@@ -51,7 +51,7 @@ class Action(Enum):
     SKIP = "skip"  # cannot or should not: not root, no cgroup2 root, no memory controller
 
 
-@dataclass(frozen=True)
+@record
 class Decision:
     action: Action
     reason: str

@@ -18,7 +18,7 @@ import enum
 import errno
 import os
 import threading
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 from guestagent.errors import (
     Aborted,
@@ -75,6 +75,7 @@ from guestagent.linux.swaps import (
     read_swap_header,
 )
 from guestagent.linux.tools import run_mkswap
+from guestagent.records import record
 from guestagent.statestore import SWAPS, state_file
 
 log = EventLog("guestagent.ops.swap")
@@ -134,7 +135,7 @@ def mapped_device(mapping: Mapping) -> BlockDevice:
     return BlockDevice(mapping.devnode, mapping.sysname, "disk", mapping.major, mapping.minor)
 
 
-@dataclass(frozen=True)
+@record
 class EnableSwapSpec:
     selector: DeviceSelector
     priority: int | None = None
@@ -159,7 +160,7 @@ class EnableSwapSpec:
             )
 
 
-@dataclass(frozen=True)
+@record
 class SwapArea:
     device: str
     size_bytes: int

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from dataclasses import dataclass
 
 from guestagent.errors import InvalidArgument
+from guestagent.records import record
 
 HOST_CID = 2  # VMADDR_CID_HOST: the hypervisor side, the only trusted caller.
 # 1024 is kata-agent's and vminitd's (1025/1026 are kata's log and debug console, vminitd's
@@ -14,13 +14,13 @@ HOST_CID = 2  # VMADDR_CID_HOST: the hypervisor side, the only trusted caller.
 DEFAULT_VSOCK_PORT = 6464
 
 
-@dataclass(frozen=True)
+@record
 class VsockAddress:
     cid: int
     port: int
 
 
-@dataclass(frozen=True)
+@record
 class HybridVsockAddress:
     """A Cloud Hypervisor / Firecracker vsock: a host unix socket plus a CONNECT handshake."""
 
@@ -28,12 +28,12 @@ class HybridVsockAddress:
     port: int
 
 
-@dataclass(frozen=True)
+@record
 class UnixAddress:
     path: str
 
 
-@dataclass(frozen=True)
+@record
 class TcpAddress:
     host: str
     port: int

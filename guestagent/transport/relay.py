@@ -18,10 +18,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from guestagent.jsonlog import EventLog, Repeats
+from guestagent.records import record
 
 log = EventLog("guestagent.relay")
 # Failures that repeat with the load (an accept failing for want of descriptors) log one line
@@ -213,7 +214,7 @@ class _Connection:
             self.release()
 
 
-@dataclass(frozen=True)
+@record
 class Upstream:
     """The far side for an admitted caller, and what to call when the pair closes.
 

@@ -17,7 +17,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
 
 # Modules at the top of the package that both sides of the vsock use.
-SHARED = {"errors", "jsonlog", "transport", "sizes"}
+SHARED = {"errors", "jsonlog", "transport", "sizes", "records"}
 # The byte units: the one module the build may share with the agent.
 UNITS = "guestagent.sizes"
 GRPC_OR_CONTRACT = (

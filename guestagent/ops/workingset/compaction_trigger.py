@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from guestagent.errors import AgentError
 from guestagent.linux.abi import reporting_order
@@ -18,6 +17,7 @@ from guestagent.linux.meminfo import read_system_pressure
 from guestagent.linux.mm import read_free_blocks_optional
 from guestagent.ops.compaction import Compactor
 from guestagent.ops.workingset.policy import ReclaimPolicy
+from guestagent.records import record
 from guestagent.sizes import MIB
 
 # How often the rule is looked at while any target is on; the rule itself limits how often
@@ -25,7 +25,7 @@ from guestagent.sizes import MIB
 CHECK_EVERY_S = 10.0
 
 
-@dataclass(frozen=True)
+@record
 class CompactionRule:
     # Rate limit: kata's mem-agent compacts at most every 10 min; a guest that has just given
     # back hundreds of MiB gains most in the first minute, so once a minute at most.
@@ -75,7 +75,7 @@ def compaction_decision(
     return True, f"{figures} ({share:.0%}){after}"
 
 
-@dataclass(frozen=True)
+@record
 class CompactionStatus:
     runs: int = 0
     last_decision: str = "not checked yet"

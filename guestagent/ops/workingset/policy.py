@@ -17,10 +17,11 @@ and asking on only burns the guest's CPU scanning it.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from guestagent.errors import InvalidArgument
 from guestagent.linux.abi import LONG_MAX
+from guestagent.records import record
 from guestagent.sizes import MIB
 
 # Hold at most this many intervals after a back-off: 32 s at the default interval, so a
@@ -50,7 +51,7 @@ class Mode(enum.Enum):
     DISABLED = "disabled"
 
 
-@dataclass(frozen=True)
+@record
 class ReclaimPolicy:
     """Defaults, and why, are in docs/design-reclaimer.md."""
 
@@ -92,7 +93,7 @@ def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
     return policy
 
 
-@dataclass(frozen=True)
+@record
 class Sample:
     """One interval of one cgroup: deltas since the previous sample, levels now."""
 
@@ -106,7 +107,7 @@ class Sample:
     low_yield: str = ""
 
 
-@dataclass(frozen=True)
+@record
 class ControllerState:
     mode: Mode = Mode.PROBING
     why: str = "waiting for the first interval's figures"
@@ -120,7 +121,7 @@ class ControllerState:
         return self.last_step > 0
 
 
-@dataclass(frozen=True)
+@record
 class Decision:
     step_bytes: int
     state: ControllerState

@@ -44,6 +44,7 @@ from guestagent.ops.workingset.policy import (
     validate_policy,
 )
 from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
+from guestagent.records import record
 from guestagent.statestore import RECLAIM_POLICIES, StateFileError, state_file
 
 log = EventLog("guestagent.ops.workingset")
@@ -55,7 +56,7 @@ log = EventLog("guestagent.ops.workingset")
 GUARDS = ("refaults", "reclaim_yield")
 
 
-@dataclass(frozen=True)
+@record
 class ReclaimPolicyRequest:
     """SetReclaimPolicy: turn the reclaimer on or off for a cgroup, with a policy."""
 
@@ -64,7 +65,7 @@ class ReclaimPolicyRequest:
     policy: ReclaimPolicy = field(default_factory=ReclaimPolicy)
 
 
-@dataclass(frozen=True)
+@record
 class Progress:
     """What a target's last intervals did, as its status shows them."""
 
@@ -79,7 +80,7 @@ class Progress:
     floor: int = 0
 
 
-@dataclass(frozen=True)
+@record
 class TargetStatus:
     cgroup: str
     enabled: bool
@@ -98,7 +99,7 @@ class TargetStatus:
     absent: tuple[Absent, ...] = ()
 
 
-@dataclass(frozen=True)
+@record
 class ReclaimOverview:
     """GetReclaimStatus's answer."""
 
@@ -106,7 +107,7 @@ class ReclaimOverview:
     compaction: CompactionStatus
 
 
-@dataclass(frozen=True)
+@record
 class _Baseline:
     """The last reading, against which the next interval's deltas are taken."""
 

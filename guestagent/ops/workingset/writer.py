@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from guestagent.errors import AgentError
 from guestagent.jsonlog import EventLog
 from guestagent.linux.memcg import MemoryCgroup
 from guestagent.ops.workingset.policy import CHUNK_BYTES, ReclaimPolicy, stop_step_after_chunk
+from guestagent.records import record
 
 log = EventLog("guestagent.ops.workingset")
 
@@ -20,7 +20,7 @@ log = EventLog("guestagent.ops.workingset")
 WriteReclaim = Callable[[MemoryCgroup, str], bool]
 
 
-@dataclass(frozen=True)
+@record
 class StepResult:
     reclaimed: int
     stopped: str = ""  # Why the step stopped early, "" if it did not.

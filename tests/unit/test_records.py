@@ -1,0 +1,110 @@
+"""Frozen records behave as dataclass(frozen=True) does: the same equality, hash, repr and
+immutability, and the dataclasses functions work on them."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+
+from guestagent.records import record
+
+
+@record
+class Point:
+    x: int
+    y: int = 0
+    tags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StockPoint:
+    x: int
+    y: int = 0
+    tags: tuple[str, ...] = ()
+
+
+@record
+class Labelled(Point):
+    label: str = ""
+
+
+@record
+class Written:
+    value: int
+
+    def __repr__(self) -> str:
+        return f"<{self.value}>"
+
+
+CASES = [(1, 2, ()), (0, 0, ("a",)), (-5, 7, ("b", "c"))]
+
+
+@pytest.mark.parametrize("args", CASES)
+def test_same_repr_and_hash_as_a_frozen_dataclass(args: tuple[int, int, tuple[str, ...]]) -> None:
+    mine, stock = Point(*args), StockPoint(*args)
+    assert repr(mine) == repr(stock).replace("StockPoint", "Point")
+    assert hash(mine) == hash(stock)
+
+
+def test_equality_is_by_class_and_fields() -> None:
+    assert Point(1, 2) == Point(1, 2)
+    assert Point(1, 2) != Point(1, 3)
+    assert Point(1, 2) != StockPoint(1, 2)  # type: ignore[comparison-overlap]
+    assert Point(1, 2) != Labelled(1, 2)  # A subclass is another record, as with dataclass.
+    assert Point(1, 2).__eq__(object()) is NotImplemented
+    assert len({Point(1, 2), Point(1, 2), Point(2, 1)}) == 2
+
+
+def test_frozen() -> None:
+    point = Point(1)
+    with pytest.raises(dataclasses.FrozenInstanceError, match="'x'"):
+        point.x = 2  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError, match="'y'"):
+        del point.y
+    assert point.x == 1
+
+
+def test_dataclass_functions_and_inheritance() -> None:
+    labelled = Labelled(1, 2, ("t",), "l")
+    assert dataclasses.is_dataclass(labelled)
+    assert [f.name for f in dataclasses.fields(labelled)] == ["x", "y", "tags", "label"]
+    assert dataclasses.replace(labelled, y=9) == Labelled(1, 9, ("t",), "l")
+    assert dataclasses.asdict(labelled) == {"x": 1, "y": 2, "tags": ("t",), "label": "l"}
+    assert repr(labelled) == "Labelled(x=1, y=2, tags=('t',), label='l')"
+    assert hash(labelled) == hash((1, 2, ("t",), "l"))
+
+
+def test_a_method_the_class_writes_wins() -> None:
+    assert repr(Written(3)) == "<3>"
+    assert Written(3) == Written(3)
+
+
+def test_no_method_compiled_but_init() -> None:
+    """What the module is for: one exec'd method per class, not six."""
+    compiled = [
+        name
+        for name, value in vars(Point).items()
+        if callable(value) and getattr(value, "__code__", None) is not None
+        if value.__code__.co_filename == "<string>"
+    ]
+    assert compiled == ["__init__"]
+
+
+def test_docstring_is_not_built_from_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under -OO (no docstrings) dataclass would call inspect.signature for each class."""
+
+    class Bare:
+        a: int
+
+    Bare.__doc__ = None
+    called: list[object] = []
+
+    def signature(*args: object, **kwargs: object) -> str:
+        called.append(args)
+        return "()"
+
+    monkeypatch.setattr(sys.modules["inspect"], "signature", signature)
+    assert record(Bare).__doc__ == "Bare"
+    assert called == []
