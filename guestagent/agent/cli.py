@@ -37,10 +37,30 @@ def entry() -> int:
     return main()
 
 
+def help_formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's formatter, at the width shutil.get_terminal_size would give (COLUMNS, else
+    stdout's terminal, else 80) but without importing shutil: argparse makes a formatter for
+    every argument added, and its own width lookup brings shutil, bz2 and lzma into every
+    agent at start, for help text nobody reads there."""
+    columns = os.environ.get("COLUMNS", "")
+    if not (columns.isdigit() and int(columns) > 0):
+        try:
+            columns = str(os.get_terminal_size(sys.__stdout__.fileno()).columns)  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # No stdout, or not a terminal.
+            columns = "80"
+    return argparse.HelpFormatter(prog, width=int(columns) - 2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="guestagent", description="the in-guest memory agent")
+    parser = argparse.ArgumentParser(
+        prog="guestagent",
+        description="the in-guest memory agent",
+        formatter_class=help_formatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    serve_cmd = commands.add_parser("serve", help="run the in-guest agent")
+    serve_cmd = commands.add_parser(
+        "serve", help="run the in-guest agent", formatter_class=help_formatter
+    )
     serve_cmd.add_argument(
         "--listen",
         action="append",

@@ -322,14 +322,17 @@ def test_guestctl_loads_no_sizing_measure_or_harness_code_at_start() -> None:
 
 def test_the_daemon_loads_no_ssl_and_no_start_time_only_stdlib() -> None:
     """entry() blocks ssl before asyncio can import it, so nothing before it may import
-    asyncio; and modules a rare call needs (uuid for mkswap, reflection's descriptors for
+    asyncio; the command line's parser brings no shutil (argparse's width lookup would); and
+    modules a rare call needs (uuid for mkswap, reflection's descriptors for
     grpcurl, pyudev for a swap disk by serial) load only then."""
     probe = (
         "import sys, guestagent.agent.cli as cli\n"
         "assert 'asyncio' not in sys.modules and 'ssl' not in sys.modules\n"
         "sys.modules.setdefault('ssl', None)\n"
         "import guestagent.agent.daemon\n"
-        "heavy = ('ssl', '_ssl', 'uuid', 'platform', 'tempfile', 'shutil', 'random',\n"
+        "cli.build_parser().parse_args(['serve'])\n"
+        "heavy = ('ssl', '_ssl', 'uuid', 'platform', 'tempfile', 'shutil', 'bz2', 'lzma',\n"
+        "         'random',\n"
         "         'grpc_reflection.v1alpha', 'pyudev')\n"
         "print(' '.join(m for m in heavy if sys.modules.get(m)))"
     )
