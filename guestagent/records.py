@@ -3,24 +3,27 @@ every record, where `dataclass(frozen=True)` compiles six methods per class with
 
 Across the agent's hundred records those methods were 0.66 MiB of the 2.9 MiB its own modules
 cost, and a third of its import time, in every guest (docs/measurements.md, 2026-12-05). Only
-`__init__` is still compiled per class: its signature is the record's. A record is still a
+`__init__` is compiled per class, once: its signature is the record's. A record is still a
 dataclass: `fields`, `replace` and `asdict` work on it, and it compares, hashes and prints as
 `dataclass(frozen=True)` would.
 """
 
 from __future__ import annotations
 
-from dataclasses import FrozenInstanceError, dataclass, fields
+from collections.abc import Callable
+from dataclasses import MISSING, Field, FrozenInstanceError, dataclass, fields
 from typing import Any, TypeVar, dataclass_transform
 
 T = TypeVar("T")
 
-# The field names in order, kept on each record class for the shared methods.
-NAMES = "__record_names__"
+# Kept on each record class for the shared methods, in field order: the fields that compare
+# (and hash), and those that print.
+COMPARED = "__record_compared__"
+SHOWN = "__record_shown__"
 
 
 def _values(record: Any) -> tuple[Any, ...]:
-    return tuple(getattr(record, name) for name in getattr(type(record), NAMES))
+    return tuple(getattr(record, name) for name in getattr(type(record), COMPARED))
 
 
 def _eq(self: Any, other: Any) -> Any:
@@ -34,7 +37,7 @@ def _hash(self: Any) -> int:
 
 
 def _repr(self: Any) -> str:
-    shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in getattr(type(self), NAMES))
+    shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in getattr(type(self), SHOWN))
     return f"{type(self).__qualname__}({shown})"
 
 
@@ -55,6 +58,38 @@ SHARED = {
 }
 
 
+def _compile_init(cls: type, declared: tuple[Field[Any], ...]) -> Callable[..., None]:
+    """The record's __init__, as frozen dataclass's: each field set past the frozen
+    __setattr__, defaults and default factories taken as dataclass takes them, then
+    __post_init__ if the class has one. One exec, where frozen dataclass needs three."""
+    env: dict[str, Any] = {"_record_set": object.__setattr__, "_record_missing": MISSING}
+    params, body, defaulted = [], [], None
+    for f in declared:
+        if not f.init:
+            raise TypeError(f"{cls.__qualname__}.{f.name}: a record's fields are all __init__'s")
+        value = f.name
+        if f.default is not MISSING:
+            env[f"_record_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_record_default_{f.name}")
+        elif f.default_factory is not MISSING:
+            env[f"_record_factory_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_record_missing")
+            value = f"_record_factory_{f.name}() if {f.name} is _record_missing else {f.name}"
+        else:
+            if defaulted is not None:
+                raise TypeError(f"non-default argument {f.name!r} follows default argument")
+            params.append(f.name)
+        if f.default is not MISSING or f.default_factory is not MISSING:
+            defaulted = f.name
+        body.append(f"    _record_set(self, {f.name!r}, {value})")
+    if hasattr(cls, "__post_init__"):
+        body.append("    self.__post_init__()")
+    exec(f"def __init__(self, {', '.join(params)}):\n" + ("\n".join(body) or "    pass"), env)
+    init: Callable[..., None] = env["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
+
+
 @dataclass_transform(frozen_default=True)
 def record(cls: type[T]) -> type[T]:
     """`@dataclass(frozen=True)`, with the shared methods."""
@@ -64,10 +99,22 @@ def record(cls: type[T]) -> type[T]:
         cls.__doc__ = cls.__name__
     # A class that writes __eq__ has __hash__ None in its body; dataclass adds one then too.
     own = {name for name, value in vars(cls).items() if value is not None}
-    # Frozen, for an __init__ that sets fields past the frozen __setattr__; the two methods
-    # frozen compiles are replaced below and freed.
-    built = dataclass(frozen=True, eq=False, repr=False)(cls)
-    setattr(built, NAMES, tuple(f.name for f in fields(built)))  # type: ignore[arg-type]
+    # Neither frozen nor with an __init__, dataclass compiles nothing: it only gathers the
+    # fields. The methods frozen would compile come from here. dataclass refuses a non-frozen
+    # subclass of a frozen one, so a record over a record (rare) is built frozen and its two
+    # compiled methods replaced.
+    under_frozen = any(
+        getattr(getattr(base, "__dataclass_params__", None), "frozen", False)
+        for base in cls.__mro__[1:]
+    )
+    built = dataclass(init=False, eq=False, repr=False, frozen=under_frozen)(cls)
+    # Frozen it is, so a frozen dataclass may subclass a record (dataclass checks this flag).
+    built.__dataclass_params__.frozen = True  # type: ignore[attr-defined]
+    declared = fields(built)  # type: ignore[arg-type]
+    setattr(built, COMPARED, tuple(f.name for f in declared if f.compare))
+    setattr(built, SHOWN, tuple(f.name for f in declared if f.repr))
+    if "__init__" not in own:
+        setattr(built, "__init__", _compile_init(built, declared))  # noqa: B010
     for name, method in SHARED.items():
         if name not in own:  # A method the class writes itself wins, as with dataclass.
             setattr(built, name, method)

@@ -31,6 +31,23 @@ class Labelled(Point):
 
 
 @record
+class Gathered:
+    items: list[int] = dataclasses.field(default_factory=list)
+    total: int = -1
+
+    def __post_init__(self) -> None:
+        if self.total == -1:
+            object.__setattr__(self, "total", sum(self.items))
+
+
+@dataclasses.dataclass(frozen=True)
+class Extended(Point):
+    """A frozen dataclass may subclass a record, as the tests' fake kernel does."""
+
+    note: str = dataclasses.field(default="", compare=False)
+
+
+@record
 class Written:
     value: int
 
@@ -108,3 +125,35 @@ def test_docstring_is_not_built_from_the_signature(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(sys.modules["inspect"], "signature", signature)
     assert record(Bare).__doc__ == "Bare"
     assert called == []
+
+
+def test_defaults_factories_and_post_init() -> None:
+    first, second = Gathered(), Gathered()
+    assert first.items == [] and first.items is not second.items
+    assert Gathered([1, 2]).total == 3
+    assert Gathered([1, 2], total=7).total == 7
+    assert Point(x=3).y == 0
+    with pytest.raises(TypeError):
+        Point()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        Point(1, 2, (), 4)  # type: ignore[call-arg]
+
+
+def test_a_default_before_a_required_field_is_refused() -> None:
+    class Bad:
+        a: int = 0
+        b: int
+
+    with pytest.raises(TypeError, match="'b' follows default"):
+        record(Bad)
+
+
+def test_subclasses() -> None:
+    """A frozen dataclass over a record, and a record over a record, stay frozen."""
+    extended = Extended(1, 2, (), note="a")
+    assert extended == Extended(1, 2, (), note="b")  # note does not compare
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        extended.x = 5  # type: ignore[misc]
+    labelled = Labelled(1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        labelled.label = "x"  # type: ignore[misc]
