@@ -136,7 +136,8 @@ def decide(
     # deflating on it undid each inflation (seen: 14 deflates in 4 minutes); a guest that
     # grows meanwhile raises the figure, which the next rule follows.
     inflating = reading.taken < asked
-    if stall is not None and stall >= policy.stall_threshold and asked > 0 and not inflating:
+    stalled = stall is not None and stall >= policy.stall_threshold
+    if stalled and asked > 0 and not inflating:
         to = round_down(max(0, min(room, asked - policy.step)), reading.unit)
         return Change(to, "stall", f"memory stall {stall:.1%} of the interval"), None
     if reading.safe is None:
@@ -154,8 +155,10 @@ def decide(
     if reading.saturated and asked > 0 and not inflating and (wants_more or not stall_source):
         to = round_down(max(0, asked - policy.step), reading.unit)
         return Change(to, "saturated", "the agent's target is MemTotal and the guest stalls"), None
-    # A target at MemTotal is the guest needing all it has: never the time to take more.
-    if reading.saturated or reading.safe - asked < policy.min_change:
+    # A target at MemTotal is the guest needing all it has, and a guest that stalls (with
+    # nothing to let out yet, or while the device still takes what it was asked) is short
+    # already: never the time to take more. The figure is held afresh once it stops.
+    if reading.saturated or stalled or reading.safe - asked < policy.min_change:
         return None, None
     if hold is None:
         hold = Hold(now, reading.safe)

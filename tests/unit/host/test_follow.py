@@ -79,9 +79,13 @@ def reading(safe: int | None, taken: int = 0, saturated: bool = False) -> Readin
         (800 * MIB, 400 * MIB, 0.2, False, None, 0, Change(272 * MIB, "stall", ""), None, None),
         (800 * MIB, 100 * MIB, 0.2, False, None, 0, Change(0, "stall", ""), None, None),
         # ...but not while the device is still taking what it was asked: that stall is its own.
-        (800 * MIB, 400 * MIB, 0.2, False, None, 0, None, Hold(0, 800 * MIB), 300 * MIB),
+        # Nor does a stall start a hold or keep one: the figure is held afresh after it.
+        (800 * MIB, 400 * MIB, 0.2, False, None, 0, None, None, 300 * MIB),
         # Nothing held, nothing to give back on a stall; no figure, nothing taken.
-        (800 * MIB, 0, 0.5, False, None, 0, None, Hold(0, 800 * MIB), None),
+        (800 * MIB, 0, 0.5, False, None, 0, None, None, None),
+        # A hold that came of age while the guest stalls takes nothing (hypothesis found it:
+        # the balloon empty, the guest stalled, 8 MiB taken).
+        (8 * MIB, 0, 1.0, False, Hold(0, 8 * MIB), 30, None, None, None),
         (None, 400 * MIB, 0.0, False, None, 0, None, None, None),
     ],
 )
