@@ -63,7 +63,7 @@ def _compile_init(cls: type, declared: tuple[Field[Any], ...]) -> Callable[..., 
     __setattr__, defaults and default factories taken as dataclass takes them, then
     __post_init__ if the class has one. One exec, where frozen dataclass needs three."""
     env: dict[str, Any] = {"_record_set": object.__setattr__, "_record_missing": MISSING}
-    params, body, defaulted = [], [], None
+    params, body, defaulted = [], [], False
     for f in declared:
         if not f.init:
             raise TypeError(f"{cls.__qualname__}.{f.name}: a record's fields are all __init__'s")
@@ -71,16 +71,16 @@ def _compile_init(cls: type, declared: tuple[Field[Any], ...]) -> Callable[..., 
         if f.default is not MISSING:
             env[f"_record_default_{f.name}"] = f.default
             params.append(f"{f.name}=_record_default_{f.name}")
+            defaulted = True
         elif f.default_factory is not MISSING:
             env[f"_record_factory_{f.name}"] = f.default_factory
             params.append(f"{f.name}=_record_missing")
             value = f"_record_factory_{f.name}() if {f.name} is _record_missing else {f.name}"
+            defaulted = True
+        elif defaulted:
+            raise TypeError(f"non-default argument {f.name!r} follows default argument")
         else:
-            if defaulted is not None:
-                raise TypeError(f"non-default argument {f.name!r} follows default argument")
             params.append(f.name)
-        if f.default is not MISSING or f.default_factory is not MISSING:
-            defaulted = f.name
         body.append(f"    _record_set(self, {f.name!r}, {value})")
     if hasattr(cls, "__post_init__"):
         body.append("    self.__post_init__()")
