@@ -2,16 +2,19 @@
 neither loads the other's modules at start.
 
 The daemon (grpc, protobuf) is imported only after the agent has moved into its own cgroup,
-so the bulk of its memory is charged to, and protected by, that cgroup.
+so the bulk of its memory is charged to, and protected by, that cgroup. argparse is
+imported only to parse, and dropped once the agent has its options.
 """
 
 from __future__ import annotations
 
-import argparse
+import gc
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from guestagent import jsonlog
 from guestagent.errors import AgentError
@@ -24,17 +27,35 @@ from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, MIN_AGING_INTERVAL_S
 from guestagent.ops.self_cgroup import protect_self
 from guestagent.transport.address import DEFAULT_VSOCK_PORT, HOST_CID, parse_address
 
+if TYPE_CHECKING:
+    import argparse
+
 # The main thread's arena and one for every other thread: a 4-minute hostile soak grew the
 # agent's RSS 1.10x with glibc's default (8 per core) and 1.05x with two (docs/measurements.md).
 MALLOC_ARENAS = 2
+# What only the command line needs: about 0.3 MiB of heap that, dropped once the options are
+# parsed, the daemon's imports reuse (docs/measurements.md).
+PARSE_ONLY_MODULES = ("argparse", "gettext")
 
 
 def entry() -> int:
-    """The `guestagent` command: main() in a process that never loads ssl. No listener
-    speaks TLS, but asyncio imports ssl when it can (about 4 MiB of RSS in every guest); a
-    None in sys.modules makes that import fail the way asyncio expects."""
+    """The `guestagent` command: main(), with argparse dropped between the parse and the
+    run, in a process that never loads ssl. No listener speaks TLS, but asyncio imports ssl
+    when it can (about 4 MiB of RSS in every guest); a None in sys.modules makes that import
+    fail the way asyncio expects."""
     sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
-    return main()
+    options = command_line_options(sys.argv[1:])
+    forget_modules(PARSE_ONLY_MODULES)
+    return run(options)
+
+
+def forget_modules(names: Sequence[str]) -> None:
+    """Drop modules nothing will use again, so their memory is freed now. Only a process's
+    entry may: a module imported again after this is a second copy, whose classes are not the
+    first's (a test run's pytest holds argparse's)."""
+    for name in names:
+        sys.modules.pop(name, None)
+    gc.collect()  # A module's functions and its namespace hold each other.
 
 
 def help_formatter(prog: str) -> argparse.HelpFormatter:
@@ -48,10 +69,14 @@ def help_formatter(prog: str) -> argparse.HelpFormatter:
             columns = str(os.get_terminal_size(sys.__stdout__.fileno()).columns)  # type: ignore[union-attr]
         except (AttributeError, ValueError, OSError):  # No stdout, or not a terminal.
             columns = "80"
+    import argparse
+
     return argparse.HelpFormatter(prog, width=int(columns) - 2)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="guestagent",
         description="the in-guest memory agent",
@@ -179,11 +204,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run(command_line_options(argv))
+
+
+def command_line_options(argv: Sequence[str] | None) -> SimpleNamespace:
+    """The command line's options, checked, in a namespace that holds nothing of argparse's
+    (its Namespace's methods would keep the whole module alive)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if 0 < args.idle_aging < MIN_AGING_INTERVAL_S or args.idle_aging < 0:
         parser.error(f"--idle-aging {args.idle_aging:g}: 0, or at least {MIN_AGING_INTERVAL_S:g}")
+    return SimpleNamespace(**vars(args))
 
+
+def run(args: SimpleNamespace) -> int:
     jsonlog.configure(args.log_level)
     if "MALLOC_ARENA_MAX" not in os.environ:  # An operator's setting wins.
         limit_malloc_arenas(MALLOC_ARENAS)

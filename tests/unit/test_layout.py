@@ -282,15 +282,20 @@ def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.Mo
     assert "guestagent.linux.planted" not in found
 
 
+def run_probe(probe: str) -> str:
+    """What a fresh interpreter running `probe` prints."""
+    return subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
+    ).stdout
+
+
 def test_the_daemon_loads_no_host_or_harness_code() -> None:
     """What `guestagent serve` imports at start is what every guest pays for in memory."""
     probe = (
         "import sys, guestagent.agent.cli\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('guestagent')))"
     )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
-    ).stdout.split()
+    loaded = run_probe(probe).split()
     assert [m for m in loaded if within(m, "guestagent.host", "guestagent.vm")] == []
 
 
@@ -303,9 +308,7 @@ def test_guestctl_loads_no_sizing_measure_or_harness_code_at_start() -> None:
         "import sys, guestagent.host.ctl\n"
         "print('\\n'.join(m for m in sys.modules if m.startswith('guestagent')))"
     )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
-    ).stdout.split()
+    loaded = run_probe(probe).split()
     heavy = (
         "guestagent.host.sizing",
         "guestagent.host.measure",
@@ -336,7 +339,26 @@ def test_the_daemon_loads_no_ssl_and_no_start_time_only_stdlib() -> None:
         "         'grpc_reflection.v1alpha', 'pyudev')\n"
         "print(' '.join(m for m in heavy if sys.modules.get(m)))"
     )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], check=True, capture_output=True, text=True
-    ).stdout.split()
+    loaded = run_probe(probe).split()
     assert loaded == []
+
+
+def test_the_daemon_keeps_nothing_of_argparse_once_its_options_are_parsed() -> None:
+    """entry() drops argparse and gettext after the parse, so their memory goes to the
+    daemon's imports: nothing may still hold them (a function or class of theirs keeps its
+    module's namespace), and nothing at start may import them again."""
+    probe = (
+        "import gc, sys, types\n"
+        "sys.modules.setdefault('ssl', None)\n"
+        "import guestagent.agent.cli as cli\n"
+        "options = cli.command_line_options(['serve', '--listen', 'unix:///run/a.sock'])\n"
+        "cli.forget_modules(cli.PARSE_ONLY_MODULES)\n"
+        "import guestagent.agent.daemon\n"
+        "live = gc.get_objects()\n"
+        "alive = {o.__module__ for o in live if isinstance(o, types.FunctionType | type)}\n"
+        "alive |= {o.__name__ for o in live if isinstance(o, types.ModuleType)}\n"
+        "print(' '.join(m for m in cli.PARSE_ONLY_MODULES if m in alive or m in sys.modules))\n"
+        "print(options.listen)"
+    )
+    out = run_probe(probe).splitlines()
+    assert out == ["", "['unix:///run/a.sock']"]
