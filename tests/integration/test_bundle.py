@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import marshal
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -88,6 +90,30 @@ def test_only_the_guest_side_ships(unpacked: Path) -> None:
     package = unpacked / "opt/guestagent/lib/python3/dist-packages/guestagent"
     assert {"agent", "linux", "ops", "v1"} <= {p.name for p in package.iterdir()}
     assert not {"host", "vm", "build"} & {p.name for p in package.iterdir()}
+
+
+def code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from code_objects(constant)
+
+
+def test_no_bytecode_carries_column_positions(unpacked: Path) -> None:
+    """compile_tree compiles without PEP 657's column table: the stdlib's sourceless pycs and
+    the agent's own both give a line and no column for every instruction."""
+    tree = unpacked / PREFIX.relative_to("/")
+    pycs = [
+        tree / "lib/python3.11/asyncio/base_events.pyc",
+        *(tree / "lib/python3/dist-packages/guestagent/agent/__pycache__").glob("*.opt-2.pyc"),
+    ]
+    assert len(pycs) > 5
+    for pyc in pycs:
+        # A pyc is a 16-byte header and the marshalled module code.
+        codes = list(code_objects(marshal.loads(pyc.read_bytes()[16:])))
+        positions = [p for code in codes for p in code.co_positions()]
+        assert {column for _, _, column, _ in positions} == {None}, pyc
+        assert any(line is not None for line, _, _, _ in positions), pyc
 
 
 @contextlib.contextmanager
