@@ -154,6 +154,16 @@ def test_a_failure_is_logged_not_fatal(guest: FakeRoot, caplog: pytest.LogCaptur
     assert [r.getMessage() for r in caplog.records] == ["self_cgroup_failed"]
 
 
+@pytest.fixture
+def in_process_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli.main run in the test's own process must not set the agent's process-wide
+    settings on it: huge pages refused (inherited by every later test's children) and the
+    malloc arena limit."""
+    monkeypatch.setattr(cli, "refuse_huge_pages", lambda: True)
+    monkeypatch.setattr(cli, "limit_malloc_arenas", lambda arenas: None)
+
+
+@pytest.mark.usefixtures("in_process_cli")
 def test_cli_protects_itself_before_loading_the_daemon(
     guest: FakeRoot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -172,6 +182,7 @@ def test_cli_protects_itself_before_loading_the_daemon(
     assert calls == [(guest.root, False)]
 
 
+@pytest.mark.usefixtures("in_process_cli")
 def test_cli_flag_turns_it_off(guest: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "protect_self", lambda fs: pytest.fail("protect_self was called"))
 
