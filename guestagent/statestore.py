@@ -94,6 +94,11 @@ class StateFile:
             return
         log.error("state_file_corrupt", path=str(self.path), error=why, moved_to=aside)
 
+    def exists(self) -> bool:
+        """Whether there is a file, valid or not: the part whose state it is loads at start
+        only then (swap, the reclaimer)."""
+        return os.path.lexists(self.path)
+
     def load(self) -> Any:
         """The JSON value saved last; None when nothing is saved."""
         value = self._read()

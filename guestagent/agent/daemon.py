@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import resource
 import signal
@@ -12,7 +13,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -31,16 +32,15 @@ from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.undecodable import UndecodableRequests
 from guestagent.jsonlog import EventLog
-from guestagent.linux.confidential import decide, read_facts
+from guestagent.linux.confidential import Confidential, decide, read_facts
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import give_heap_back
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES
-from guestagent.ops import kernel_switches, limits
+from guestagent.on_first_use import OnFirstUse
+from guestagent.ops import kernel_switches, limits, swap_area
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, IdleAger
-from guestagent.ops.swap import SwapManager
-from guestagent.ops.workingset.reclaimer import Reclaimer
 from guestagent.transport.address import (
     HOST_CID,
     Address,
@@ -51,6 +51,10 @@ from guestagent.transport.address import (
 )
 from guestagent.transport.relay import FDS_PER_CONNECTION, ConnectionBudget
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from guestagent.ops.swap import SwapManager
+    from guestagent.ops.workingset.reclaimer import Reclaimer
 
 log = EventLog("guestagent.daemon")
 
@@ -138,14 +142,18 @@ class Agent:
         self._private_dir: Path | None = None
         self.hotplug = HotplugWatcher(config.kernel, config.online_memory)
         self.confidential = decide(config.confidential, read_facts(config.kernel))
-        self.swaps = SwapManager(config.kernel, confidential=self.confidential)
+        # Built at the first call that needs them, or below at start when an earlier agent
+        # left them work; until then their modules stay unloaded.
+        self.swaps = OnFirstUse(functools.partial(swap_manager, config.kernel, self.confidential))
         # Delay accounting's stall where the guest has no PSI; a test tree has no tasks.
         self.stall = (
             DelayStallMeter(config.kernel, preferred=config.stall_signal == DELAYACCT_SIGNAL)
             if config.kernel.is_real
             else None
         )
-        self.reclaimer = Reclaimer(config.kernel, stall=self.stall)
+        self.reclaimer = OnFirstUse(
+            functools.partial(started_reclaimer, config.kernel, self.stall, config.reclaim)
+        )
         self.ager = IdleAger(config.kernel, config.idle_aging_s)
         pb_grpc.add_MemoryAgentServicer_to_server(
             MemoryAgentServicer(
@@ -158,6 +166,7 @@ class Agent:
                 self.ager,
                 self.stall,
                 config.max_watches,
+                confidential=self.confidential,
             ),
             self.server,
         )
@@ -179,9 +188,12 @@ class Agent:
             relay.start()
         if self.config.online_memory is not None and self.config.kernel.is_real:
             await self.hotplug.start()
-        await asyncio.to_thread(self.swaps.check_state)
+        if swap_area.left_behind(self.config.kernel):
+            await asyncio.to_thread(lambda: self.swaps().check_state())
         # Off unless the host (now or before a restart) or --reclaim turned it on.
-        await asyncio.to_thread(self.reclaimer.start, self.config.reclaim)
+        policies = statestore.state_file(self.config.kernel, statestore.RECLAIM_POLICIES)
+        if self.config.reclaim or policies.exists():
+            await asyncio.to_thread(self.reclaimer)
         self.ager.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -273,7 +285,9 @@ class Agent:
             relay.close()
         self.stopping.set()  # Ends watch streams, so only unary calls hold the grace period.
         self.hotplug.stop()
-        await asyncio.to_thread(self.reclaimer.stop)
+        reclaimer = self.reclaimer.built
+        if reclaimer is not None:
+            await asyncio.to_thread(reclaimer.stop)
         await asyncio.to_thread(self.ager.stop)
         await self.server.stop(self.config.grace_seconds)
         self._release()
@@ -297,6 +311,23 @@ def switch_kernel_features(config: ServerConfig) -> None:
         )
         if switch.changed or switch.left_because:
             audit_kernel_switch(switch.setting, switch.before, switch.after, switch.left_because)
+
+
+def swap_manager(kernel: Kernel, confidential: Confidential) -> SwapManager:
+    from guestagent.ops.swap import SwapManager  # With device-mapper, libudev, disk probes.
+
+    return SwapManager(kernel, confidential=confidential)
+
+
+def started_reclaimer(
+    kernel: Kernel, stall: DelayStallMeter | None, initial: tuple[str, ...]
+) -> Reclaimer:
+    """The reclaimer with the host's saved policies reloaded and `initial` (--reclaim) on."""
+    from guestagent.ops.workingset.reclaimer import Reclaimer
+
+    reclaimer = Reclaimer(kernel, stall=stall)
+    reclaimer.start(initial)
+    return reclaimer
 
 
 def tcp_port_in_use(host: str, port: int) -> bool:

@@ -25,8 +25,8 @@ from guestagent.agent.status import details_metadata
 from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
-from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.delayacct import DelayStallMeter
+from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import give_heap_back
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES, SignalHub
@@ -38,9 +38,8 @@ from guestagent.ops.info import InfoSpec, Report, Reporter
 from guestagent.ops.limits import AppliedLimits, SetLimitsSpec, apply_memory_limits
 from guestagent.ops.overhead import GuestOverhead, guest_overhead
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec, reclaim
-from guestagent.ops.swap import EnableSwapSpec, SwapArea, SwapManager
-from guestagent.ops.workingset.reclaimer import (
-    Reclaimer,
+from guestagent.ops.swap_area import EnableSwapSpec, SwapArea
+from guestagent.ops.workingset.status import (
     ReclaimOverview,
     ReclaimPolicyRequest,
     TargetStatus,
@@ -102,6 +101,11 @@ Params = ParamSpec("Params")
 Value = TypeVar("Value")
 if TYPE_CHECKING:  # grpc.aio.ServicerContext is generic only in its type stubs.
     Context: TypeAlias = grpc.aio.ServicerContext[Req, Resp]
+
+    from guestagent.linux.confidential import Confidential
+    from guestagent.on_first_use import OnFirstUse
+    from guestagent.ops.swap import SwapManager
+    from guestagent.ops.workingset.reclaimer import Reclaimer
 
 
 def unary(
@@ -187,17 +191,21 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         self,
         kernel: Kernel,
         stopping: asyncio.Event,
-        swaps: SwapManager,
+        swaps: OnFirstUse[SwapManager],
         hotplug: HotplugWatcher,
-        reclaimer: Reclaimer,
+        reclaimer: OnFirstUse[Reclaimer],
         peers: PeerTable,
         ager: IdleAger,
         stall: DelayStallMeter | None,
         max_watches: int = DEFAULT_MAX_WATCHES,
+        *,
+        confidential: Confidential,
     ) -> None:
-        """The parts are the daemon's (agent/daemon.py wires them, once). `stall` is delay
-        accounting's meter, read where the guest has no PSI; None reads PSI only. The ager is
-        not started here: the daemon runs the one aging loop."""
+        """The parts are the daemon's (agent/daemon.py wires them, once). Swap's manager and
+        the reclaimer are built at their first call, each on the thread that serves it, so
+        their modules load then. `stall` is delay accounting's meter, read where the guest
+        has no PSI; None reads PSI only. The ager is not started here: the daemon runs the
+        one aging loop."""
         self.kernel = kernel
         self.stall = stall
         self.reclaimer = reclaimer
@@ -209,7 +217,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         self.peers = peers
         # One report for GetMemoryInfo and every stream (its hotplug section cached for all).
         self.reporter = Reporter(
-            kernel, confidential=swaps.confidential, reclaimer=reclaimer, ager=ager, stall=stall
+            kernel, confidential=confidential, reclaimer=reclaimer, ager=ager, stall=stall
         )
         self.signals = SignalHub(
             kernel, max_watches
@@ -257,7 +265,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         request: ReclaimPolicyRequest,
         context: Context[pb.SetReclaimPolicyRequest, pb.ReclaimTargetStatus],
     ) -> TargetStatus:
-        return await asyncio.to_thread(self.reclaimer.set_policy, request)
+        return await asyncio.to_thread(lambda: self.reclaimer().set_policy(request))
 
     @unary(wire.cgroups_from_pb, wire.reclaim_status_pb)
     async def GetReclaimStatus(
@@ -265,25 +273,25 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         cgroups: tuple[str, ...],
         context: Context[pb.GetReclaimStatusRequest, pb.ReclaimStatus],
     ) -> ReclaimOverview:
-        return await self._read(self.reclaimer.overview, cgroups)
+        return await self._read(lambda: self.reclaimer().overview(cgroups))
 
     @unary(wire.enable_swap_spec_from_pb, wire.swap_area_pb, audited=True)
     async def EnableSwap(
         self, spec: EnableSwapSpec, context: Context[pb.EnableSwapRequest, pb.SwapArea]
     ) -> SwapArea:
-        return await asyncio.to_thread(self.swaps.enable, spec)
+        return await asyncio.to_thread(lambda: self.swaps().enable(spec))
 
     @unary(wire.disable_swap_from_pb, wire.swap_area_pb, audited=True)
     async def DisableSwap(
         self, selector: DeviceSelector, context: Context[pb.DisableSwapRequest, pb.SwapArea]
     ) -> SwapArea:
-        return await asyncio.to_thread(self.swaps.disable, selector)
+        return await asyncio.to_thread(lambda: self.swaps().disable(selector))
 
     @unary(wire.no_arguments, wire.swap_list_pb)
     async def ListSwaps(
         self, _: None, context: Context[pb.ListSwapsRequest, pb.ListSwapsResponse]
     ) -> list[SwapArea]:
-        return await asyncio.to_thread(self.swaps.list)
+        return await asyncio.to_thread(lambda: self.swaps().list())
 
     @unary(wire.set_limits_spec_from_pb, wire.applied_limits_pb, audited=True)
     async def SetMemoryLimits(

@@ -24,10 +24,10 @@ from guestagent.agent.watch_stream import (
     watch_spec,
 )
 from guestagent.errors import InvalidArgument
-from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.cgroups import canonical_cgroup_name
 from guestagent.linux.confidential import Confidential
 from guestagent.linux.delayacct import DELAYACCT_STALL
+from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import HotplugReport, RegionBlocks
 from guestagent.linux.memcg import CgroupMemory, MemoryEvents
@@ -45,7 +45,7 @@ from guestagent.ops.info import InfoSpec, Report
 from guestagent.ops.limits import AppliedLimits, MemorySpec, SetLimitsSpec
 from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
-from guestagent.ops.swap import (
+from guestagent.ops.swap_area import (
     DEFAULT_LABEL,
     DiscardPolicy,
     EnableSwapSpec,
@@ -54,7 +54,7 @@ from guestagent.ops.swap import (
 )
 from guestagent.ops.workingset.compaction_trigger import CompactionStatus
 from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
-from guestagent.ops.workingset.reclaimer import (
+from guestagent.ops.workingset.status import (
     ReclaimOverview,
     ReclaimPolicyRequest,
     TargetStatus,

@@ -23,9 +23,9 @@ from guestagent.errors import (
     InvalidArgument,
     KernelFormat,
     NotFound,
-    quoted,
 )
 from guestagent.linux.abi import PAGE_SIZE
+from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.udev import open_udev
 from guestagent.records import record
@@ -39,48 +39,6 @@ BLANK_EDGE_BYTES = 1 << 20
 BLANK_SAMPLES = 1024
 # A sample is one page: a smaller read brings the whole page into the cache anyway.
 BLANK_SAMPLE_BYTES = PAGE_SIZE
-
-
-@record
-class DeviceSelector:
-    """A device named by path (/dev/vdb) or by virtio serial (udev ID_SERIAL, e.g. swap0)."""
-
-    path: str | None = None
-    serial: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.path is None) == (self.serial is None):
-            raise InvalidArgument(
-                "name the device by exactly one of path or serial", "DEVICE_INVALID", field="device"
-            )
-        if self.path is not None:
-            if not self.path.startswith("/dev/") or "/../" in self.path + "/":
-                raise InvalidArgument(
-                    f"device path {quoted(self.path)} is not under /dev",
-                    "DEVICE_INVALID",
-                    field="device.path",
-                )
-            if len(self.path.encode()) > 255 or "\x00" in self.path:
-                raise InvalidArgument(
-                    f"device path {self.path[:64]!r} is too long or has NUL",
-                    "DEVICE_INVALID",
-                    field="device.path",
-                )
-        elif not self.serial or "/" in self.serial or "\x00" in self.serial:
-            raise InvalidArgument(
-                f"device serial {quoted(self.serial or '')} is empty or has '/' or NUL",
-                "DEVICE_INVALID",
-                field="device.serial",
-            )
-        elif len(self.serial) > 64:
-            raise InvalidArgument(
-                f"device serial {self.serial[:64]!r}... is over 64 characters",
-                "DEVICE_INVALID",
-                field="device.serial",
-            )
-
-    def __str__(self) -> str:
-        return self.path if self.path is not None else f"serial {quoted(self.serial or '')}"
 
 
 @record

@@ -3,7 +3,7 @@
 The agent drives the ioctls itself rather than through dmsetup or cryptsetup, which a guest
 need not have. The layouts are include/uapi/linux/dm-ioctl.h's; the crypt table is
 Documentation/admin-guide/device-mapper/dm-crypt.rst's plain mode. Packing and parsing are
-pure functions over bytes; the mappings that exist are read from sysfs (/sys/block/dm-*/dm).
+pure functions over bytes; the mappings that exist are read from sysfs (dm_mappings.py).
 
 The key is made in a bytearray, written as hex straight into the ioctl buffer, and both are
 overwritten once the kernel has the table: no str or bytes copy of it is ever made, and the
@@ -200,56 +200,6 @@ def parse_target_versions(buffer: bytes | bytearray) -> dict[str, tuple[int, int
     return targets
 
 
-@record
-class Mapping:
-    """A device-mapper device as sysfs shows it."""
-
-    name: str  # The mapping's name, e.g. guestagent-swap-vdb.
-    sysname: str  # Its kernel name, e.g. dm-0.
-    major: int
-    minor: int
-    slaves: tuple[str, ...]  # Kernel names of the devices under it, e.g. ("vdb",).
-
-    @property
-    def devnode(self) -> str:
-        """The node devtmpfs always makes; /dev/mapper/NAME is udev's, where its rules are."""
-        return f"/dev/{self.sysname}"
-
-    @property
-    def mapper_node(self) -> str:
-        """The name users know it by (a node where udev has device-mapper's rules)."""
-        return f"/dev/mapper/{self.name}"
-
-    @property
-    def backing_nodes(self) -> str:
-        return ",".join(f"/dev/{slave}" for slave in self.slaves)
-
-
-def read_mappings(fs: KernelFS) -> list[Mapping]:
-    """Every device-mapper device, from /sys/block/dm-*/dm/name, dev and slaves/."""
-    block = fs.sys("block")
-    if not fs.is_dir(block):
-        return []
-    found = []
-    for sysname in fs.listdir(block):
-        directory = block / sysname
-        name = fs.read_optional(directory / "dm" / "name")
-        if name is None:
-            continue
-        major, _, minor = fs.read(directory / "dev").strip().partition(":")
-        slaves = directory / "slaves"
-        found.append(
-            Mapping(
-                name.strip(),
-                sysname,
-                int(major),
-                int(minor),
-                tuple(fs.listdir(slaves)) if fs.is_dir(slaves) else (),
-            )
-        )
-    return found
-
-
 class DeviceMapper:
     """The ioctls on /dev/mapper/control; each failure names the call, the mapping and errno."""
 
@@ -322,7 +272,3 @@ def has_crypt_target(mapper: DeviceMapper) -> str | None:
             + ", ".join(sorted(targets))
         )
     return None
-
-
-def mapping_named(fs: KernelFS, name: str) -> Mapping | None:
-    return next((m for m in read_mappings(fs) if m.name == name), None)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from guestagent.linux.dm import DeviceMapper, has_crypt_target
 from guestagent.linux.fs import KernelFS
 from guestagent.records import record
 
@@ -134,7 +133,10 @@ def read_virtio_mem_absence(fs: KernelFS) -> Absent | None:
 
 
 def read_swap_encryption_absence(fs: KernelFS) -> Absent | None:
-    """Encrypted swap needs device-mapper with the dm-crypt target."""
+    """Encrypted swap needs device-mapper with the dm-crypt target. Asked by GetAgentInfo
+    only, so device-mapper's ioctls load then, not at start."""
+    from guestagent.linux.dm import DeviceMapper, has_crypt_target
+
     missing = has_crypt_target(DeviceMapper(fs))
     return Absent(SWAP_ENCRYPTION, missing) if missing is not None else None
 

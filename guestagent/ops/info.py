@@ -5,6 +5,7 @@ the cgroups it acts on among those asked about, and what kind of guest this is."
 from __future__ import annotations
 
 from dataclasses import field
+from typing import TYPE_CHECKING
 
 from guestagent.linux.confidential import NONE, Confidential
 from guestagent.linux.delayacct import DelayStallMeter
@@ -13,9 +14,13 @@ from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.ops.giveback_figures import GiveBackFigures, giveback_figures
 from guestagent.ops.idle import IdleAger, IdleSpec
-from guestagent.ops.workingset.reclaimer import Reclaimer, TargetStatus
+from guestagent.ops.workingset.status import TargetStatus
 from guestagent.records import record
 from guestagent.statestore import state_unavailable
+
+if TYPE_CHECKING:
+    from guestagent.on_first_use import OnFirstUse
+    from guestagent.ops.workingset.reclaimer import Reclaimer
 
 
 @record
@@ -45,7 +50,8 @@ class Reporter:
     kernel: Kernel
     hotplug: HotplugReportCache = field(default_factory=HotplugReportCache)
     confidential: Confidential = NOT_CONFIDENTIAL
-    reclaimer: Reclaimer | None = None
+    # Asked only once built: until something sets or asks for a policy, there are none.
+    reclaimer: OnFirstUse[Reclaimer] | None = None
     ager: IdleAger | None = None  # Its state as of each report.
     stall: DelayStallMeter | None = None
 
@@ -56,7 +62,7 @@ class Reporter:
         return Report(
             report,
             self.confidential,
-            self.reclaimer.known(spec.cgroups) if self.reclaimer is not None else (),
+            self._reclaim_statuses(spec.cgroups),
             state_unavailable(self.kernel),
             (
                 giveback_figures(self.kernel, report, self.ager.state, spec.idle)
@@ -64,3 +70,7 @@ class Reporter:
                 else None
             ),
         )
+
+    def _reclaim_statuses(self, cgroups: tuple[str, ...]) -> tuple[TargetStatus, ...]:
+        reclaimer = self.reclaimer.built if self.reclaimer is not None else None
+        return reclaimer.known(cgroups) if reclaimer is not None else ()

@@ -14,7 +14,6 @@ run on the raw disk first. In a confidential guest it is the default and the onl
 
 from __future__ import annotations
 
-import enum
 import errno
 import os
 import threading
@@ -24,7 +23,6 @@ from guestagent.errors import (
     Aborted,
     AgentError,
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
     caused_by,
     errno_text,
@@ -44,7 +42,6 @@ from guestagent.linux.blockdev import (
     SWAP_SIGNATURE,
     BlockDevice,
     DeviceFinder,
-    DeviceSelector,
     UdevDevices,
     device_for_node,
     device_number,
@@ -58,14 +55,9 @@ from guestagent.linux.blockdev import (
     write_queue_value,
 )
 from guestagent.linux.confidential import Confidential, decide, read_facts
-from guestagent.linux.dm import (
-    DeviceMapper,
-    Mapping,
-    crypt_table,
-    has_crypt_target,
-    mapping_named,
-    read_mappings,
-)
+from guestagent.linux.device_selector import DeviceSelector
+from guestagent.linux.dm import DeviceMapper, crypt_table, has_crypt_target
+from guestagent.linux.dm_mappings import Mapping, mapping_named, read_mappings
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.swaps import (
     ActiveSwap,
@@ -75,27 +67,17 @@ from guestagent.linux.swaps import (
     read_swap_header,
 )
 from guestagent.linux.tools import run_mkswap
-from guestagent.records import record
+from guestagent.ops.swap_area import (
+    MAPPING_PREFIX,
+    DiscardPolicy,
+    EnableSwapSpec,
+    SwapArea,
+    SwapEncryption,
+    decode_swap_state,
+)
 from guestagent.statestore import SWAPS, state_file
 
 log = EventLog("guestagent.ops.swap")
-
-DEFAULT_LABEL = "guestagent-swap"
-# A mapping's name is this and its disk's kernel name; a restarted agent finds its own by it.
-MAPPING_PREFIX = "guestagent-swap-"
-
-
-class DiscardPolicy(enum.Enum):
-    BOTH = "both"  # Discard the whole area at swapon, and each cluster as it frees.
-    PAGES = "pages"  # Only clusters as they free: what gives memory back to the host.
-    ONCE = "once"  # Only the whole area at swapon.
-    NONE = "none"
-
-
-class SwapEncryption(enum.Enum):
-    DEFAULT = "default"  # EPHEMERAL in a confidential guest, NONE elsewhere.
-    NONE = "none"
-    EPHEMERAL = "ephemeral"  # dm-crypt with a random key that lives only in the kernel.
 
 
 def choose_encryption(asked: SwapEncryption, confidential: Confidential) -> SwapEncryption:
@@ -133,60 +115,6 @@ def refuse_other_encryption(
 
 def mapped_device(mapping: Mapping) -> BlockDevice:
     return BlockDevice(mapping.devnode, mapping.sysname, "disk", mapping.major, mapping.minor)
-
-
-@record
-class EnableSwapSpec:
-    selector: DeviceSelector
-    priority: int | None = None
-    discard: DiscardPolicy = DiscardPolicy.BOTH
-    wait_ms: int = 0
-    force: bool = False
-    label: str = DEFAULT_LABEL
-    encryption: SwapEncryption = SwapEncryption.DEFAULT
-
-    def __post_init__(self) -> None:
-        if self.priority is not None and not 0 <= self.priority <= SWAP_FLAG_PRIO_MASK:
-            raise InvalidArgument(
-                f"swap priority {self.priority} is outside 0..32767",
-                "SWAP_PRIORITY_INVALID",
-                field="priority",
-            )
-        if len(self.label.encode()) > 16:
-            raise InvalidArgument(
-                f"swap label {self.label!r} is longer than 16 bytes",
-                "SWAP_LABEL_TOO_LONG",
-                field="label",
-            )
-
-
-@record
-class SwapArea:
-    device: str
-    size_bytes: int
-    used_bytes: int
-    priority: int
-    # The defaults: an area this agent cannot look into (a swap file, a device node gone).
-    discard: DiscardPolicy | None = None  # None: enabled by someone else, policy unknown.
-    discard_supported: bool = False
-    rotational: bool | None = None
-    uuid: str = ""
-    label: str = ""
-    already_active: bool = False
-    formatted: bool = False
-    encrypted: bool = False
-    mapping: str = ""  # /dev/mapper/NAME of an encrypted area.
-    backing_device: str = ""  # The disk under it, e.g. /dev/vdb.
-
-
-def decode_swap_state(value: object) -> dict[str, dict[str, str]]:
-    """The saved swap state: text by text by device; TypeError for anything else."""
-    if not isinstance(value, dict) or not all(
-        isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())
-        for entry in value.values()
-    ):
-        raise TypeError("not an object of objects of strings")
-    return value
 
 
 def swapon_flags(priority: int | None, discard: DiscardPolicy) -> int:

@@ -308,9 +308,16 @@ STAGES = [
     ("grpc_health", ["grpc_health.v1.health"]),
     ("guestagent.v1 descriptors", ["guestagent.v1.agent_pb2", "guestagent.v1.agent_pb2_grpc"]),
     ("guestagent.linux", ["guestagent.linux.fs", "guestagent.linux.meminfo"]),
-    ("guestagent.ops", ["guestagent.ops.swap", "guestagent.ops.hotplug", "guestagent.ops.idle",
-                        "guestagent.ops.limits", "guestagent.ops.workingset.reclaimer"]),
+    ("guestagent.ops", ["guestagent.ops.hotplug", "guestagent.ops.idle", "guestagent.ops.limits",
+                        "guestagent.ops.info"]),
     ("guestagent.agent", ["guestagent.agent.daemon"]),
+]
+# Not at start: what the agent imports when a call first needs it (or, for swap and the
+# reclaimer, at start when an earlier agent left them state).
+ON_FIRST_CALL = [
+    ("grpc_reflection", ["grpc_reflection.v1alpha.reflection"]),
+    ("swap", ["guestagent.ops.swap"]),
+    ("reclaimer", ["guestagent.ops.workingset.reclaimer"]),
 ]
 def rss_anon():
     rollup = open("/proc/self/smaps_rollup")  # Exact, where status's counters lag.
@@ -324,13 +331,17 @@ for name, modules in STAGES:
     now = rss_anon()
     out.append({"stage": name, "rss_anon_kib": now - last, "modules": len(sys.modules) - count})
     last = now
-# Not at start: the agent imports grpc_reflection when a reflection call first arrives.
-import grpc_reflection.v1alpha.reflection
-gc.collect()
-reflection_kib = rss_anon() - last
+first_call, at_start = [], last
+for name, modules in ON_FIRST_CALL:
+    for module in modules:
+        importlib.import_module(module)
+    gc.collect()
+    now = rss_anon()
+    first_call.append({"stage": name, "rss_anon_kib": now - last})
+    last = now
 from google.protobuf.internal import api_implementation
-print(json.dumps({"stages": out, "total_kib": last, "protobuf": api_implementation.Type(),
-                  "grpc_reflection_on_first_call_kib": reflection_kib}))
+print(json.dumps({"stages": out, "total_kib": at_start, "protobuf": api_implementation.Type(),
+                  "on_first_call": first_call}))
 """
 
 # Runs in the guest: the agent started as the probe starts it (or under the interpreter with

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from guestagent.linux.blockdev import BlockDevice, DeviceSelector
+from guestagent.linux.blockdev import BlockDevice
+from guestagent.linux.device_selector import DeviceSelector
 
 VDB = BlockDevice("/dev/vdb", "vdb", "disk", 254, 16, "swap0")
 

@@ -11,6 +11,8 @@ import grpc
 from guestagent.agent.peers import PeerTable
 from guestagent.agent.rpc import MemoryAgentServicer
 from guestagent.host.refusal import refusal_from
+from guestagent.linux.confidential import decide, read_facts
+from guestagent.on_first_use import OnFirstUse
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import IdleAger
 from guestagent.ops.swap import SwapManager
@@ -57,10 +59,11 @@ def make_servicer(fake_root: FakeRoot, ager: IdleAger | None = None) -> MemoryAg
     return MemoryAgentServicer(
         fs,
         asyncio.Event(),
-        SwapManager(fs),
+        OnFirstUse(lambda: SwapManager(fs)),
         HotplugWatcher(fs, OnlinePolicy("online")),
-        Reclaimer(fs),
+        OnFirstUse(lambda: Reclaimer(fs)),
         PeerTable(),
         ager or IdleAger(fs),
         stall=None,
+        confidential=decide("auto", read_facts(fs)),
     )

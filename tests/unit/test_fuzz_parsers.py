@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from guestagent.errors import AgentError
-from guestagent.linux.blockdev import DeviceSelector, parse_mountinfo, probe_signatures
+from guestagent.linux.blockdev import parse_mountinfo, probe_signatures
 from guestagent.linux.cgroups import validate_cgroup_name
+from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.memcg import parse_limit
 from guestagent.linux.meminfo import parse_meminfo

@@ -16,8 +16,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
 
-# Modules at the top of the package that both sides of the vsock use.
-SHARED = {"errors", "jsonlog", "transport", "sizes", "records"}
+# Leaf modules at the top of the package that any layer may use (most, both sides of the vsock).
+SHARED = {"errors", "jsonlog", "transport", "sizes", "records", "on_first_use"}
 # The byte units: the one module the build may share with the agent.
 UNITS = "guestagent.sizes"
 GRPC_OR_CONTRACT = (

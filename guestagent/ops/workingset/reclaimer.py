@@ -43,26 +43,17 @@ from guestagent.ops.workingset.policy import (
     floor_of,
     validate_policy,
 )
+from guestagent.ops.workingset.status import (
+    GUARDS,
+    ReclaimOverview,
+    ReclaimPolicyRequest,
+    TargetStatus,
+)
 from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
 from guestagent.records import record
 from guestagent.statestore import RECLAIM_POLICIES, StateFileError, state_file
 
 log = EventLog("guestagent.ops.workingset")
-
-# What every target's steps are judged on beside its stall source (TargetStatus.signals): the
-# refault guard, and pgscan/pgsteal per chunk. The stall is PSI's where the cgroup has
-# memory.pressure, else delay accounting's; with neither it does not run at all
-# (docs/design-reclaimer.md: Without PSI).
-GUARDS = ("refaults", "reclaim_yield")
-
-
-@record
-class ReclaimPolicyRequest:
-    """SetReclaimPolicy: turn the reclaimer on or off for a cgroup, with a policy."""
-
-    cgroup: str
-    enabled: bool
-    policy: ReclaimPolicy = field(default_factory=ReclaimPolicy)
 
 
 @record
@@ -78,33 +69,6 @@ class Progress:
     intervals: int = 0
     current: int = 0
     floor: int = 0
-
-
-@record
-class TargetStatus:
-    cgroup: str
-    enabled: bool
-    policy: ReclaimPolicy
-    mode: Mode
-    why: str
-    reclaimed_total: int
-    reclaimed_last: int
-    last_stall_us: int
-    last_refault_bytes: int
-    intervals: int
-    current: int
-    floor: int
-    signals: tuple[str, ...] = (PSI_STALL, *GUARDS)
-    # Kernel features the target runs without, each with why (the multi-gen LRU).
-    absent: tuple[Absent, ...] = ()
-
-
-@record
-class ReclaimOverview:
-    """GetReclaimStatus's answer."""
-
-    targets: tuple[TargetStatus, ...]
-    compaction: CompactionStatus
 
 
 @record

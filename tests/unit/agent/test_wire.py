@@ -9,14 +9,14 @@ import pytest
 from guestagent.agent import encoding, wire
 from guestagent.agent.watch_stream import WatchReason, WatchUpdate
 from guestagent.errors import InvalidArgument
-from guestagent.linux.blockdev import DeviceSelector
 from guestagent.linux.confidential import Confidential
+from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.watch import PressureTriggerSpec
 from guestagent.ops.compaction import CompactResult
 from guestagent.ops.info import InfoSpec, Reporter
 from guestagent.ops.limits import MemorySpec, SetLimitsSpec
 from guestagent.ops.reclaim import ReclaimResult, ReclaimSpec
-from guestagent.ops.swap import (
+from guestagent.ops.swap_area import (
     DEFAULT_LABEL,
     DiscardPolicy,
     EnableSwapSpec,

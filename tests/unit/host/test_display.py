@@ -11,7 +11,7 @@ from guestagent.linux.swiotlb import DEBUGFS_SOURCE, SWIOTLB, Swiotlb
 from guestagent.ops.info import NOT_CONFIDENTIAL, Report
 from guestagent.ops.overhead import GuestOverhead
 from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
-from guestagent.ops.workingset.reclaimer import TargetStatus
+from guestagent.ops.workingset.status import TargetStatus
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 

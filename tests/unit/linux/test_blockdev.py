@@ -12,7 +12,6 @@ from guestagent.linux.blockdev import (
     BLANK_EDGE_BYTES,
     BLANK_SAMPLE_BYTES,
     BLANK_SAMPLES,
-    DeviceSelector,
     blank_check_plan,
     first_data_offset,
     first_nonzero,
@@ -21,6 +20,7 @@ from guestagent.linux.blockdev import (
     refuse_unsafe_device,
     resolve_device,
 )
+from guestagent.linux.device_selector import DeviceSelector
 from guestagent.sizes import MIB
 from tests.fakes.devices import VDB, FakeFinder
 from tests.fakes.root import FakeRoot

@@ -12,16 +12,15 @@ from guestagent.linux.dm import (
     DM_TARGET_SPEC,
     CryptTable,
     DeviceMapper,
-    Mapping,
     crypt_table,
     dm_request,
     pack_ioctl,
     pack_table_load,
     parse_target_versions,
-    read_mappings,
     unpack_ioctl,
     write_hex,
 )
+from guestagent.linux.dm_mappings import Mapping, read_mappings
 from tests.fakes.root import FakeRoot
 
 

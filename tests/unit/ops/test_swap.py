@@ -13,18 +13,18 @@ from guestagent.linux.abi import (
     SWAP_FLAG_DISCARD_PAGES,
     SWAP_FLAG_PREFER,
 )
-from guestagent.linux.blockdev import BlockDevice, DeviceSelector
+from guestagent.linux.blockdev import BlockDevice
 from guestagent.linux.confidential import Confidential
-from guestagent.linux.dm import CryptTable, DeviceMapper, Mapping
+from guestagent.linux.device_selector import DeviceSelector
+from guestagent.linux.dm import CryptTable, DeviceMapper
+from guestagent.linux.dm_mappings import Mapping
 from guestagent.ops.swap import (
-    DiscardPolicy,
-    EnableSwapSpec,
-    SwapEncryption,
     SwapManager,
     choose_encryption,
     refuse_other_encryption,
     swapon_flags,
 )
+from guestagent.ops.swap_area import DiscardPolicy, EnableSwapSpec, SwapEncryption
 from guestagent.sizes import MIB
 from tests.fakes.devices import VDB, FakeFinder
 from tests.fakes.root import FakeRoot

@@ -14,7 +14,8 @@ from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, ker
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.memcg import MemoryCgroup
 from guestagent.ops.workingset.policy import CHUNK_BYTES, Mode, ReclaimPolicy
-from guestagent.ops.workingset.reclaimer import Reclaimer, ReclaimPolicyRequest
+from guestagent.ops.workingset.reclaimer import Reclaimer
+from guestagent.ops.workingset.status import ReclaimPolicyRequest
 from guestagent.sizes import MIB
 from tests.fakes.root import FakeRoot
 from tests.fakes.taskstats import FakeTaskstats, put_procs

@@ -1,0 +1,35 @@
+"""A part of the agent built when it is first used, so the modules behind it load then and not
+at start: the swap manager (device-mapper's ioctls, libudev, mkswap and the disk probes) and
+the working-set reclaimer. A guest that never asks for either never holds their code.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class OnFirstUse(Generic[T]):
+    """Calling it returns the part, built on the first call (once, whichever thread asks)."""
+
+    def __init__(self, build: Callable[[], T]) -> None:
+        self._build = build
+        self._part: T | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> T:
+        part = self._part
+        if part is None:
+            with self._lock:
+                if self._part is None:
+                    self._part = self._build()
+                part = self._part
+        return part
+
+    @property
+    def built(self) -> T | None:
+        """The part if anything has used it yet; else None, and nothing it could tell."""
+        return self._part
