@@ -25,6 +25,7 @@ from tests.vm.guest import make_cgroup
 from tests.vm.pace import Pace
 from tests.workloads.reclaim import (
     KERNELS,
+    WITHIN_S,
     assert_no_thrash_bounds,
     assert_off_then_on_bounds,
     fill_data_disk,
@@ -51,10 +52,11 @@ def audit_lines(vm: GuestVM, setting: str) -> list[dict[str, Any]]:
     return lines
 
 
-def check_off_then_on(vm: GuestVM, agent: AgentClient, results: dict[str, Any]) -> None:
+def check_off_then_on(vm: GuestVM, agent: AgentClient, results: dict[str, Any], pace: Pace) -> None:
     """The PSI run's bounds, on delay accounting (tests/workloads/reclaim.py says why each);
     the figures go into results first, so a failed run's are kept too."""
-    figures = results["off_then_on"] = off_then_on(vm, agent, DELAYACCT_STALL)
+    window = pace.scale(WITHIN_S)
+    figures = results["off_then_on"] = off_then_on(vm, agent, DELAYACCT_STALL, window)
     assert figures["signals"][0] == DELAYACCT_STALL, without_timelines(figures)
     assert_off_then_on_bounds(figures)
 
@@ -128,9 +130,9 @@ class RuntimeKernelScenarios:
     results: ClassVar[dict[str, Any]]
 
     def test_cold_memory_goes_back_on_delay_accounting(
-        self, vm: GuestVM, agent: AgentClient
+        self, vm: GuestVM, agent: AgentClient, pace: Pace
     ) -> None:
-        check_off_then_on(vm, agent, self.results)
+        check_off_then_on(vm, agent, self.results, pace)
 
     def test_no_thrash_on_delay_accounting(
         self, vm: GuestVM, agent: AgentClient, pace: Pace

@@ -20,6 +20,7 @@ from tests.vm.guest import boot, wait_until
 from tests.vm.pace import Pace
 from tests.workloads.reclaim import (
     CONFIG,
+    WITHIN_S,
     assert_no_thrash_bounds,
     assert_off_then_on_bounds,
     no_thrash,
@@ -42,9 +43,9 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
 
 
 def test_cold_memory_goes_back_to_the_host_only_with_the_policy_on(
-    vm: GuestVM, agent: AgentClient
+    vm: GuestVM, agent: AgentClient, pace: Pace
 ) -> None:
-    RESULTS["off_then_on"] = figures = off_then_on(vm, agent)
+    RESULTS["off_then_on"] = figures = off_then_on(vm, agent, within_s=pace.scale(WITHIN_S))
     assert_off_then_on_bounds(figures)
 
 

@@ -289,9 +289,13 @@ def without_timelines(figures: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in figures.items() if not k.endswith("timeline")}
 
 
-def off_then_on(vm: GuestVM, agent: AgentClient, source: str = "psi_stall") -> dict[str, Any]:
+def off_then_on(
+    vm: GuestVM, agent: AgentClient, source: str = "psi_stall", within_s: float = WITHIN_S
+) -> dict[str, Any]:
     """Scenarios 1 and 2: the policy off (the control), then on, in one run. `source` is the
-    stall signal the reclaimer runs on (stall_source()), whose figures the stall_* keys are."""
+    stall signal the reclaimer runs on (stall_source()), whose figures the stall_* keys are;
+    `within_s` how long the policy may take to return 80 % (the bench's 120 s; a VM test's
+    is that at the guest's measured pace)."""
     agent.enable_swap(pb.EnableSwapRequest(device=pb.DeviceSelector(serial="swap0")))
     device = fill_data_disk(vm, FILE_MIB)
     vm.exec("mkdir -p /sys/fs/cgroup/pod")
@@ -308,7 +312,7 @@ def off_then_on(vm: GuestVM, agent: AgentClient, source: str = "psi_stall") -> d
             return float(peak - sampler.rows[-1]["qemu_guest_rss"]) / (COLD_MIB * MIB)
 
         try:
-            wait_until(lambda: returned() >= 0.8, WITHIN_S, "80 % of the cold memory back")
+            wait_until(lambda: returned() >= 0.8, within_s, "80 % of the cold memory back")
             reached: float | None = round(sampler.now() - off_end, 1)
         except AssertionError:
             reached = None
@@ -334,6 +338,7 @@ def off_then_on(vm: GuestVM, agent: AgentClient, source: str = "psi_stall") -> d
         "qemu_vmrss_peak_mib": round(max(r["qemu_rss"] for r in off_rows) / MIB, 1),
         "qemu_vmrss_settled_mib": round(on_rows[-1]["qemu_rss"] / MIB, 1),
         "seconds_to_80_percent": reached,
+        "window_s": round(within_s, 1),
         "policy_on_at_s": round(off_end, 1),
         "swap_file_allocated_mib": round(swap_allocated / MIB, 1),
         "cold_anon_mib": ANON_MIB - HOT_MIB,
@@ -424,8 +429,10 @@ def no_thrash(
 
 def assert_off_then_on_bounds(figures: dict[str, Any]) -> None:
     """Off: QEMU keeps (nearly) all of it; on: at least 80 % of the cold bytes leave within
-    120 s, without an OOM kill, the hot loop within 1.5x paced and the stall within target.
-    The PSI run and every runtime kernel's run are held to these."""
+    the window, without an OOM kill, the hot loop within 1.5x paced and the stall within
+    target. The PSI run and every runtime kernel's run are held to these. The window is 120 s
+    at an idle host's pace: the VM tests scale it by the guest's measured pace, as every
+    other wait, and `make bench` holds the speed itself to 120 s on a quiet host."""
     summary = without_timelines(figures)
     assert figures["control_returned_fraction"] < 0.2, summary
     assert figures["seconds_to_80_percent"] is not None, summary
