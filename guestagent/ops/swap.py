@@ -57,7 +57,7 @@ from guestagent.linux.blockdev import (
 from guestagent.linux.confidential import Confidential, decide, read_facts
 from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.dm import DeviceMapper, crypt_table, has_crypt_target
-from guestagent.linux.dm_mappings import Mapping, mapping_named, read_mappings
+from guestagent.linux.dm_mappings import Mapping, mapping_named
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.swaps import (
     ActiveSwap,
@@ -74,6 +74,7 @@ from guestagent.ops.swap_area import (
     SwapArea,
     SwapEncryption,
     decode_swap_state,
+    our_mappings,
 )
 from guestagent.statestore import SWAPS, state_file
 
@@ -165,7 +166,7 @@ class SwapManager:
         between the table load and swapon) is removed."""
         self._read_state()
         with self._lock:
-            for mapping in self._mappings():
+            for mapping in our_mappings(self.kernel):
                 if self._active_entry(mapped_device(mapping)) is not None:
                     log.info("encrypted_swap_found", mapping=mapping.name, device=mapping.devnode)
                     continue
@@ -178,12 +179,9 @@ class SwapManager:
                     "stale_mapping_removed", mapping=mapping.name, backing=",".join(mapping.slaves)
                 )
 
-    def _mappings(self) -> list[Mapping]:
-        return [m for m in read_mappings(self.kernel) if m.name.startswith(MAPPING_PREFIX)]
-
     def _mapping_of(self, device: BlockDevice) -> Mapping | None:
         """Our mapping over device, or device itself when it is one of our mappings."""
-        for mapping in self._mappings():
+        for mapping in our_mappings(self.kernel):
             if device.sysname in mapping.slaves or device.sysname == mapping.sysname:
                 return mapping
         return None

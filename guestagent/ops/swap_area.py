@@ -11,7 +11,7 @@ import enum
 from guestagent.errors import InvalidArgument
 from guestagent.linux.abi import SWAP_FLAG_PRIO_MASK
 from guestagent.linux.device_selector import DeviceSelector
-from guestagent.linux.dm_mappings import read_mappings
+from guestagent.linux.dm_mappings import Mapping, read_mappings
 from guestagent.linux.kernel import Kernel
 from guestagent.records import record
 from guestagent.statestore import SWAPS, state_file
@@ -88,9 +88,12 @@ def decode_swap_state(value: object) -> dict[str, dict[str, str]]:
     return value
 
 
+def our_mappings(kernel: Kernel) -> list[Mapping]:
+    """The device-mapper mappings an agent made for encrypted swap (by their name)."""
+    return [m for m in read_mappings(kernel) if m.name.startswith(MAPPING_PREFIX)]
+
+
 def left_behind(kernel: Kernel) -> bool:
     """Whether an earlier agent left swap state or a mapping of its own, which the start
     then checks (SwapManager.check_state); else nothing of swap's needs to load."""
-    if state_file(kernel, SWAPS).exists():
-        return True
-    return any(m.name.startswith(MAPPING_PREFIX) for m in read_mappings(kernel))
+    return state_file(kernel, SWAPS).exists() or bool(our_mappings(kernel))
