@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from guestagent.jsonlog import EventLog
+from guestagent.linux.syscalls import name_thread
 from guestagent.transport.dial import dial_unix
 from guestagent.transport.relay import ConnectionBudget, SocketRelay, Upstream
 
@@ -73,6 +74,10 @@ class NamedRelay(SocketRelay):
         )
         self._upstream = upstream
         self._peers = peers
+
+    def _loop(self) -> None:
+        name_thread(self._name)  # For ps -L and the footprint bench's wakeups by thread.
+        super()._loop()
 
     def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
         sock, name = self._peers.bind(describe_peer(conn, peer))

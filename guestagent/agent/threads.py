@@ -13,6 +13,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
+from guestagent.linux.syscalls import name_thread
+
 # Long enough that a steady trickle of calls keeps its thread, short against a guest's life.
 IDLE_EXIT_SECONDS = 30.0
 
@@ -75,6 +77,7 @@ class IdleExitPool(ThreadPoolExecutor):
 
     def _run(self) -> None:
         me = threading.current_thread()
+        name_thread(me.name)  # Python 3.11 leaves the process's name on every thread.
         while True:
             try:
                 work = self._work.get(timeout=self.idle_seconds)

@@ -86,23 +86,26 @@ import grpc
 spec = json.loads(sys.argv[1])
 BACKOFF = [(f"grpc.{k}_reconnect_backoff_ms", 20) for k in ("initial", "min", "max")]
 
-def switches(pid):
+def switches(pid, names):
     by_thread = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/status") as status:
                 by_thread[tid] = sum(int(l.split()[1]) for l in status if "ctxt_switches" in l)
+            with open(f"/proc/{pid}/task/{tid}/comm") as comm:
+                names[tid] = comm.read().strip()
         except FileNotFoundError:
             pass  # A thread that ended in between.
     return by_thread
 
 def idle_sample(pid, seconds):
-    before, started = switches(pid), time.monotonic()
+    names = {}
+    before, started = switches(pid, names), time.monotonic()
     time.sleep(seconds)
-    after, elapsed = switches(pid), time.monotonic() - started
+    after, elapsed = switches(pid, names), time.monotonic() - started
     read = lambda name: open(f"/proc/{pid}/{name}").read()
     return {"status": read("status"), "smaps_rollup": read("smaps_rollup"),
-            "switches": [before, after], "seconds": elapsed}
+            "switches": [before, after], "names": names, "seconds": elapsed}
 
 # PR_SET_THP_DISABLE, inherited by the server: the agent refuses transparent huge pages at
 # start, so each yardstick starts refusing them too. Otherwise a yardstick's first touch of a
@@ -203,6 +206,20 @@ def window_wakeups(before: dict[str, int], after: dict[str, int]) -> int:
     return lived + sum(1 for tid in before if tid not in after)
 
 
+def wakeups_by_thread(
+    before: dict[str, int], after: dict[str, int], names: dict[str, str]
+) -> dict[str, int]:
+    """window_wakeups by thread name (/proc's comm: grpc names its threads, the agent its own;
+    a thread Python started and never named carries the process's), so the bench says whose
+    wakeups the agent's figure above the floor's is."""
+    by_name: dict[str, int] = {}
+    for tid in before.keys() | after.keys():
+        one = [{tid: counts[tid]} if tid in counts else {} for counts in (before, after)]
+        name = names.get(tid, "?")
+        by_name[name] = by_name.get(name, 0) + window_wakeups(*one)
+    return dict(sorted(by_name.items()))
+
+
 def exact_memory(smaps_rollup: str) -> dict[str, int]:
     """VmRSS and RssAnon as smaps_rollup counts them, from the page tables, in bytes. The
     guest's kernel (6.1) keeps /proc/PID/status's counters per thread and folds them in every
@@ -223,19 +240,23 @@ def exact_memory(smaps_rollup: str) -> dict[str, int]:
     }
 
 
-def sample_figures(sample: dict[str, Any]) -> dict[str, float]:
+def sample_figures(sample: dict[str, Any]) -> dict[str, Any]:
     """One idle window's end: the memory figures (VmRSS and RssAnon exact, status's beside
     them) and the wakeups a second over the window."""
     status = footprint(sample["status"], sample["smaps_rollup"])
-    figures: dict[str, float] = {
+    figures: dict[str, Any] = {
         **status,
         "VmRSS_status": status["VmRSS"],
         "RssAnon_status": status["RssAnon"],
         **exact_memory(sample["smaps_rollup"]),
     }
     if sample["seconds"] >= 1:  # The health server's is no window: its ready time is all.
-        wakeups = window_wakeups(*sample["switches"])
-        figures["wakeups_per_s"] = round(wakeups / sample["seconds"], 2)
+        before, after = sample["switches"]
+        figures["wakeups_per_s"] = round(window_wakeups(before, after) / sample["seconds"], 2)
+        by_thread = wakeups_by_thread(before, after, sample["names"])
+        figures["wakeups_per_s_by_thread"] = {
+            name: round(count / sample["seconds"], 2) for name, count in by_thread.items()
+        }
     return figures
 
 
@@ -243,9 +264,22 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure of each phase, and the ready time, as the median of the rounds."""
     result: dict[str, Any] = {"ready_s": statistics.median(r["ready_s"] for r in runs)}
     for phase in runs[0]["phases"]:
-        keys = runs[0]["phases"][phase]
-        result[phase] = {k: statistics.median(r["phases"][phase][k] for r in runs) for k in keys}
+        figures = [r["phases"][phase] for r in runs]
+        result[phase] = {
+            key: (
+                by_name_medians([f[key] for f in figures])
+                if isinstance(value, dict)
+                else statistics.median(f[key] for f in figures)
+            )
+            for key, value in figures[0].items()
+        }
     return result
+
+
+def by_name_medians(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each name's median over the rounds, 0 in a round where it had no thread."""
+    names = sorted(set().union(*rounds))
+    return {name: statistics.median(r.get(name, 0) for r in rounds) for name in names}
 
 
 def verdicts(agent: dict[str, Any], floor: dict[str, Any], health: dict[str, Any]) -> Any:
@@ -264,6 +298,10 @@ def verdicts(agent: dict[str, Any], floor: dict[str, Any], health: dict[str, Any
             "pss_vs_floor": round(mine["Pss"] / base["Pss"], 3),
             "threads": {"agent": mine["Threads"], "floor": base["Threads"]},
             "wakeups_per_s": ratio_verdict(mine["wakeups_per_s"], wakeups_limit),
+            "wakeups_per_s_by_thread": {
+                "agent": mine["wakeups_per_s_by_thread"],
+                "floor": base["wakeups_per_s_by_thread"],
+            },
         }
     return targets
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.bench.figures import cpu_seconds, footprint, load_sample, mib_verdict, ratios
@@ -64,6 +66,35 @@ def test_window_wakeups_count_threads_that_start_and_end_in_the_window() -> None
     before = {"1": 100, "2": 50, "3": 7}  # Thread 3 ends in the window, 4 starts in it.
     after = {"1": 110, "2": 50, "4": 5}
     assert window_wakeups(before, after) == 10 + 0 + 5 + 1
+
+
+def test_wakeups_by_thread_name_add_up_to_the_window() -> None:
+    from tests.bench.footprint import wakeups_by_thread, window_wakeups
+
+    before = {"1": 100, "2": 50, "3": 7, "5": 20}  # 3 ends in the window, 4 starts in it.
+    after = {"1": 110, "2": 53, "4": 5, "5": 22}
+    names = {"1": "guestagent", "3": "read_1", "4": "read_2"}
+    names |= {"2": "event_engine", "5": "event_engine"}
+    got = wakeups_by_thread(before, after, names)
+    assert got == {"event_engine": 3 + 2, "guestagent": 10, "read_1": 1, "read_2": 5}
+    assert sum(got.values()) == window_wakeups(before, after)
+
+
+def test_medians_of_wakeups_by_thread_count_a_missing_thread_as_none() -> None:
+    from tests.bench.footprint import medians
+
+    def run(ready_s: float, rss: int, by_thread: dict[str, float]) -> dict[str, Any]:
+        return {"ready_s": ready_s, "phases": {"ready": {"RssAnon": rss, "by": by_thread}}}
+
+    runs = [
+        run(2.0, 10, {"idle-ager": 0.5, "read_1": 0.1}),
+        run(3.0, 30, {"idle-ager": 0.7}),
+        run(1.0, 20, {"idle-ager": 0.6, "read_1": 0.2}),
+    ]
+    assert medians(runs) == {
+        "ready_s": 2.0,
+        "ready": {"RssAnon": 20, "by": {"idle-ager": 0.6, "read_1": 0.1}},
+    }
 
 
 SMAPS = """5590a0000000-5590a0600000 rw-p 00000000 00:00 0                          [heap]

@@ -29,6 +29,7 @@ from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.mm import read_lru_gen
 from guestagent.linux.swaps import active_swaps
+from guestagent.linux.syscalls import name_thread
 from guestagent.ops.workingset.compaction_trigger import (
     CompactionRule,
     CompactionStatus,
@@ -332,6 +333,7 @@ class Reclaimer:
     # The loop.
 
     def _run(self) -> None:
+        name_thread("reclaimer")  # Its CPU and wakeups apart from the agent's in /proc.
         while not self._stopping.is_set():
             try:
                 wait = self.run_due()

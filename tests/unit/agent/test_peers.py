@@ -32,6 +32,9 @@ def test_a_relayed_connection_is_named_until_it_ends(tmp_path: Path) -> None:
         grpc_peer = "unix-abstract:" + bytes(address)[1:].decode()
         expected = f"unix:uid={os.getuid()},gid={os.getgid()},pid={os.getpid()}"
         assert peers.caller(grpc_peer) == expected
+        # The relay's thread carries its name in /proc (ps -L, the bench's wakeups by thread).
+        comms = {t.read_text().strip() for t in Path("/proc/self/task").glob("*/comm")}
+        assert "test" in comms
         client.sendall(b"ping")
         assert accepted.recv(4) == b"ping"
         client.close()

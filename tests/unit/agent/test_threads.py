@@ -6,6 +6,7 @@ import asyncio
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,17 @@ def test_threads_start_with_work_and_end_when_idle() -> None:
     wait_for(lambda: pool.live_threads == 0)
     # Work after every thread ended still runs.
     assert pool.submit(lambda: 42).result(5) == 42
+    pool.shutdown()
+
+
+def own_comm() -> str:
+    return Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+
+
+def test_each_thread_carries_its_name_in_proc() -> None:
+    # Python 3.11 names no native thread: without this every pool thread shows as the agent.
+    pool = IdleExitPool(1, "blocking", idle_seconds=5)
+    assert pool.submit(own_comm).result(5) == "blocking_1"
     pool.shutdown()
 
 
