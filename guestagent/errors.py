@@ -90,6 +90,12 @@ class ResourceExhausted(AgentError):
     default_reason = "FILE_DESCRIPTORS_EXHAUSTED"
 
 
+class Unavailable(AgentError):
+    """The agent is stopping: the same call may succeed against the agent that follows."""
+
+    default_reason = "AGENT_STOPPING"
+
+
 class Internal(AgentError):
     """The kernel failed in a way this agent does not expect (EIO, EFAULT): worth a bug report."""
 
@@ -251,6 +257,8 @@ REASONS: dict[str, tuple[type[AgentError], str]] = {
     "FILE_DESCRIPTORS_EXHAUSTED": (ResourceExhausted, "EMFILE or ENFILE"),
     "INOTIFY_WATCHES_EXHAUSTED": (ResourceExhausted, "fs.inotify.max_user_watches reached"),
     "WATCHES_EXHAUSTED": (ResourceExhausted, "the agent's --max-watches are all in use"),
+    # Stopping: the same call may succeed against the agent that follows.
+    "AGENT_STOPPING": (Unavailable, "a call that would start the reclaimer as the agent stops"),
     # Worth a bug report.
     "KERNEL_FORMAT": (KernelFormat, "a kernel file this agent cannot parse (file and value)"),
     "KERNEL_FAILED": (Internal, "EIO, EFAULT or another errno the agent does not expect"),

@@ -164,6 +164,15 @@ class StateFile:
         finally:
             os.close(directory)
 
+    def save_or_remove(self, value: dict[str, Any]) -> None:
+        """Save a state that holds something; remove the file for an empty one. Whether the
+        file exists decides whether its part loads at start (swap, the reclaimer), so a part
+        that was only asked, or whose last entry went, must not leave `{}` behind."""
+        if value:
+            self.save(value)
+        else:
+            self.remove()
+
     def remove(self) -> None:
         if refused(self.path.parent):
             return

@@ -144,7 +144,9 @@ class Agent:
         self.confidential = decide(config.confidential, read_facts(config.kernel))
         # Built at the first call that needs them, or below at start when an earlier agent
         # left them work; until then their modules stay unloaded.
-        self.swaps = OnFirstUse(functools.partial(swap_manager, config.kernel, self.confidential))
+        self.swaps = OnFirstUse(
+            functools.partial(swap_manager, config.kernel, self.confidential), "swap"
+        )
         # Delay accounting's stall where the guest has no PSI; a test tree has no tasks.
         self.stall = (
             DelayStallMeter(config.kernel, preferred=config.stall_signal == DELAYACCT_SIGNAL)
@@ -152,7 +154,8 @@ class Agent:
             else None
         )
         self.reclaimer = OnFirstUse(
-            functools.partial(started_reclaimer, config.kernel, self.stall, config.reclaim)
+            functools.partial(started_reclaimer, config.kernel, self.stall, config.reclaim),
+            "the reclaimer",
         )
         self.ager = IdleAger(config.kernel, config.idle_aging_s)
         pb_grpc.add_MemoryAgentServicer_to_server(
@@ -285,7 +288,8 @@ class Agent:
             relay.close()
         self.stopping.set()  # Ends watch streams, so only unary calls hold the grace period.
         self.hotplug.stop()
-        reclaimer = self.reclaimer.built
+        # Closed first: a call building it now is waited for, and none builds it after.
+        reclaimer = await asyncio.to_thread(self.reclaimer.close)
         if reclaimer is not None:
             await asyncio.to_thread(reclaimer.stop)
         await asyncio.to_thread(self.ager.stop)

@@ -61,6 +61,7 @@ STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {
     errors.KernelFormat: grpc.StatusCode.INTERNAL,
     errors.Internal: grpc.StatusCode.INTERNAL,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
 # Threads that read kernel files for reports (GetMemoryInfo, watch streams, status), apart
 # from the blocking writes' pool: a report of 1024 cgroups takes a while, and on the event

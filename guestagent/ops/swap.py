@@ -76,7 +76,7 @@ from guestagent.ops.swap_area import (
     decode_swap_state,
     our_mappings,
 )
-from guestagent.statestore import SWAPS, state_file
+from guestagent.statestore import SWAPS, StateFileError, state_file
 
 log = EventLog("guestagent.ops.swap")
 
@@ -164,7 +164,13 @@ class SwapManager:
         """At start: a saved state that is not one of ours is moved aside now, not at the
         first swap call; a mapping of ours without active swap on it (an agent killed
         between the table load and swapon) is removed."""
-        self._read_state()
+        if not self._read_state() and self._store.exists():
+            # Agents before 2026-12-05 kept `{}` once their last swap went, which would load
+            # swap's machinery at every start: gone, the next start loads none of it.
+            try:
+                self._store.remove()
+            except StateFileError as e:
+                log.warning("swap_state_not_removed", error=str(e))
         with self._lock:
             for mapping in our_mappings(self.kernel):
                 if self._active_entry(mapped_device(mapping)) is not None:
@@ -269,7 +275,7 @@ class SwapManager:
                     ) from e
             state = self._read_state()
             state[swap_device.devnode] = {"discard": spec.discard.value}
-            self._store.save(state)
+            self._store.save_or_remove(state)
             entry = self._active_entry(swap_device)
             if entry is None:
                 raise FailedPrecondition(
@@ -442,7 +448,7 @@ class SwapManager:
                 ) from e
             state = self._read_state()
             state.pop(swap_device.devnode, None)
-            self._store.save(state)
+            self._store.save_or_remove(state)
             if mapping is not None:
                 self._unmap(mapping)
             log.info("swap_disabled", device=swap_device.devnode, mapping=area.mapping)

@@ -87,25 +87,28 @@ spec = json.loads(sys.argv[1])
 BACKOFF = [(f"grpc.{k}_reconnect_backoff_ms", 20) for k in ("initial", "min", "max")]
 
 def switches(pid, names):
-    by_thread = {}
+    by_thread, preempted = {}, {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/status") as status:
-                by_thread[tid] = sum(int(l.split()[1]) for l in status if "ctxt_switches" in l)
+                counts = {l.split(":")[0]: int(l.split()[1]) for l in status if "ctxt_sw" in l}
             with open(f"/proc/{pid}/task/{tid}/comm") as comm:
                 names[tid] = comm.read().strip()
         except FileNotFoundError:
-            pass  # A thread that ended in between.
-    return by_thread
+            continue  # A thread that ended in between.
+        by_thread[tid] = sum(counts.values())
+        preempted[tid] = counts["nonvoluntary_ctxt_switches"]
+    return by_thread, preempted
 
 def idle_sample(pid, seconds):
     names = {}
-    before, started = switches(pid, names), time.monotonic()
+    (before, preempted_before), started = switches(pid, names), time.monotonic()
     time.sleep(seconds)
-    after, elapsed = switches(pid, names), time.monotonic() - started
+    (after, preempted_after), elapsed = switches(pid, names), time.monotonic() - started
     read = lambda name: open(f"/proc/{pid}/{name}").read()
     return {"status": read("status"), "smaps_rollup": read("smaps_rollup"),
-            "switches": [before, after], "names": names, "seconds": elapsed}
+            "switches": [before, after], "preempted": [preempted_before, preempted_after],
+            "names": names, "seconds": elapsed}
 
 # PR_SET_THP_DISABLE, inherited by the server: the agent refuses transparent huge pages at
 # start, so each yardstick starts refusing them too. Otherwise a yardstick's first touch of a
@@ -220,6 +223,13 @@ def wakeups_by_thread(
     return dict(sorted(by_name.items()))
 
 
+def preemptions(before: dict[str, int], after: dict[str, int]) -> int:
+    """The involuntary switches over a window (of the threads alive at its end): a thread
+    taken off a CPU while it ran, not woken, so a wakeup figure over-counts by these (under
+    TCG mostly the idle ager's aging write, which runs long)."""
+    return sum(count - before.get(tid, 0) for tid, count in after.items())
+
+
 def exact_memory(smaps_rollup: str) -> dict[str, int]:
     """VmRSS and RssAnon as smaps_rollup counts them, from the page tables, in bytes. The
     guest's kernel (6.1) keeps /proc/PID/status's counters per thread and folds them in every
@@ -257,6 +267,7 @@ def sample_figures(sample: dict[str, Any]) -> dict[str, Any]:
         figures["wakeups_per_s_by_thread"] = {
             name: round(count / sample["seconds"], 2) for name, count in by_thread.items()
         }
+        figures["preempted_per_s"] = round(preemptions(*sample["preempted"]) / sample["seconds"], 2)
     return figures
 
 
@@ -302,6 +313,7 @@ def verdicts(agent: dict[str, Any], floor: dict[str, Any], health: dict[str, Any
                 "agent": mine["wakeups_per_s_by_thread"],
                 "floor": base["wakeups_per_s_by_thread"],
             },
+            "preempted_per_s": {"agent": mine["preempted_per_s"], "floor": base["preempted_per_s"]},
         }
     return targets
 

@@ -59,9 +59,9 @@ def make_servicer(fake_root: FakeRoot, ager: IdleAger | None = None) -> MemoryAg
     return MemoryAgentServicer(
         fs,
         asyncio.Event(),
-        OnFirstUse(lambda: SwapManager(fs)),
+        OnFirstUse(lambda: SwapManager(fs), "swap"),
         HotplugWatcher(fs, OnlinePolicy("online")),
-        OnFirstUse(lambda: Reclaimer(fs)),
+        OnFirstUse(lambda: Reclaimer(fs), "the reclaimer"),
         PeerTable(),
         ager or IdleAger(fs),
         stall=None,

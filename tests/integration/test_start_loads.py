@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from guestagent.ops.swap_area import MAPPING_PREFIX
+from guestagent.ops.workingset.policy import ReclaimPolicy
 from guestagent.statestore import RECLAIM_POLICIES, SWAPS, check_directory, state_file
 from tests.fakes.root import FakeRoot
 
@@ -25,7 +27,16 @@ from guestagent.agent.daemon import Agent, ServerConfig
 from guestagent.linux.kernel import Kernel
 from guestagent.transport.address import UnixAddress
 
-root, socket, watched = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+root, socket, watched, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]
+
+async def ask(methods):
+    import grpc
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        for method in methods:
+            try:
+                await channel.unary_unary(f"/guestagent.v1.MemoryAgent/{method}")(b"", timeout=30)
+            except grpc.aio.AioRpcError:
+                pass  # A fake root has no /proc/swaps: the call was still served.
 
 async def start_and_stop():
     config = ServerConfig(
@@ -38,6 +49,7 @@ async def start_and_stop():
     agent = Agent(config)
     await agent.start()
     loaded = [m for m in watched if m in sys.modules]
+    await ask(calls)
     await agent.stop()
     return loaded
 
@@ -45,7 +57,9 @@ print(json.dumps(asyncio.run(start_and_stop())))
 """
 
 
-def modules_after_start(fake_root: FakeRoot, tmp_path: Path) -> list[str]:
+def modules_after_start(fake_root: FakeRoot, tmp_path: Path, *then_calls: str) -> list[str]:
+    """The watched modules loaded once the daemon has started; then_calls (methods with empty
+    requests) are called before it stops."""
     done = subprocess.run(
         [
             sys.executable,
@@ -54,6 +68,7 @@ def modules_after_start(fake_root: FakeRoot, tmp_path: Path) -> list[str]:
             str(fake_root.root),
             str(tmp_path / "agent.sock"),
             json.dumps([*SWAP_MODULES, *RECLAIMER_MODULES]),
+            *then_calls,
         ],
         capture_output=True,
         text=True,
@@ -72,8 +87,27 @@ def test_a_fresh_guest_loads_neither_swap_nor_the_reclaimer(
 
 def test_swap_state_left_behind_is_checked_at_start(fake_root: FakeRoot, tmp_path: Path) -> None:
     check_directory(fake_root.fs)
-    state_file(fake_root.fs, SWAPS).save({})
+    state_file(fake_root.fs, SWAPS).save({"/dev/vdb": {"discard": "pages"}})
     assert modules_after_start(fake_root, tmp_path) == list(SWAP_MODULES)
+    assert modules_after_start(fake_root, tmp_path) == list(SWAP_MODULES)  # Still there.
+
+
+def test_asking_about_swap_and_reclaim_leaves_nothing_for_the_next_start(
+    fake_root: FakeRoot, tmp_path: Path
+) -> None:
+    asked = modules_after_start(fake_root, tmp_path, "ListSwaps", "GetReclaimStatus")
+    assert asked == []  # Loaded only by the calls, after the snapshot.
+    assert modules_after_start(fake_root, tmp_path) == []
+
+
+def test_the_empty_state_older_agents_left_loads_its_part_once(
+    fake_root: FakeRoot, tmp_path: Path
+) -> None:
+    check_directory(fake_root.fs)
+    state_file(fake_root.fs, SWAPS).save({})
+    state_file(fake_root.fs, RECLAIM_POLICIES).save({})
+    assert set(modules_after_start(fake_root, tmp_path)) == {*SWAP_MODULES, *RECLAIMER_MODULES}
+    assert modules_after_start(fake_root, tmp_path) == []
 
 
 def test_a_mapping_of_ours_is_checked_at_start(fake_root: FakeRoot, tmp_path: Path) -> None:
@@ -89,6 +123,9 @@ def test_someone_elses_mapping_is_not(fake_root: FakeRoot, tmp_path: Path) -> No
 
 def test_saved_reclaim_policies_are_reloaded_at_start(fake_root: FakeRoot, tmp_path: Path) -> None:
     check_directory(fake_root.fs)
-    state_file(fake_root.fs, RECLAIM_POLICIES).save({})
+    saved = {"pod": {"enabled": False, "policy": asdict(ReclaimPolicy())}}
+    state_file(fake_root.fs, RECLAIM_POLICIES).save(saved)
+    fake_root.add_cgroup("pod")
     loaded = modules_after_start(fake_root, tmp_path)
     assert set(RECLAIMER_MODULES) <= set(loaded) and "guestagent.ops.swap" not in loaded
+    assert modules_after_start(fake_root, tmp_path) == loaded  # The policy is kept.

@@ -80,6 +80,12 @@ def test_wakeups_by_thread_name_add_up_to_the_window() -> None:
     assert sum(got.values()) == window_wakeups(before, after)
 
 
+def test_preemptions_are_the_involuntary_switches_of_the_threads_at_the_end() -> None:
+    from tests.bench.footprint import preemptions
+
+    assert preemptions({"1": 4, "2": 9}, {"1": 7, "3": 2}) == 3 + 2
+
+
 def test_medians_of_wakeups_by_thread_count_a_missing_thread_as_none() -> None:
     from tests.bench.footprint import medians
 

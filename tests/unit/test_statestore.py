@@ -36,6 +36,16 @@ def test_remove(store: StateFile) -> None:
     assert store.load() is None
 
 
+def test_an_empty_state_leaves_no_file(store: StateFile) -> None:
+    # The file's existence is what loads swap or the reclaimer at start: `{}` must not be one.
+    store.save_or_remove({"/dev/vdb": {"discard": "once"}})
+    assert store.exists() and store.load() == {"/dev/vdb": {"discard": "once"}}
+    store.save_or_remove({})
+    assert not store.exists()
+    store.save_or_remove({})  # Nothing there: not an error.
+    assert not store.exists()
+
+
 def test_a_temporary_file_left_by_a_kill_is_replaced(store: StateFile) -> None:
     store.save(1)
     leftover = store.path.with_name(f".{store.path.name}.tmp")

@@ -315,7 +315,7 @@ class Reclaimer:
 
     def _save_locked(self, state: dict[str, dict[str, object]] | None = None) -> None:
         state = self._saved_locked() if state is None else state
-        self._store.save(dict(sorted(state.items())))
+        self._store.save_or_remove(dict(sorted(state.items())))
 
     def _load(self) -> None:
         saved = self._store.load_valid(decode_policies) or {}

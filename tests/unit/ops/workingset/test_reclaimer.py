@@ -1,7 +1,6 @@
 """The reclaimer's loop over a fake cgroup tree, driven tick by tick with a fake clock."""
 
 import errno
-import json
 import shutil
 import threading
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from guestagent.ops.workingset.policy import CHUNK_BYTES, Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import Reclaimer
 from guestagent.ops.workingset.status import ReclaimPolicyRequest
 from guestagent.sizes import MIB
+from guestagent.statestore import RECLAIM_POLICIES, check_directory, state_file
 from tests.fakes.root import FakeRoot
 from tests.fakes.taskstats import FakeTaskstats, put_procs
 
@@ -274,8 +274,32 @@ def test_a_removed_cgroup_is_dropped(
     clock.now += 1
     reclaimer.run_due()
     assert reclaimer.status() == ()
-    saved = json.loads((fake_root.root / "run/guestagent/reclaim-policy.json").read_text())
-    assert saved == {}
+    # No policy left: no file, so the next start does not load the reclaimer.
+    assert not (fake_root.root / "run/guestagent/reclaim-policy.json").exists()
+
+
+def test_a_reclaimer_only_asked_leaves_no_state(fake_root: FakeRoot, clock: Clock) -> None:
+    # GetReclaimStatus builds and starts it; a read must not make every later start load it.
+    make_target(fake_root)
+    reclaimer = Reclaimer(fake_root.fs, clock=clock)
+    reclaimer.start()
+    try:
+        assert reclaimer.status() == () and reclaimer.known(["pod"]) == ()
+    finally:
+        reclaimer.stop()
+    assert not (fake_root.root / "run/guestagent/reclaim-policy.json").exists()
+
+
+def test_an_empty_state_an_older_agent_left_is_removed_at_start(
+    fake_root: FakeRoot, clock: Clock
+) -> None:
+    saved = fake_root.root / "run/guestagent/reclaim-policy.json"
+    check_directory(fake_root.fs)
+    state_file(fake_root.fs, RECLAIM_POLICIES).save({})
+    reclaimer = Reclaimer(fake_root.fs, clock=clock)
+    reclaimer.start()
+    reclaimer.stop()
+    assert not saved.exists()
 
 
 def test_a_removed_cgroup_that_was_turned_off_is_dropped_too(
