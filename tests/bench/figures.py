@@ -4,9 +4,16 @@ here, so a figure means the same on either side of the vsock."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 MIB = 1 << 20
+
+
+def elapsed(since: float) -> str:
+    """The time since a time.monotonic() reading, as progress lines print it."""
+    minutes, seconds = divmod(round(time.monotonic() - since), 60)
+    return f"{minutes} min {seconds:02d} s"
 
 
 def footprint(status: str, smaps_rollup: str = "") -> dict[str, int]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 from guestagent.build.runtime import INTERPRETER_FLAGS
 from guestagent.host.qemu import VMConfig
 from guestagent.vm.qemu import GuestCommandError, GuestVM
-from tests.bench.figures import footprint, ratio_verdict
+from tests.bench.figures import elapsed, footprint, ratio_verdict
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
 from tests.bench.floor_server import STREAM_METHOD as FLOOR_STREAM
 from tests.bench.runtime import SITE
@@ -325,14 +327,18 @@ def measure_footprint(
     calls: int = CALLS,
 ) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in (AGENT, FLOOR, HEALTH)}
+    started = time.monotonic()
     with GuestVM(VMConfig(memory_mib=1024)) as vm:
         pause_image_agent(vm)
         install_yardsticks(vm)
-        for _ in range(rounds):
+        for round_number in range(1, rounds + 1):
             for server in (AGENT, FLOOR, HEALTH):
                 got = probe(vm, server, idle_s if server is not HEALTH else 0, watch_s, calls)
                 phases = {name: sample_figures(s) for name, s in got["samples"].items()}
                 runs[server.label].append({"ready_s": got["ready_s"], "phases": phases})
+                # At full length a round is about half an hour: say where the section is.
+                line = f"round {round_number}/{rounds}, {server.label} ready in {got['ready_s']} s"
+                print(f"bench: footprint {line} (section at {elapsed(started)})", file=sys.stderr)
         where = breakdown(vm, idle_s)
     median = {label: medians(r) for label, r in runs.items()}
     return {

@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 
 from guestagent.host.client import AgentClient
-from tests.bench.figures import footprint, load_sample, ratio_verdict
+from tests.bench.figures import elapsed, footprint, load_sample, ratio_verdict
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
 
 CALLS = 2000
@@ -436,11 +436,6 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "idle_aging": idle_aging_section,
     "hostile": hostile_section,
 }
-
-
-def elapsed(since: float) -> str:
-    minutes, seconds = divmod(round(time.monotonic() - since), 60)
-    return f"{minutes} min {seconds:02d} s"
 
 
 def progress(line: str, bench_started: float) -> None:
