@@ -164,14 +164,14 @@ class SwapManager:
         """At start: a saved state that is not one of ours is moved aside now, not at the
         first swap call; a mapping of ours without active swap on it (an agent killed
         between the table load and swapon) is removed."""
-        if not self._read_state() and self._store.exists():
-            # Agents before 2026-12-05 kept `{}` once their last swap went, which would load
-            # swap's machinery at every start: gone, the next start loads none of it.
-            try:
-                self._store.remove()
-            except StateFileError as e:
-                log.warning("swap_state_not_removed", error=str(e))
-        with self._lock:
+        with self._lock:  # The server answers during start: an EnableSwap may save now.
+            if not self._read_state() and self._store.exists():
+                # Agents before 2026-12-05 kept `{}` once their last swap went, which would
+                # load swap's machinery at every start: gone, the next start loads none of it.
+                try:
+                    self._store.remove()
+                except StateFileError as e:
+                    log.warning("swap_state_not_removed", error=str(e))
             for mapping in our_mappings(self.kernel):
                 if self._active_entry(mapped_device(mapping)) is not None:
                     log.info("encrypted_swap_found", mapping=mapping.name, device=mapping.devnode)
