@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from guestagent import jsonlog
+from guestagent.agent.load_on_use import PROTOBUF_PURE_PYTHON, load_on_use
 from guestagent.errors import AgentError
 from guestagent.linux.confidential import SETTINGS
 from guestagent.linux.kernel import Kernel
@@ -40,10 +41,12 @@ PARSE_ONLY_MODULES = ("argparse", "gettext")
 
 def entry() -> int:
     """The `guestagent` command: main(), with argparse dropped between the parse and the
-    run, in a process that never loads ssl. No listener speaks TLS, but asyncio imports ssl
-    when it can (about 4 MiB of RSS in every guest); a None in sys.modules makes that import
-    fail the way asyncio expects."""
+    run, in a process that never loads ssl and runs none of protobuf's pure-Python
+    implementation. No listener speaks TLS, but asyncio imports ssl when it can (about 4 MiB
+    of RSS in every guest); a None in sys.modules makes that import fail the way asyncio
+    expects."""
     sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+    load_on_use(PROTOBUF_PURE_PYTHON)
     options = command_line_options(sys.argv[1:])
     forget_modules(PARSE_ONLY_MODULES)
     return run(options)

@@ -357,6 +357,8 @@ import ctypes, gc, importlib, json, sys
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # No huge pages, as the agent: else 2 MiB steps.
 sys.modules["ssl"] = None
 sys.path.append(sys.argv[1])
+from guestagent.agent.load_on_use import PROTOBUF_PURE_PYTHON, load_on_use
+load_on_use(PROTOBUF_PURE_PYTHON)  # As entry() does (in the interpreter's stage: a few KiB).
 STAGES = [
     ("interpreter", []),
     ("floor: asyncio, grpc.aio", ["asyncio", "grpc", "grpc.aio"]),

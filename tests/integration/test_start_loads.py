@@ -1,6 +1,7 @@
 """What the daemon's start loads: swap's machinery and the reclaimer only when an earlier agent
 left them work, so a guest that never asks for them never holds their code. The daemon starts
 in a fresh interpreter over a fake root, as `guestagent serve` would, and reports the modules.
+Nor, whatever the calls, does it run protobuf's pure-Python implementation.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ RECLAIMER_MODULES = ("guestagent.ops.workingset.reclaimer", "guestagent.ops.work
 PROBE = r"""
 import asyncio, json, sys
 sys.modules.setdefault("ssl", None)
+from guestagent.agent.load_on_use import PROTOBUF_PURE_PYTHON, load_on_use
+load_on_use(PROTOBUF_PURE_PYTHON)
 from pathlib import Path
 from guestagent.agent.daemon import Agent, ServerConfig
 from guestagent.linux.kernel import Kernel
@@ -52,7 +55,8 @@ async def start_and_stop():
     loaded = [m for m in watched if m in sys.modules]
     await ask(calls)
     await agent.stop()
-    return loaded
+    ran = [m for m in PROTOBUF_PURE_PYTHON if type(sys.modules[m]).__name__ != "_LazyModule"]
+    return {"loaded": loaded, "ran": ran}
 
 print(json.dumps(asyncio.run(start_and_stop())))
 """
@@ -61,6 +65,13 @@ print(json.dumps(asyncio.run(start_and_stop())))
 def modules_after_start(fake_root: FakeRoot, tmp_path: Path, *then_calls: str) -> list[str]:
     """The watched modules loaded once the daemon has started; then_calls (methods with empty
     requests) are called before it stops."""
+    loaded: list[str] = start_and_call(fake_root, tmp_path, *then_calls)["loaded"]
+    return loaded
+
+
+def start_and_call(fake_root: FakeRoot, tmp_path: Path, *then_calls: str) -> dict[str, list[str]]:
+    """The probe's report: the watched modules loaded once the daemon has started, and the
+    modules entry() defers that had run by the time it stopped."""
     done = subprocess.run(
         [
             sys.executable,
@@ -76,8 +87,8 @@ def modules_after_start(fake_root: FakeRoot, tmp_path: Path, *then_calls: str) -
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    loaded: list[str] = json.loads(done.stdout)
-    return loaded
+    report: dict[str, list[str]] = json.loads(done.stdout)
+    return report
 
 
 def test_a_fresh_guest_loads_neither_swap_nor_the_reclaimer(
@@ -131,3 +142,11 @@ def test_saved_reclaim_policies_are_reloaded_at_start(fake_root: FakeRoot, tmp_p
     loaded = modules_after_start(fake_root, tmp_path)
     assert set(RECLAIMER_MODULES) <= set(loaded) and "guestagent.ops.swap" not in loaded
     assert modules_after_start(fake_root, tmp_path) == loaded  # The policy is kept.
+
+
+def test_no_call_runs_protobufs_pure_python_implementation(
+    fake_root: FakeRoot, tmp_path: Path
+) -> None:
+    # Refusals included: an empty SetMemoryLimits is INVALID_ARGUMENT with google.rpc details.
+    calls = ("GetMemoryInfo", "SetMemoryLimits", "ListSwaps", "GetReclaimStatus", "Compact")
+    assert start_and_call(fake_root, tmp_path, *calls)["ran"] == []

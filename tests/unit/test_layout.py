@@ -343,6 +343,34 @@ def test_the_daemon_loads_no_ssl_and_no_start_time_only_stdlib() -> None:
     assert loaded == []
 
 
+def test_the_daemon_runs_none_of_protobufs_pure_python_implementation() -> None:
+    """entry() has protobuf's python_message imported without being run: the contract's and
+    the health service's messages encode and decode under upb with it and text_format
+    unloaded, and the first read of it still gets the whole module."""
+    probe = (
+        "import sys\n"
+        "from guestagent.agent.load_on_use import PROTOBUF_PURE_PYTHON, load_on_use\n"
+        "load_on_use(PROTOBUF_PURE_PYTHON)\n"
+        "import guestagent.agent.daemon\n"
+        "from google.protobuf.internal import api_implementation\n"
+        "from grpc_health.v1 import health_pb2\n"
+        "from guestagent.v1 import agent_pb2\n"
+        "info = agent_pb2.MemoryInfo(system=agent_pb2.SystemMemory(mem_total_bytes=1 << 30))\n"
+        "back = agent_pb2.MemoryInfo.FromString(info.SerializeToString())\n"
+        "ok = health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)\n"
+        "name = 'google.protobuf.internal.python_message'\n"
+        "print(api_implementation.Type(), back.system.mem_total_bytes, ok.SerializeToString())\n"
+        "print(type(sys.modules[name]).__name__, 'google.protobuf.text_format' in sys.modules)\n"
+        "print(callable(sys.modules[name]._AttachFieldHelpers),\n"
+        "      'google.protobuf.text_format' in sys.modules)"
+    )
+    assert run_probe(probe).splitlines() == [
+        "upb 1073741824 b'\\x08\\x01'",
+        "_LazyModule False",
+        "True True",
+    ]
+
+
 def test_the_daemon_keeps_nothing_of_argparse_once_its_options_are_parsed() -> None:
     """entry() drops argparse and gettext after the parse, so their memory goes to the
     daemon's imports: nothing may still hold them (a function or class of theirs keeps its

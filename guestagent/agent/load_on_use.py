@@ -1,0 +1,50 @@
+"""Modules a library imports but the agent never runs, executed only if something reads them.
+
+protobuf's descriptor_pool imports its pure-Python message implementation (python_message,
+and through it text_format, decoder, encoder, type_checkers, datetime and pickle) whichever
+implementation serves the messages. Under upb, the agent's, nothing calls into it, yet it is
+about 0.5 MiB of every guest's anonymous memory (docs/measurements.md). importlib's
+LazyLoader puts the module in sys.modules at once and runs its code at the first attribute
+read, so an `import` of it stays cheap and any real use still gets the whole module.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+# Loaded by protobuf at import, called only by its pure-Python implementation. A module here
+# must stay in the runtime tree: build/runtime.py traces the daemon's imports without this.
+PROTOBUF_PURE_PYTHON = ("google.protobuf.internal.python_message",)
+
+
+class LoadOnUseFinder:
+    """A meta path finder: the named modules as the path finder finds them, with their loader
+    wrapped in a LazyLoader; every other module it leaves to the finders after it. Not an
+    importlib.abc.MetaPathFinder: importing that module brings tempfile, shutil and random
+    (through importlib.resources) into every agent."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.names:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        # Python 3.11's LazyLoader is not safe against two threads' first reads at once; a
+        # module here is read by no thread at all unless protobuf's implementation changes.
+        spec.loader = importlib.util.LazyLoader(spec.loader)
+        return spec
+
+
+def load_on_use(names: Sequence[str] = PROTOBUF_PURE_PYTHON) -> None:
+    """From now on, importing one of the names runs none of its code until it is read.
+    Only a process's entry may call this, before the library's first import."""
+    if not any(isinstance(f, LoadOnUseFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, LoadOnUseFinder(names))
