@@ -357,10 +357,10 @@ import ctypes, gc, importlib, json, sys
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # No huge pages, as the agent: else 2 MiB steps.
 sys.modules["ssl"] = None
 sys.path.append(sys.argv[1])
-from guestagent.agent.load_on_use import PROTOBUF_PURE_PYTHON, load_on_use
-load_on_use(PROTOBUF_PURE_PYTHON)  # As entry() does (in the interpreter's stage: a few KiB).
+DEFERRAL = "guestagent.agent.load_on_use"  # Installed as entry() does, before protobuf loads.
 STAGES = [
     ("interpreter", []),
+    ("entry()'s load_on_use", [DEFERRAL]),
     ("floor: asyncio, grpc.aio", ["asyncio", "grpc", "grpc.aio"]),
     ("protobuf runtime", ["google.protobuf.descriptor_pool", "google.protobuf.message"]),
     ("grpc_health", ["grpc_health.v1.health"]),
@@ -385,6 +385,8 @@ for name, modules in STAGES:
     count = len(sys.modules)
     for module in modules:
         importlib.import_module(module)
+    if DEFERRAL in modules:
+        sys.modules[DEFERRAL].load_on_use()
     gc.collect()
     now = rss_anon()
     out.append({"stage": name, "rss_anon_kib": now - last, "modules": len(sys.modules) - count})
