@@ -3,7 +3,7 @@
 protobuf's descriptor_pool imports its pure-Python message implementation (python_message,
 and through it text_format, decoder, encoder, type_checkers, datetime and pickle) whichever
 implementation serves the messages. Under upb, the agent's, nothing calls into it, yet it is
-about 0.5 MiB of every guest's anonymous memory (docs/measurements.md). importlib's
+about 1 MiB of every guest's anonymous memory (0.97 MiB; docs/measurements.md). importlib's
 LazyLoader puts the module in sys.modules at once and runs its code at the first attribute
 read, so an `import` of it stays cheap and any real use still gets the whole module.
 """
