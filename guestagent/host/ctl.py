@@ -687,7 +687,8 @@ def _give_back_arguments(parser: argparse.ArgumentParser) -> None:
         "--step",
         type=_size,
         default=128 << 20,
-        help="what to give back on a stall or when the guest needs all it has",
+        help="what to give back on a stall or when the guest needs all it has (doubling, "
+        "twice at most, while it goes on)",
     )
     follow.add_argument(
         "--metrics", type=_listen, metavar="HOST:PORT", help="serve Prometheus metrics here"

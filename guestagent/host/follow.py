@@ -7,9 +7,11 @@ serves both. The rule (`decide`, pure): take more only once the figure has allow
 `hold_seconds` (and then the least it allowed in that time), compacting first as the one-shot
 command does; give back at once when the figure falls below what the device holds, when the
 agent's target is at MemTotal and the guest stalls at all (it needs more than it has), or
-when the guest's memory stall crosses a threshold, each over two reports in a row while the
-device is not inflating; never take more than the figure allows. A device that stops short
-of what it was asked is asked for where it stands, as the one-shot command does.
+when the guest's memory stall crosses a threshold, each over two reports in a row (one, at
+twice the threshold) while the device is not inflating and the guest has less than a step
+free, a step that doubles while the guest still stalls; never take more than the figure
+allows. A device that stops short of what it
+was asked is asked for where it stands, as the one-shot command does.
 """
 
 from __future__ import annotations
@@ -50,8 +52,13 @@ class Policy:
     # Share of time some task stalled on memory, over the last report's interval, that makes
     # the loop give back at once. The agent's default PSI trigger is 15 % (150 ms in 1 s).
     stall_threshold: float = 0.10
-    # How much to give back on a stall or a target at MemTotal, where the figure says nothing.
+    # How much to give back on a stall or a target at MemTotal, where the figure says nothing:
+    # the first step; each one in a row after it doubles, up to step_doublings times.
     step: int = 128 * MIB
+    # A guest still short after a step is short by more than a step: 300 MiB of growth took
+    # three 128 MiB steps, one a report, while the hot set went to swap (a hot loop 1.21x
+    # slower, 2026-12-05); 128, 256, 512 let the growth out in two.
+    step_doublings: int = 2
     # A smaller rise in the figure is not worth a request.
     min_change: int = 8 * MIB
     # With the agent's target at MemTotal, this much stall says the guest wants more than it
@@ -79,6 +86,21 @@ def stall_share(previous: StallSample | None, now: StallSample | None) -> float 
     return min(1.0, (now.total_us - previous.total_us) / 1e6 / elapsed)
 
 
+def sustained_stall(previous: float | None, share: float | None, policy: Policy) -> float | None:
+    """The stall the loop acts on, from the last two reports' shares: the lesser, as one
+    interval's stall is often a burst that has passed; the last alone once it is twice the
+    threshold, as a guest that short is swapping its hot set while a second report is
+    awaited."""
+    if share is not None and share >= 2 * policy.stall_threshold:
+        return share
+    return None if share is None or previous is None else min(share, previous)
+
+
+def step_back(steps_in_a_row: int, policy: Policy) -> int:
+    """The size of a stall's (or a saturated target's) give-back after that many in a row."""
+    return policy.step << min(steps_in_a_row, policy.step_doublings)
+
+
 def delay_stall_sample(info: pb.MemoryInfo, at: float) -> StallSample | None:
     """The delay-accounting stall (MemoryInfo.delay_stall), for guests without PSI."""
     if not info.HasField("delay_stall"):
@@ -101,6 +123,7 @@ class Reading:
     safe: int | None  # The most it may hold by the agent's figure; None without one.
     saturated: bool  # The agent's target is at MemTotal: the guest needs all it has.
     unit: int  # The VMM takes sizes in whole units of this.
+    free: int | None = None  # The guest's MemFree; None without a report of it.
 
 
 @dataclass(frozen=True)
@@ -126,10 +149,13 @@ def decide(
     hold: Hold | None,
     policy: Policy,
     stall_source: bool = True,
+    steps_in_a_row: int = 0,
 ) -> tuple[Change | None, Hold | None]:
     """(the change to make or None, the hold to keep) for one report; `asked` is what the
     device was last asked to hold; `stall` the share of time stalled (None: not measured
-    this time), `stall_source` whether the guest reports a stall at all."""
+    this time), `stall_source` whether the guest reports a stall at all, `steps_in_a_row`
+    how many stall or saturated steps back came just before this report."""
+    step = step_back(steps_in_a_row, policy)
     room = reading.safe if reading.safe is not None else asked
     # While the device is still taking what it was asked, the guest stalls making room for
     # it (pushing its cold set to swap): that stall is the give-back's own doing, and
@@ -137,8 +163,12 @@ def decide(
     # grows meanwhile raises the figure, which the next rule follows.
     inflating = reading.taken < asked
     stalled = stall is not None and stall >= policy.stall_threshold
-    if stalled and asked > 0 and not inflating:
-        to = round_down(max(0, min(room, asked - policy.step)), reading.unit)
+    # A guest with a step free is not short of memory, whatever it stalls on: pages coming
+    # back from swap after a growth, which more memory does not speed. Stepping on that stall
+    # gave a 300 MiB growth all 681 MiB the balloon held (2026-12-05).
+    short = reading.free is None or reading.free < policy.step
+    if stalled and asked > 0 and not inflating and short:
+        to = round_down(max(0, min(room, asked - step)), reading.unit)
         return Change(to, "stall", f"memory stall {stall:.1%} of the interval"), None
     if reading.safe is None:
         return None, None  # No figure: hold still; the stall still lets the guest out.
@@ -152,8 +182,14 @@ def decide(
     # than it has shows as a target at MemTotal and a stall (or, with no stall to read, the
     # target alone).
     wants_more = stall is not None and stall >= policy.saturated_stall
-    if reading.saturated and asked > 0 and not inflating and (wants_more or not stall_source):
-        to = round_down(max(0, asked - policy.step), reading.unit)
+    if (
+        reading.saturated
+        and asked > 0
+        and not inflating
+        and short
+        and (wants_more or not stall_source)
+    ):
+        to = round_down(max(0, asked - step), reading.unit)
         return Change(to, "saturated", "the agent's target is MemTotal and the guest stalls"), None
     # A target at MemTotal is the guest needing all it has, and a guest that stalls (with
     # nothing to let out yet, or while the device still takes what it was asked) is short
@@ -197,6 +233,10 @@ def _saturated(info: pb.MemoryInfo) -> bool:
     )
 
 
+def _free(info: pb.MemoryInfo) -> int | None:
+    return info.system.mem_free_bytes if info.HasField("system") else None
+
+
 class BalloonKnob:
     what = BALLOON
 
@@ -206,7 +246,7 @@ class BalloonKnob:
     def read(self, info: pb.MemoryInfo) -> Reading:
         balloon = self.vmm.balloon()
         safe, _ = safe_balloon_taken(info, balloon)
-        return Reading(balloon.taken, safe, _saturated(info), balloon.unit)
+        return Reading(balloon.taken, safe, _saturated(info), balloon.unit, _free(info))
 
     def asked(self) -> int:
         return self.vmm.balloon().asked
@@ -227,7 +267,8 @@ class VirtioMemKnob:
         device = virtio_mem_device(self.vmm, self.what)
         safe, _ = safe_virtio_mem(info, device)
         safe_taken = None if safe is None else max(0, self.base - safe)
-        return Reading(self.base - device.size, safe_taken, _saturated(info), device.block_size)
+        taken = self.base - device.size
+        return Reading(taken, safe_taken, _saturated(info), device.block_size, _free(info))
 
     def asked(self) -> int:
         return self.base - virtio_mem_device(self.vmm, self.what).requested_size
@@ -275,6 +316,7 @@ class Follower:
         self._share: float | None = None
         self._last_taken = -1
         self._unmoved_since = 0.0
+        self._steps_in_a_row = 0
 
     def stop(self) -> None:
         """From a signal handler or another thread: the loop ends after the report in hand."""
@@ -299,13 +341,21 @@ class Follower:
         share = stall_share(self._stall, sample)
         if reading.taken < self._asked:
             share = None  # Inflating: the stall is the inflation's own (see decide).
-        # Over two reports in a row: one interval's stall is often a burst that has passed.
-        stall = None if share is None or self._share is None else min(share, self._share)
+        stall = sustained_stall(self._share, share, self.policy)
         self._stall, self._share = sample, share
+        if stall is None or stall < self.policy.stall_threshold:
+            self._steps_in_a_row = 0  # The last step was enough, or nothing says it was not.
         if reading.taken != self._last_taken:
             self._last_taken, self._unmoved_since = reading.taken, now
         change, self._hold = decide(
-            reading, self._asked, stall, now, self._hold, self.policy, sample is not None
+            reading,
+            self._asked,
+            stall,
+            now,
+            self._hold,
+            self.policy,
+            sample is not None,
+            self._steps_in_a_row,
         )
         if change is None and stopped_short(
             reading.taken, self._asked, self._unmoved_since, now, self.policy
@@ -335,6 +385,8 @@ class Follower:
             self.metrics.changed(change, direction)
         self._asked = change.to
         self._unmoved_since = now  # A new ask: its own still time.
+        stepped = change.cause in ("stall", "saturated")
+        self._steps_in_a_row = self._steps_in_a_row + 1 if stepped else 0
         return change
 
     def run(self) -> int:

@@ -24,7 +24,9 @@ from guestagent.host.follow import (
     delay_stall_sample,
     stall_sample,
     stall_share,
+    step_back,
     stopped_short,
+    sustained_stall,
 )
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
@@ -113,6 +115,8 @@ def test_decide(
     saturated=st.booleans(),
     held=st.none() | st.tuples(st.floats(0, 100), st.integers(0, 4 << 30)),
     now=st.floats(0, 200),
+    steps=st.integers(0, 8),
+    free=st.none() | st.integers(0, 1 << 30),
 )
 def test_never_takes_more_than_the_figure_allows(
     safe: int | None,
@@ -121,9 +125,12 @@ def test_never_takes_more_than_the_figure_allows(
     saturated: bool,
     held: tuple[float, int] | None,
     now: float,
+    steps: int,
+    free: int | None,
 ) -> None:
     hold = None if held is None else Hold(min(held[0], now), max(held[1], safe or 0))
-    change, _ = decide(reading(safe, asked, saturated), asked, stall, now, hold, POLICY)
+    at = Reading(asked, safe, saturated, 4096, free)
+    change, _ = decide(at, asked, stall, now, hold, POLICY, steps_in_a_row=steps)
     if change is None:
         return
     assert change.to % 4096 == 0 and change.to >= 0
@@ -132,6 +139,71 @@ def test_never_takes_more_than_the_figure_allows(
         assert not saturated and (stall is None or stall < POLICY.stall_threshold)
     else:
         assert safe is None or change.to <= safe
+
+
+def test_the_stall_acted_on_is_two_reports_or_one_at_twice_the_threshold() -> None:
+    assert sustained_stall(0.15, 0.12, POLICY) == 0.12  # Over the threshold twice: the lesser.
+    assert sustained_stall(0.0, 0.15, POLICY) == 0.0  # Once, under twice: a burst, maybe.
+    assert sustained_stall(None, 0.15, POLICY) is None
+    assert sustained_stall(None, 0.2, POLICY) == 0.2  # Twice the threshold: at once.
+    assert sustained_stall(0.0, 0.35, POLICY) == 0.35
+    assert sustained_stall(0.3, None, POLICY) is None
+
+
+def test_a_guest_with_a_step_free_is_given_no_step_whatever_it_stalls_on() -> None:
+    def taken_with_free(free: int | None, saturated: bool = False) -> Reading:
+        return Reading(400 * MIB, 400 * MIB, saturated, 4096, free)
+
+    for stall, saturated in ((0.5, False), (0.05, True)):
+        at = taken_with_free(200 * MIB, saturated)
+        assert decide(at, 400 * MIB, stall, 0, None, POLICY) == (None, None)
+        change, _ = decide(taken_with_free(100 * MIB, saturated), 400 * MIB, stall, 0, None, POLICY)
+        assert change is not None and change.to == 272 * MIB
+        change, _ = decide(taken_with_free(None, saturated), 400 * MIB, stall, 0, None, POLICY)
+        assert change is not None and change.to == 272 * MIB  # Not reported: a step, as before.
+
+
+def test_steps_back_in_a_row_double_up_to_the_policys_limit() -> None:
+    assert [step_back(n, POLICY) // MIB for n in range(5)] == [128, 256, 512, 512, 512]
+    assert step_back(3, Policy(step=64 * MIB, step_doublings=0)) == 64 * MIB
+
+
+def test_a_guest_still_short_after_a_step_gets_a_bigger_one() -> None:
+    """The loop over reports with PSI totals: a guest that keeps stalling gets 128, 256 and
+    512 MiB back in three reports; once a report shows the stall gone, the next is 128."""
+
+    def stalled(total_ms: int) -> pb.MemoryInfo:
+        info = report()
+        info.pressure.some.total_us = total_ms * 1000
+        return info
+
+    lines: list[str] = []
+    knob = FakeKnob()
+    knob.taken = 1024 * MIB
+    clock = iter(float(t) for t in range(0, 20, 2)).__next__
+    follower = Follower(
+        no_stream,
+        FakeAgent(report()),
+        "qemu",
+        knob,
+        POLICY,
+        FollowOptions(),
+        out=lines.append,
+        clock=clock,
+    )
+    follower._asked = knob.asked()  # As run() starts: the balloon holds 1 GiB.
+    # Stalled 0.5 s of each 2 s (25 %, over twice the 10 % threshold) for three reports.
+    for total_ms in (0, 500, 1000, 1500):
+        follower.step(stalled(total_ms))
+    assert [(1024 * MIB - t) // MIB for t in knob.sets] == [128, 384, 896]
+    follower.step(stalled(1500))  # No stall over the last 2 s: enough.
+    follower.step(stalled(2000))  # Short again: a first step once more.
+    assert (knob.sets[-2] - knob.sets[-1]) // MIB == 128
+    # Stalled on, but with a step's memory free: what it waits on is not memory.
+    with_room = stalled(2500)
+    with_room.system.mem_free_bytes = 128 * MIB
+    follower.step(with_room)
+    assert len(knob.sets) == 4
 
 
 def test_stall_share_is_the_stalled_share_of_the_time_between_samples() -> None:
@@ -171,7 +243,7 @@ class FakeKnob:
     def read(self, info: pb.MemoryInfo) -> Reading:
         target = info.giveback.safe_balloon_target.bytes
         safe = self.taken + info.system.mem_total_bytes - target if target else None
-        return Reading(self.taken, safe, False, 4096)
+        return Reading(self.taken, safe, False, 4096, info.system.mem_free_bytes)
 
     def asked(self) -> int:
         return self.taken
