@@ -343,8 +343,6 @@ class Follower:
             share = None  # Inflating: the stall is the inflation's own (see decide).
         stall = sustained_stall(self._share, share, self.policy)
         self._stall, self._share = sample, share
-        if stall is None or stall < self.policy.stall_threshold:
-            self._steps_in_a_row = 0  # The last step was enough, or nothing says it was not.
         if reading.taken != self._last_taken:
             self._last_taken, self._unmoved_since = reading.taken, now
         change, self._hold = decide(
@@ -357,6 +355,10 @@ class Follower:
             sample is not None,
             self._steps_in_a_row,
         )
+        # Steps on consecutive reports: a report that gives none back means the last was
+        # enough (a saturated guest steps on a stall under the threshold, so that is no test).
+        stepped = change is not None and change.cause in ("stall", "saturated")
+        self._steps_in_a_row = self._steps_in_a_row + 1 if stepped else 0
         if change is None and stopped_short(
             reading.taken, self._asked, self._unmoved_since, now, self.policy
         ):
@@ -385,8 +387,6 @@ class Follower:
             self.metrics.changed(change, direction)
         self._asked = change.to
         self._unmoved_since = now  # A new ask: its own still time.
-        stepped = change.cause in ("stall", "saturated")
-        self._steps_in_a_row = self._steps_in_a_row + 1 if stepped else 0
         return change
 
     def run(self) -> int:
