@@ -9,9 +9,9 @@ command does; give back at once when the figure falls below what the device hold
 agent's target is at MemTotal and the guest stalls at all (it needs more than it has), or
 when the guest's memory stall crosses a threshold, each over two reports in a row (one, at
 twice the threshold) while the device is not inflating and the guest has less than a step
-free, a step that doubles while the guest still stalls; never take more than the figure
-allows. A device that stops short of what it
-was asked is asked for where it stands, as the one-shot command does.
+free, by a step that doubles on consecutive reports; never take more than the figure
+allows. A device that stops short of what it was asked is asked for where it stands, as the
+one-shot command does.
 """
 
 from __future__ import annotations
