@@ -186,7 +186,7 @@ def following_a_full_balloon(knob: FakeKnob) -> Follower:
         knob,
         POLICY,
         FollowOptions(),
-        out=print,
+        out=lambda line: None,
         clock=clock,
     )
     follower._asked = knob.asked()  # As run() starts.
