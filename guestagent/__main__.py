@@ -1,5 +1,5 @@
 import sys
 
-from guestagent.agent.cli import entry
+from guestagent.agent.entry import entry
 
 sys.exit(entry())

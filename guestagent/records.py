@@ -3,8 +3,11 @@ every record, where `dataclass(frozen=True)` compiles six methods per class with
 
 Across the agent's hundred records those methods were 0.66 MiB of the 2.9 MiB its own modules
 cost, and a third of its import time, in every guest (docs/measurements.md, 2026-12-05). Only
-`__init__` is compiled per class, once: its signature is the record's. A record is still a
-dataclass: `fields`, `replace` and `asdict` work on it, and it compares, hashes and prints as
+`__init__` is compiled per class, once, when the class is first constructed: its signature is
+the record's. Most records are never built before the agent serves, and many never in a given
+guest; compiled at import, the __init__s were a quarter of the agent's import time and
+120 KiB (docs/measurements.md, 2026-12-06). A record is still a dataclass: `fields`,
+`replace` and `asdict` work on it, and it compares, hashes and prints as
 `dataclass(frozen=True)` would.
 """
 
@@ -58,27 +61,34 @@ SHARED = {
 }
 
 
+def _check_init(cls: type, declared: tuple[Field[Any], ...]) -> None:
+    """What dataclass refuses when it writes an __init__, refused when the class is defined
+    rather than at its first construction."""
+    defaulted = False
+    for f in declared:
+        if not f.init:
+            raise TypeError(f"{cls.__qualname__}.{f.name}: a record's fields are all __init__'s")
+        if f.default is not MISSING or f.default_factory is not MISSING:
+            defaulted = True
+        elif defaulted:
+            raise TypeError(f"non-default argument {f.name!r} follows default argument")
+
+
 def _compile_init(cls: type, declared: tuple[Field[Any], ...]) -> Callable[..., None]:
     """The record's __init__, as frozen dataclass's: each field set past the frozen
     __setattr__, defaults and default factories taken as dataclass takes them, then
     __post_init__ if the class has one. One exec, where frozen dataclass needs three."""
     env: dict[str, Any] = {"_record_set": object.__setattr__, "_record_missing": MISSING}
-    params, body, defaulted = [], [], False
+    params, body = [], []
     for f in declared:
-        if not f.init:
-            raise TypeError(f"{cls.__qualname__}.{f.name}: a record's fields are all __init__'s")
         value = f.name
         if f.default is not MISSING:
             env[f"_record_default_{f.name}"] = f.default
             params.append(f"{f.name}=_record_default_{f.name}")
-            defaulted = True
         elif f.default_factory is not MISSING:
             env[f"_record_factory_{f.name}"] = f.default_factory
             params.append(f"{f.name}=_record_missing")
             value = f"_record_factory_{f.name}() if {f.name} is _record_missing else {f.name}"
-            defaulted = True
-        elif defaulted:
-            raise TypeError(f"non-default argument {f.name!r} follows default argument")
         else:
             params.append(f.name)
         body.append(f"    _record_set(self, {f.name!r}, {value})")
@@ -88,6 +98,20 @@ def _compile_init(cls: type, declared: tuple[Field[Any], ...]) -> Callable[..., 
     init: Callable[..., None] = env["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     return init
+
+
+def _init_on_first_use(cls: type, declared: tuple[Field[Any], ...]) -> Callable[..., None]:
+    """An __init__ that compiles the record's own, puts it on the class and calls it. A
+    subclass that inherits it compiles this class's, not its own (`cls`, not type(self)).
+    Two threads at once may both compile; both get the same method."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init = _compile_init(cls, declared)
+        type.__setattr__(cls, "__init__", init)
+        init(self, *args, **kwargs)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
 
 
 @dataclass_transform(frozen_default=True)
@@ -114,7 +138,8 @@ def record(cls: type[T]) -> type[T]:
     setattr(built, COMPARED, tuple(f.name for f in declared if f.compare))
     setattr(built, SHOWN, tuple(f.name for f in declared if f.repr))
     if "__init__" not in own:
-        setattr(built, "__init__", _compile_init(built, declared))  # noqa: B010
+        _check_init(built, declared)
+        setattr(built, "__init__", _init_on_first_use(built, declared))  # noqa: B010
     for name, method in SHARED.items():
         if name not in own:  # A method the class writes itself wins, as with dataclass.
             setattr(built, name, method)

@@ -17,7 +17,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from guestagent import jsonlog
-from guestagent.agent.load_on_use import PROTOBUF_PURE_PYTHON, load_on_use
 from guestagent.errors import AgentError
 from guestagent.linux.confidential import SETTINGS
 from guestagent.linux.kernel import Kernel
@@ -39,15 +38,10 @@ MALLOC_ARENAS = 2
 PARSE_ONLY_MODULES = ("argparse", "gettext")
 
 
-def entry() -> int:
-    """The `guestagent` command: main(), with argparse dropped between the parse and the
-    run, in a process that never loads ssl and runs none of protobuf's pure-Python
-    implementation. No listener speaks TLS, but asyncio imports ssl when it can (about 4 MiB
-    of RSS in every guest); a None in sys.modules makes that import fail the way asyncio
-    expects."""
-    sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
-    load_on_use(PROTOBUF_PURE_PYTHON)
-    options = command_line_options(sys.argv[1:])
+def command(argv: Sequence[str]) -> int:
+    """main(), with argparse dropped between the parse and the run. Only a process's entry
+    may call it (agent/entry.py): the modules it drops cannot be used again."""
+    options = command_line_options(argv)
     forget_modules(PARSE_ONLY_MODULES)
     return run(options)
 

@@ -6,6 +6,11 @@ implementation serves the messages. Under upb, the agent's, nothing calls into i
 about 1 MiB of every guest's anonymous memory (0.97 MiB; docs/measurements.md). importlib's
 LazyLoader puts the module in sys.modules at once and runs its code at the first attribute
 read, so an `import` of it stays cheap and any real use still gets the whole module.
+
+The standard library's ipaddress is the other: urllib.parse imports it for bracketed hosts,
+and pathlib imports urllib.parse, so every agent loaded it at start, the largest module it
+loaded (0.2 MiB traced; docs/measurements.md, 2026-12-06). The agent reads it only to check
+that a tcp listener is on loopback; a guest listening on vsock never does.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from collections.abc import Sequence
 # Loaded by protobuf at import, called only by its pure-Python implementation. A module here
 # must stay in the runtime tree: build/runtime.py traces the daemon's imports without this.
 PROTOBUF_PURE_PYTHON = ("google.protobuf.internal.python_message",)
+# Imported by urllib.parse, read only for an IP address (transport/address.py).
+IP_ADDRESSES = ("ipaddress",)
+LOADED_ON_USE = (*PROTOBUF_PURE_PYTHON, *IP_ADDRESSES)
 
 
 class LoadOnUseFinder:
@@ -38,12 +46,13 @@ class LoadOnUseFinder:
         if spec is None or spec.loader is None:
             return spec
         # Python 3.11's LazyLoader is not safe against two threads' first reads at once; a
-        # module here is read by no thread at all unless protobuf's implementation changes.
+        # module here is read by no thread at all unless protobuf's implementation changes,
+        # or, for ipaddress, by the event loop's alone, at start (a tcp listener's check).
         spec.loader = importlib.util.LazyLoader(spec.loader)
         return spec
 
 
-def load_on_use(names: Sequence[str] = PROTOBUF_PURE_PYTHON) -> None:
+def load_on_use(names: Sequence[str] = LOADED_ON_USE) -> None:
     """From now on, importing one of the names runs none of its code until it is read.
     Only a process's entry may call this, before the library's first import."""
     if not any(isinstance(f, LoadOnUseFinder) for f in sys.meta_path):

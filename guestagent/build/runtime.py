@@ -197,7 +197,7 @@ def entry_script(prefix: PurePosixPath) -> str:
         'if os.environ.get("LC_ALL") != "C":\n'
         '    os.execve(sys.argv[0], sys.argv, {**os.environ, "LC_ALL": "C"})\n'
         f'sys.path.append("{site}")\n'
-        "from guestagent.agent.cli import entry  # noqa: E402\n\n"
+        "from guestagent.agent.entry import entry  # noqa: E402\n\n"
         "sys.exit(entry())\n"
     )
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 
 from guestagent.errors import InvalidArgument
@@ -42,6 +41,10 @@ class TcpAddress:
     def is_loopback(self) -> bool:
         if self.host == "localhost":
             return True
+        # Here, not at the top: any second `import ipaddress` runs the module that the agent's
+        # entry defers (agent/load_on_use.py), and only a tcp listener needs it.
+        import ipaddress
+
         try:
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:

@@ -456,7 +456,7 @@ def dump(signum, frame):
         by_file[stat.traceback[0].filename] += stat.size
     print("TRACEMALLOC " + json.dumps(by_file.most_common(40)), file=sys.stderr, flush=True)
 signal.signal(signal.SIGUSR1, dump)
-from guestagent.agent.cli import entry
+from guestagent.agent.entry import entry
 sys.argv[0] = "guestagent"
 sys.exit(entry())
 """

@@ -27,7 +27,7 @@ GUEST_PYTHON = [
     "/usr/bin/python3",
     "-I",
     "-c",
-    f"import sys; sys.path[:0] = ['{SITE}']; from guestagent.agent.cli import entry; "
+    f"import sys; sys.path[:0] = ['{SITE}']; from guestagent.agent.entry import entry; "
     "sys.argv[0] = 'guestagent'; sys.exit(entry())",
 ]
 AGENT_ARGS = ["serve", "--online-memory", "off", "--no-self-cgroup"]

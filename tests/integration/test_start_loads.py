@@ -1,14 +1,14 @@
 """What the daemon's start loads: swap's machinery and the reclaimer only when an earlier agent
 left them work, so a guest that never asks for them never holds their code. The daemon starts
 in a fresh interpreter over a fake root, as `guestagent serve` would, and reports the modules.
-Nor, whatever the calls, does it run protobuf's pure-Python implementation.
+Nor, whatever the calls, does it run protobuf's pure-Python implementation, or ipaddress
+(a unix listener needs no loopback check).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from guestagent.ops.swap_area import MAPPING_PREFIX
 from guestagent.ops.workingset.policy import ReclaimPolicy
 from guestagent.statestore import RECLAIM_POLICIES, SWAPS, check_directory, state_file
 from tests.fakes.root import FakeRoot
+from tests.sitelessprobe import siteless_command
 
 SWAP_MODULES = ("guestagent.ops.swap", "guestagent.linux.blockdev", "guestagent.linux.dm")
 RECLAIMER_MODULES = ("guestagent.ops.workingset.reclaimer", "guestagent.ops.workingset.writer")
@@ -24,8 +25,8 @@ RECLAIMER_MODULES = ("guestagent.ops.workingset.reclaimer", "guestagent.ops.work
 PROBE = r"""
 import asyncio, json, sys
 sys.modules.setdefault("ssl", None)
-from guestagent.agent.load_on_use import PROTOBUF_PURE_PYTHON, load_on_use
-load_on_use(PROTOBUF_PURE_PYTHON)
+from guestagent.agent.load_on_use import LOADED_ON_USE, load_on_use
+load_on_use(LOADED_ON_USE)
 from pathlib import Path
 from guestagent.agent.daemon import Agent, ServerConfig
 from guestagent.linux.kernel import Kernel
@@ -55,7 +56,7 @@ async def start_and_stop():
     loaded = [m for m in watched if m in sys.modules]
     await ask(calls)
     await agent.stop()
-    ran = [m for m in PROTOBUF_PURE_PYTHON if type(sys.modules[m]).__name__ != "_LazyModule"]
+    ran = [m for m in LOADED_ON_USE if type(sys.modules[m]).__name__ != "_LazyModule"]
     return {"loaded": loaded, "ran": ran}
 
 print(json.dumps(asyncio.run(start_and_stop())))
@@ -73,15 +74,13 @@ def start_and_call(fake_root: FakeRoot, tmp_path: Path, *then_calls: str) -> dic
     """The probe's report: the watched modules loaded once the daemon has started, and the
     modules entry() defers that had run by the time it stopped."""
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
+        siteless_command(
             PROBE,
             str(fake_root.root),
             str(tmp_path / "agent.sock"),
             json.dumps([*SWAP_MODULES, *RECLAIMER_MODULES, *PARSE_ONLY_MODULES]),
             *then_calls,
-        ],
+        ),
         capture_output=True,
         text=True,
         timeout=60,
@@ -144,7 +143,7 @@ def test_saved_reclaim_policies_are_reloaded_at_start(fake_root: FakeRoot, tmp_p
     assert modules_after_start(fake_root, tmp_path) == loaded  # The policy is kept.
 
 
-def test_no_call_runs_protobufs_pure_python_implementation(
+def test_no_call_runs_protobufs_pure_python_implementation_or_ipaddress(
     fake_root: FakeRoot, tmp_path: Path
 ) -> None:
     # Refusals included: an empty SetMemoryLimits is INVALID_ARGUMENT with google.rpc details.

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sitelessprobe import siteless_command
+
 PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
 
 # Leaf modules at the top of the package that any layer may use (most, both sides of the vsock).
@@ -369,6 +371,40 @@ def test_the_daemon_runs_none_of_protobufs_pure_python_implementation() -> None:
         "_LazyModule False",
         "True True",
     ]
+
+
+def test_the_entry_module_imports_nothing_it_must_come_before() -> None:
+    """agent/entry.py refuses ssl and defers modules before the command's imports, so its own
+    may bring none of them, nor what imports them: pathlib imports urllib.parse, which imports
+    ipaddress, which the agent reads only to check a tcp listener."""
+    probe = (
+        "import sys, guestagent.agent.entry\n"
+        "watched = ('ssl', 'asyncio', 'pathlib', 'urllib.parse', 'ipaddress', 'google.protobuf',\n"
+        "           'guestagent.agent.cli')\n"
+        "print(' '.join(m for m in watched if m in sys.modules))"
+    )
+    done = subprocess.run(siteless_command(probe), check=True, capture_output=True, text=True)
+    assert done.stdout.split() == []
+    # The command itself, as far as its parse, then the daemon's imports: ipaddress is still
+    # unrun, and a tcp listener's loopback check gets the whole module.
+    probe = (
+        "import sys\n"
+        "sys.argv = ['guestagent', 'serve', '--help']\n"
+        "from guestagent.agent.entry import entry\n"
+        "try:\n"
+        "    entry()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "import guestagent.agent.daemon\n"
+        "from guestagent.transport.address import parse_address\n"
+        "seen = [type(sys.modules['ipaddress']).__name__, 'pathlib' in sys.modules,\n"
+        "        sys.modules['ssl']]\n"
+        "hosts = ('127.0.0.2', '10.0.0.1', '[::1]')\n"
+        "seen += [parse_address(f'tcp://{h}:1').is_loopback for h in hosts]\n"
+        "print(*seen, type(sys.modules['ipaddress']).__name__, file=sys.stderr)"
+    )
+    done = subprocess.run(siteless_command(probe), check=True, capture_output=True, text=True)
+    assert done.stderr.split() == ["_LazyModule", "True", "None", "True", "False", "True", "module"]
 
 
 def test_the_daemon_keeps_nothing_of_argparse_once_its_options_are_parsed() -> None:

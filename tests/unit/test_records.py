@@ -4,6 +4,7 @@ immutability, and the dataclasses functions work on them."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 
 import pytest
@@ -98,15 +99,60 @@ def test_a_method_the_class_writes_wins() -> None:
     assert Written(3) == Written(3)
 
 
-def test_no_method_compiled_but_init() -> None:
-    """What the module is for: one exec'd method per class, not six."""
-    compiled = [
+def compiled_methods(cls: type) -> list[str]:
+    return [
         name
-        for name, value in vars(Point).items()
+        for name, value in vars(cls).items()
         if callable(value) and getattr(value, "__code__", None) is not None
         if value.__code__.co_filename == "<string>"
     ]
-    assert compiled == ["__init__"]
+
+
+def test_no_method_compiled_but_init() -> None:
+    """What the module is for: one exec'd method per class, not six."""
+    Point(1)
+    assert compiled_methods(Point) == ["__init__"]
+
+
+def test_init_is_compiled_at_the_first_construction() -> None:
+    @record
+    class Fresh:
+        a: int
+        b: str = "b"
+
+    assert compiled_methods(Fresh) == []
+    assert Fresh(1) == Fresh(a=1, b="b")
+    assert compiled_methods(Fresh) == ["__init__"]
+    assert str(inspect.signature(Fresh)) == "(a, b='b')"
+    assert Fresh(2, "c").b == "c"
+
+
+def test_a_refused_first_construction_still_compiles() -> None:
+    @record
+    class Fresh:
+        a: int
+
+    with pytest.raises(TypeError, match="positional argument"):
+        Fresh(1, 2)  # type: ignore[call-arg]
+    assert compiled_methods(Fresh) == ["__init__"]
+    assert Fresh(3).a == 3
+
+
+def test_a_subclass_builds_with_the_init_it_inherits() -> None:
+    @record
+    class Base:
+        a: int
+
+    class Plain(Base):
+        pass
+
+    @record
+    class Derived(Base):
+        b: int = 0
+
+    assert (Plain(1).a, type(Plain(1))) == (1, Plain)
+    assert compiled_methods(Base) == ["__init__"] and compiled_methods(Plain) == []
+    assert Derived(1, 2).b == 2 and compiled_methods(Derived) == ["__init__"]
 
 
 def test_docstring_is_not_built_from_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,7 +191,7 @@ def test_a_default_before_a_required_field_is_refused() -> None:
         b: int
 
     with pytest.raises(TypeError, match="'b' follows default"):
-        record(Bad)
+        record(Bad)  # At the definition, not the first construction.
 
 
 def test_subclasses() -> None:
