@@ -4,6 +4,7 @@ steps against a fake knob."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from guestagent.host.follow import (
     stall_sample,
     stall_share,
     step_back,
+    steps_in_run,
     stopped_short,
     sustained_stall,
 )
@@ -175,10 +177,12 @@ def stalled(total_ms: int, safe_target: int = 600 * MIB) -> pb.MemoryInfo:
     return info
 
 
-def following_a_full_balloon(knob: FakeKnob) -> Follower:
-    """A loop over knob, which holds 1 GiB, on a clock that moves 2 s a report."""
-    knob.taken = 1024 * MIB
-    clock = iter(float(t) for t in range(0, 40, 2)).__next__
+def following_a_full_balloon(
+    knob: FakeKnob, times: Sequence[float] = range(0, 40, 2), taken: int = 1024 * MIB
+) -> Follower:
+    """A loop over knob, which holds `taken`, on a clock that reads `times`, one a report."""
+    knob.taken = taken
+    clock = iter(float(t) for t in times).__next__
     follower = Follower(
         no_stream,
         FakeAgent(report()),
@@ -193,36 +197,69 @@ def following_a_full_balloon(knob: FakeKnob) -> Follower:
     return follower
 
 
+def given_back(knob: FakeKnob, taken: int) -> list[int]:
+    """Each change the loop made, in MiB given back."""
+    return [(a - b) // MIB for a, b in zip([taken, *knob.sets], knob.sets, strict=False)]
+
+
 def test_a_guest_still_short_after_a_step_gets_a_bigger_one() -> None:
     """The loop over reports with PSI totals: a guest that keeps stalling gets 128, 256 and
-    512 MiB back in three reports; once a report shows the stall gone, the next is 128."""
+    512 MiB back in three reports; short again within run_seconds of the last step, it is
+    still in that run; later, it gets a first step again."""
 
     knob = FakeKnob()
-    follower = following_a_full_balloon(knob)
+    follower = following_a_full_balloon(knob, (0, 2, 4, 6, 8, 10, 30, 32, 34), 4096 * MIB)
     # Stalled 0.5 s of each 2 s (25 %, over twice the 10 % threshold) for three reports.
     for total_ms in (0, 500, 1000, 1500):
         follower.step(stalled(total_ms))
-    assert [(1024 * MIB - t) // MIB for t in knob.sets] == [128, 384, 896]
-    follower.step(stalled(1500))  # No stall over the last 2 s: enough.
-    follower.step(stalled(2000))  # Short again: a first step once more.
-    assert (knob.sets[-2] - knob.sets[-1]) // MIB == 128
+    assert given_back(knob, 4096 * MIB) == [128, 256, 512]
+    follower.step(stalled(1500))  # No stall over the last 2 s: nothing.
+    follower.step(stalled(2000))  # Short again 4 s after the last step: the same run.
+    follower.step(stalled(2000))  # 20 s later, no stall.
+    follower.step(stalled(2500))  # Short again: a new run.
+    assert given_back(knob, 4096 * MIB) == [128, 256, 512, 512, 128]
     # Stalled on, but with a step's memory free: what it waits on is not memory.
-    with_room = stalled(2500)
+    with_room = stalled(3000)
     with_room.system.mem_free_bytes = 128 * MIB
     follower.step(with_room)
-    assert len(knob.sets) == 4
+    assert len(knob.sets) == 5
+
+
+def test_a_step_soon_after_another_is_bigger_though_the_reports_between_gave_none() -> None:
+    """CI's miss of 2026-12-06 (a hot loop 1.28x slower while a 300 MiB growth took 6.4 s):
+    128 MiB back at a stall, then reports that gave none while the guest had that step free
+    and the growth ate it, then short again 4.4 s after the first step. The second step is
+    the run's second, 256 MiB, not a first 128 again."""
+
+    knob = FakeKnob()
+    follower = following_a_full_balloon(knob, (0, 2, 4, 6))
+    follower.step(stalled(0))
+    follower.step(stalled(500))
+    with_room = stalled(1000)
+    with_room.system.mem_free_bytes = 200 * MIB
+    follower.step(with_room)
+    follower.step(stalled(1500))
+    assert given_back(knob, 1024 * MIB) == [128, 256]
 
 
 def test_a_saturated_guest_stalling_under_the_threshold_gets_bigger_steps_too() -> None:
     """The steps CI saw before a miss (the target at MemTotal, 3-6 % stalled, 2 s apart)
-    double as a stall's do; the first report that gives none back starts again."""
+    double as a stall's do, up to 512 MiB; a step more than run_seconds after the last starts
+    a new run."""
 
     knob = FakeKnob(saturated=True)
-    follower = following_a_full_balloon(knob)
-    for total_ms in (0, 100, 200, 300, 400, 400, 500, 600):  # 5 % of each 2 s but the 5th.
+    times = (0, 2, 4, 6, 8, 10, 30, 32, 34, 36)
+    follower = following_a_full_balloon(knob, times, 4096 * MIB)
+    # 5 % of each 2 s, but none over the 20 s to 30 s; the stall acted on is two reports'.
+    for total_ms in (0, 100, 200, 300, 400, 500, 500, 600, 700, 800):
         follower.step(stalled(total_ms, safe_target=1000 * MIB))  # The figure: as taken.
-    steps = [(a - b) // MIB for a, b in zip([1024 * MIB, *knob.sets], knob.sets, strict=False)]
-    assert steps == [128, 256, 512, 128]
+    assert given_back(knob, 4096 * MIB) == [128, 256, 512, 512, 128, 256]
+
+
+def test_steps_in_run() -> None:
+    assert steps_in_run(2, None, 5.0, POLICY) == 0
+    assert steps_in_run(2, 0.0, POLICY.run_seconds, POLICY) == 2
+    assert steps_in_run(2, 0.0, POLICY.run_seconds + 0.1, POLICY) == 0
 
 
 def test_stall_share_is_the_stalled_share_of_the_time_between_samples() -> None:
