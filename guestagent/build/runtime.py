@@ -28,7 +28,7 @@ from guestagent.build.modules import Module, closure
 
 PYTHON_VERSION = "3.11"
 # The agent's command line: what it imports, directly or not, is the guest side.
-GUEST_ROOTS = ("guestagent.__main__", "guestagent.agent.cli")
+GUEST_ROOTS = ("guestagent.__main__", "guestagent.agent.entry")
 # Never in a guest: the host's tools, the VM harness and this build.
 HOST_ONLY = ("guestagent.host", "guestagent.vm", "guestagent.build")
 # Imported by the interpreter itself, not by an import statement the closure can read.
