@@ -53,7 +53,7 @@ class Policy:
     # the loop give back at once. The agent's default PSI trigger is 15 % (150 ms in 1 s).
     stall_threshold: float = 0.10
     # How much to give back on a stall or a target at MemTotal, where the figure says nothing:
-    # the first step; each one in a row after it doubles, up to step_doublings times.
+    # the first step; each one in the same run after it doubles, up to step_doublings times.
     step: int = 128 * MIB
     # A guest still short after a step is short by more than a step: 300 MiB of growth took
     # three 128 MiB steps, one a report, while the hot set went to swap (a hot loop 1.21x
@@ -101,9 +101,10 @@ def sustained_stall(previous: float | None, share: float | None, policy: Policy)
     return None if share is None or previous is None else min(share, previous)
 
 
-def step_back(steps_in_a_row: int, policy: Policy) -> int:
-    """The size of a stall's (or a saturated target's) give-back after that many in a row."""
-    return policy.step << min(steps_in_a_row, policy.step_doublings)
+def step_back(run_steps: int, policy: Policy) -> int:
+    """The size of a stall's (or a saturated target's) give-back once its run has taken that
+    many steps."""
+    return policy.step << min(run_steps, policy.step_doublings)
 
 
 def steps_in_run(steps: int, last_step_at: float | None, now: float, policy: Policy) -> int:
@@ -162,13 +163,13 @@ def decide(
     hold: Hold | None,
     policy: Policy,
     stall_source: bool = True,
-    steps_in_a_row: int = 0,
+    run_steps: int = 0,
 ) -> tuple[Change | None, Hold | None]:
     """(the change to make or None, the hold to keep) for one report; `asked` is what the
     device was last asked to hold; `stall` the share of time stalled (None: not measured
-    this time), `stall_source` whether the guest reports a stall at all, `steps_in_a_row`
+    this time), `stall_source` whether the guest reports a stall at all, `run_steps`
     how many stall or saturated steps back the run in progress has taken (steps_in_run)."""
-    step = step_back(steps_in_a_row, policy)
+    step = step_back(run_steps, policy)
     room = reading.safe if reading.safe is not None else asked
     # While the device is still taking what it was asked, the guest stalls making room for
     # it (pushing its cold set to swap): that stall is the give-back's own doing, and
@@ -329,7 +330,7 @@ class Follower:
         self._share: float | None = None
         self._last_taken = -1
         self._unmoved_since = 0.0
-        self._steps_in_a_row = 0
+        self._run_steps = 0
         self._last_step_at: float | None = None
 
     def stop(self) -> None:
@@ -359,7 +360,7 @@ class Follower:
         self._stall, self._share = sample, share
         if reading.taken != self._last_taken:
             self._last_taken, self._unmoved_since = reading.taken, now
-        in_run = steps_in_run(self._steps_in_a_row, self._last_step_at, now, self.policy)
+        in_run = steps_in_run(self._run_steps, self._last_step_at, now, self.policy)
         change, self._hold = decide(
             reading,
             self._asked,
@@ -371,7 +372,7 @@ class Follower:
             in_run,
         )
         if change is not None and change.cause in ("stall", "saturated"):
-            self._steps_in_a_row, self._last_step_at = in_run + 1, now
+            self._run_steps, self._last_step_at = in_run + 1, now
         if change is None and stopped_short(
             reading.taken, self._asked, self._unmoved_since, now, self.policy
         ):

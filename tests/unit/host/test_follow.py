@@ -132,7 +132,7 @@ def test_never_takes_more_than_the_figure_allows(
 ) -> None:
     hold = None if held is None else Hold(min(held[0], now), max(held[1], safe or 0))
     at = Reading(asked, safe, saturated, 4096, free)
-    change, _ = decide(at, asked, stall, now, hold, POLICY, steps_in_a_row=steps)
+    change, _ = decide(at, asked, stall, now, hold, POLICY, run_steps=steps)
     if change is None:
         return
     assert change.to % 4096 == 0 and change.to >= 0
@@ -165,7 +165,7 @@ def test_a_guest_with_a_step_free_is_given_no_step_whatever_it_stalls_on() -> No
         assert change is not None and change.to == 272 * MIB  # Not reported: a step, as before.
 
 
-def test_steps_back_in_a_row_double_up_to_the_policys_limit() -> None:
+def test_steps_back_in_a_run_double_up_to_the_policys_limit() -> None:
     assert [step_back(n, POLICY) // MIB for n in range(5)] == [128, 256, 512, 512, 512]
     assert step_back(3, Policy(step=64 * MIB, step_doublings=0)) == 64 * MIB
 
