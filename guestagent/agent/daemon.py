@@ -13,13 +13,15 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from guestagent import errors, statestore
+from guestagent.agent import reflection
 from guestagent.agent.audit import audit_kernel_switch
+from guestagent.agent.first_call import ServiceOnFirstCall, recorded_handlers
 from guestagent.agent.listen import (
     AddressInUse,
     open_unix_listener,
@@ -27,8 +29,6 @@ from guestagent.agent.listen import (
     private_directory,
 )
 from guestagent.agent.peers import NamedRelay, PeerTable, vsock_admitter
-from guestagent.agent.reflection import LazyReflection
-from guestagent.agent.rpc import SERVICE_NAME, MemoryAgentServicer
 from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.undecodable import UndecodableRequests
 from guestagent.jsonlog import EventLog
@@ -50,13 +50,16 @@ from guestagent.transport.address import (
     grpc_target,
 )
 from guestagent.transport.relay import FDS_PER_CONNECTION, ConnectionBudget
-from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from guestagent.ops.swap import SwapManager
     from guestagent.ops.workingset.reclaimer import Reclaimer
 
 log = EventLog("guestagent.daemon")
+
+# The contract's service (protos/guestagent/v1/agent.proto), named here so that start-up need
+# not load its descriptors: they load with its first call (agent/first_call.py).
+SERVICE_NAME = "guestagent.v1.MemoryAgent"
 
 DELAYACCT_SIGNAL = "delayacct"
 
@@ -158,23 +161,38 @@ class Agent:
             "the reclaimer",
         )
         self.ager = IdleAger(config.kernel, config.idle_aging_s)
-        pb_grpc.add_MemoryAgentServicer_to_server(
-            MemoryAgentServicer(
-                config.kernel,
-                self.stopping,
-                self.swaps,
-                self.hotplug,
-                self.reclaimer,
-                self.peers,
-                self.ager,
-                self.stall,
-                config.max_watches,
-                confidential=self.confidential,
-            ),
-            self.server,
-        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.server.add_generic_rpc_handlers([LazyReflection((SERVICE_NAME, health.SERVICE_NAME))])
+        # Health answers from start; the other two are built at their first call.
+        self.memory_agent = ServiceOnFirstCall(SERVICE_NAME, self._memory_agent_handlers)
+        self.server.add_generic_rpc_handlers(
+            [
+                self.memory_agent,
+                ServiceOnFirstCall(reflection.SERVICE_NAME, reflection_handlers),
+            ]
+        )
+
+    def _memory_agent_handlers(self) -> list[grpc.GenericRpcHandler]:
+        # With the wire conversions, the reports and the operations: the contract's code.
+        from guestagent.agent.rpc import MemoryAgentServicer
+        from guestagent.v1 import agent_pb2_grpc
+
+        servicer = MemoryAgentServicer(
+            self.config.kernel,
+            self.stopping,
+            self.swaps,
+            self.hotplug,
+            self.reclaimer,
+            self.peers,
+            self.ager,
+            self.stall,
+            self.config.max_watches,
+            confidential=self.confidential,
+        )
+        return recorded_handlers(
+            lambda server: agent_pb2_grpc.add_MemoryAgentServicer_to_server(
+                servicer, cast(grpc.aio.Server, server)
+            )
+        )
 
     async def start(self) -> None:
         # Every address is bound before anything starts, so a taken one leaves nothing behind.
@@ -315,6 +333,14 @@ def switch_kernel_features(config: ServerConfig) -> None:
         )
         if switch.changed or switch.left_because:
             audit_kernel_switch(switch.setting, switch.before, switch.after, switch.left_because)
+
+
+def reflection_handlers() -> list[grpc.GenericRpcHandler]:
+    """Reflection over the agent's and the health service, with the contract's descriptors
+    loaded for it to find (they may not be yet: see SERVICE_NAME)."""
+    from guestagent.v1 import agent_pb2  # noqa: F401
+
+    return reflection.reflection_handlers((SERVICE_NAME, health.SERVICE_NAME))
 
 
 def swap_manager(kernel: Kernel, confidential: Confidential) -> SwapManager:

@@ -1,57 +1,25 @@
-"""Server reflection (grpcurl, grpc_cli) loaded by its first call: grpc_reflection and its
-descriptors cost every guest memory at start for a service a person calls now and then."""
+"""Server reflection (grpcurl, grpc_cli), built at its first call (agent/first_call.py):
+grpc_reflection and its descriptors would cost every guest memory at start for a service a
+person calls now and then."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import grpc
+
+from guestagent.agent.first_call import recorded_handlers
 
 # grpc_reflection.v1alpha.reflection.SERVICE_NAME, named here so start-up need not import it.
 SERVICE_NAME = "grpc.reflection.v1alpha.ServerReflection"
 
 
-class _Recorder:
-    """Stands in for the server when grpc_reflection registers its servicer, keeping the
-    method handlers it would have added."""
-
-    def __init__(self) -> None:
-        self.handlers: list[grpc.GenericRpcHandler] = []
-
-    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
-        self.handlers.extend(handlers)
-
-    def add_registered_method_handlers(self, service: str, methods: dict[str, Any]) -> None:
-        self.handlers.append(grpc.method_handlers_generic_handler(service, methods))
-
-
-class LazyReflection(grpc.GenericRpcHandler):
-    """The reflection service of an aio server, listing service_names; grpc_reflection is
-    imported when a call to it first arrives."""
-
-    def __init__(self, service_names: Sequence[str]) -> None:
-        self.service_names = (*service_names, SERVICE_NAME)
-        self._handlers: list[grpc.GenericRpcHandler] | None = None
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        method: str = handler_call_details.method
-        if not method.startswith(f"/{SERVICE_NAME}/"):
-            return None
-        if self._handlers is None:
-            self._handlers = load_reflection(self.service_names)
-        for handler in self._handlers:
-            found = handler.service(handler_call_details)
-            if found is not None:
-                return found
-        return None
-
-
-def load_reflection(service_names: Sequence[str]) -> list[grpc.GenericRpcHandler]:
+def reflection_handlers(service_names: Sequence[str]) -> list[grpc.GenericRpcHandler]:
+    """The reflection service's handlers, listing service_names and itself. The services'
+    descriptors must be in protobuf's default pool by then."""
     from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-    recorder = _Recorder()
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-        reflection.aio.ReflectionServicer(service_names), recorder
+    servicer = reflection.aio.ReflectionServicer((*service_names, SERVICE_NAME))
+    return recorded_handlers(
+        lambda server: reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
     )
-    return recorder.handlers

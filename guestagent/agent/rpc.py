@@ -49,7 +49,6 @@ from guestagent.v1 import agent_pb2_grpc as pb_grpc
 
 log = EventLog("guestagent.rpc")
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["MemoryAgent"].full_name
 DEADLINE_MARGIN_SECONDS = 0.05
 
 STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {

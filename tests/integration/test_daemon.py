@@ -70,6 +70,20 @@ def test_health_and_reflection(agent: AgentProcess) -> None:
     assert {"guestagent.v1.MemoryAgent", "grpc.health.v1.Health"} <= names
 
 
+def test_reflection_as_the_first_call_finds_the_contract(agent: AgentProcess) -> None:
+    """The contract's descriptors load with its first call; reflection, asked first, loads
+    them itself (grpcurl describing the service before calling it)."""
+    with AgentClient(agent.unix_target) as client:
+        stub = reflection_pb2_grpc.ServerReflectionStub(client.channel)
+        request = reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol="guestagent.v1.MemoryAgent"
+        )
+        (reply,) = list(stub.ServerReflectionInfo(iter([request])))
+    assert reply.WhichOneof("message_response") == "file_descriptor_response"
+    files = reply.file_descriptor_response.file_descriptor_proto
+    assert any(b"MemoryAgent" in proto for proto in files)
+
+
 def test_logs_are_json_lines(agent: AgentProcess) -> None:
     events = agent.log_events()
     serving = next(e for e in events if e["event"] == "serving")

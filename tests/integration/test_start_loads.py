@@ -1,6 +1,8 @@
 """What the daemon's start loads: swap's machinery and the reclaimer only when an earlier agent
-left them work, so a guest that never asks for them never holds their code. The daemon starts
-in a fresh interpreter over a fake root, as `guestagent serve` would, and reports the modules.
+left them work, so a guest that never asks for them never holds their code; the contract's
+code (its descriptors, wire conversions, reports and operations) only with its first call.
+The daemon starts in a fresh interpreter over a fake root, as `guestagent serve` would, and
+reports the modules.
 Nor, whatever the calls, does it run protobuf's pure-Python implementation, or ipaddress
 (a unix listener needs no loopback check).
 """
@@ -21,6 +23,12 @@ from tests.sitelessprobe import siteless_command
 
 SWAP_MODULES = ("guestagent.ops.swap", "guestagent.linux.blockdev", "guestagent.linux.dm")
 RECLAIMER_MODULES = ("guestagent.ops.workingset.reclaimer", "guestagent.ops.workingset.writer")
+CONTRACT_MODULES = (
+    "guestagent.v1.agent_pb2",
+    "guestagent.agent.rpc",
+    "guestagent.agent.wire",
+    "guestagent.ops.info",
+)
 
 PROBE = r"""
 import asyncio, json, sys
@@ -55,9 +63,10 @@ async def start_and_stop():
     await agent.start()
     loaded = [m for m in watched if m in sys.modules]
     await ask(calls)
+    after_calls = [m for m in watched if m in sys.modules]
     await agent.stop()
     ran = [m for m in LOADED_ON_USE if type(sys.modules[m]).__name__ != "_LazyModule"]
-    return {"loaded": loaded, "ran": ran}
+    return {"loaded": loaded, "after_calls": after_calls, "ran": ran}
 
 print(json.dumps(asyncio.run(start_and_stop())))
 """
@@ -71,14 +80,14 @@ def modules_after_start(fake_root: FakeRoot, tmp_path: Path, *then_calls: str) -
 
 
 def start_and_call(fake_root: FakeRoot, tmp_path: Path, *then_calls: str) -> dict[str, list[str]]:
-    """The probe's report: the watched modules loaded once the daemon has started, and the
-    modules entry() defers that had run by the time it stopped."""
+    """The probe's report: the watched modules loaded once the daemon has started and after
+    the calls, and the modules entry() defers that had run by the time it stopped."""
     done = subprocess.run(
         siteless_command(
             PROBE,
             str(fake_root.root),
             str(tmp_path / "agent.sock"),
-            json.dumps([*SWAP_MODULES, *RECLAIMER_MODULES, *PARSE_ONLY_MODULES]),
+            json.dumps([*SWAP_MODULES, *RECLAIMER_MODULES, *CONTRACT_MODULES, *PARSE_ONLY_MODULES]),
             *then_calls,
         ),
         capture_output=True,
@@ -93,8 +102,15 @@ def start_and_call(fake_root: FakeRoot, tmp_path: Path, *then_calls: str) -> dic
 def test_a_fresh_guest_loads_neither_swap_nor_the_reclaimer(
     fake_root: FakeRoot, tmp_path: Path
 ) -> None:
-    # Nor argparse or gettext, which entry() dropped after the parse (watched in every case).
+    # Nor the contract's code, nor argparse or gettext, which entry() dropped after the parse
+    # (all watched in every case).
     assert modules_after_start(fake_root, tmp_path) == []
+
+
+def test_the_first_call_loads_the_contracts_code(fake_root: FakeRoot, tmp_path: Path) -> None:
+    report = start_and_call(fake_root, tmp_path, "GetAgentInfo")
+    assert report["loaded"] == []  # Health said SERVING without it.
+    assert set(CONTRACT_MODULES) <= set(report["after_calls"])
 
 
 def test_swap_state_left_behind_is_checked_at_start(fake_root: FakeRoot, tmp_path: Path) -> None:

@@ -1,0 +1,63 @@
+"""gRPC services whose servicer is built when their first call arrives, so the modules behind
+it load then and not at start: the agent's own service (its wire conversions, its reports and
+every operation a call may run) and server reflection (grpc_reflection and its descriptors).
+A guest whose host has not called yet holds none of that code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import grpc
+
+from guestagent.on_first_use import OnFirstUse
+
+
+class HandlerRecorder:
+    """Stands in for the server when generated code registers a servicer, keeping the method
+    handlers it would have added."""
+
+    def __init__(self) -> None:
+        self.handlers: list[grpc.GenericRpcHandler] = []
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self.handlers.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str, methods: dict[str, Any]) -> None:
+        self.handlers.append(grpc.method_handlers_generic_handler(service, methods))
+
+
+def recorded_handlers(register: Callable[[HandlerRecorder], None]) -> list[grpc.GenericRpcHandler]:
+    """The handlers `register` adds to a server (a generated add_*Servicer_to_server)."""
+    recorder = HandlerRecorder()
+    register(recorder)
+    return recorder.handlers
+
+
+class ServiceOnFirstCall(grpc.GenericRpcHandler):
+    """The methods of one service, whose handlers `load` builds at the service's first call.
+
+    grpc asks a generic handler for every call, on the event loop's thread, so the first
+    call to the service waits for its imports (a few tens of milliseconds on a host, a few
+    hundred under TCG); later calls find the handlers built.
+    """
+
+    def __init__(self, service_name: str, load: Callable[[], list[grpc.GenericRpcHandler]]):
+        self.service_name = service_name
+        self._prefix = f"/{service_name}/"
+        self._handlers = OnFirstUse(load, service_name)
+
+    @property
+    def loaded(self) -> bool:
+        return self._handlers.built is not None
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        method: str = handler_call_details.method
+        if not method.startswith(self._prefix):
+            return None
+        for handler in self._handlers():
+            found = handler.service(handler_call_details)
+            if found is not None:
+                return found
+        return None

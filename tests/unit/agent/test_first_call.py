@@ -1,0 +1,60 @@
+"""A service's handlers built at its first call, once, and asked of no other service's."""
+
+from __future__ import annotations
+
+import grpc
+
+from guestagent.agent.first_call import ServiceOnFirstCall, recorded_handlers
+
+
+class Call(grpc.HandlerCallDetails):
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.invocation_metadata = ()
+
+
+def echo_handlers(loads: list[str]) -> list[grpc.GenericRpcHandler]:
+    loads.append("loaded")
+    echo: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(
+        lambda request, context: request
+    )
+    return recorded_handlers(
+        lambda server: server.add_registered_method_handlers("test.Echo", {"Say": echo})
+    )
+
+
+def test_other_services_calls_load_nothing() -> None:
+    loads: list[str] = []
+    service = ServiceOnFirstCall("test.Echo", lambda: echo_handlers(loads))
+    assert service.service(Call("/grpc.health.v1.Health/Check")) is None
+    # A service whose name the one's begins with is another service.
+    assert service.service(Call("/test.EchoMore/Say")) is None
+    assert loads == [] and not service.loaded
+
+
+def test_the_first_call_loads_once_and_later_calls_find_the_handler() -> None:
+    loads: list[str] = []
+    service = ServiceOnFirstCall("test.Echo", lambda: echo_handlers(loads))
+    first = service.service(Call("/test.Echo/Say"))
+    assert first is not None and service.loaded
+    assert service.service(Call("/test.Echo/Say")) is first
+    assert loads == ["loaded"]
+
+
+def test_a_method_the_service_lacks_is_unimplemented_after_loading() -> None:
+    loads: list[str] = []
+    service = ServiceOnFirstCall("test.Echo", lambda: echo_handlers(loads))
+    assert service.service(Call("/test.Echo/Shout")) is None  # grpc: UNIMPLEMENTED.
+    assert loads == ["loaded"]
+
+
+def test_generic_handlers_a_servicer_adds_are_recorded() -> None:
+    generic = grpc.method_handlers_generic_handler("test.Echo", {})
+    assert recorded_handlers(lambda server: server.add_generic_rpc_handlers([generic])) == [generic]
+
+
+def test_the_daemon_names_the_contracts_service() -> None:
+    from guestagent.agent.daemon import SERVICE_NAME
+    from guestagent.v1 import agent_pb2
+
+    assert agent_pb2.DESCRIPTOR.services_by_name["MemoryAgent"].full_name == SERVICE_NAME
