@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import grpc
-from google.protobuf.message import Message
 
 from guestagent.jsonlog import EventLog
+
+if TYPE_CHECKING:  # Imported with the contract's first call, not at start (agent/first_call.py).
+    from google.protobuf.message import Message
 
 LOGGER = "guestagent.audit"
 # Audit lines stay on whatever --log-level says: they are the record of who changed what.
@@ -39,8 +42,8 @@ def _field_value(field: object, value: object) -> Value:
     if enum_type is not None and isinstance(value, int):
         described = enum_type.values_by_number.get(value)
         return described.name if described is not None else value
-    if isinstance(value, Message):
-        return message_values(value)
+    if hasattr(value, "ListFields"):  # A nested message.
+        return message_values(value)  # type: ignore[arg-type]
     if isinstance(value, str | int | float | bool):
         return value
     return str(value)

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from guestagent import errors, statestore
-from guestagent.agent import reflection
+from guestagent.agent import health, reflection
 from guestagent.agent.audit import audit_kernel_switch
 from guestagent.agent.first_call import ServiceOnFirstCall, recorded_handlers
 from guestagent.agent.listen import (
@@ -138,7 +137,7 @@ class Agent:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        self.health = health.aio.HealthServicer()
+        self.health = health.HealthService()
         self.relays: list[NamedRelay] = []
         self.bound: list[str] = []
         self._unix_paths: list[tuple[str, int]] = []
@@ -161,8 +160,9 @@ class Agent:
             "the reclaimer",
         )
         self.ager = IdleAger(config.kernel, config.idle_aging_s)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        # Health answers from start; the other two are built at their first call.
+        # Health answers from start, without protobuf; the other two are built at their
+        # first call.
+        self.health.add_to(self.server)
         self.memory_agent = ServiceOnFirstCall(SERVICE_NAME, self._memory_agent_handlers)
         self.server.add_generic_rpc_handlers(
             [
@@ -202,8 +202,8 @@ class Agent:
         except BaseException:
             self._release()
             raise
-        # grpc's health servicer starts out SERVING for "": not until state is loaded.
-        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        # Not SERVING until state is loaded.
+        await self.health.set("", health.NOT_SERVING)
         await self.server.start()
         for relay in self.relays:
             relay.start()
@@ -217,7 +217,7 @@ class Agent:
             await asyncio.to_thread(self.reclaimer)
         self.ager.start()
         for service in ("", SERVICE_NAME):
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            await self.health.set(service, health.SERVING)
         give_heap_back()  # What start-up freed (the largest burst of all).
         log.info(
             "serving",
@@ -336,8 +336,10 @@ def switch_kernel_features(config: ServerConfig) -> None:
 
 
 def reflection_handlers() -> list[grpc.GenericRpcHandler]:
-    """Reflection over the agent's and the health service, with the contract's descriptors
-    loaded for it to find (they may not be yet: see SERVICE_NAME)."""
+    """Reflection over the agent's and the health service, with their descriptors loaded for
+    it to find (neither service loads them before: see SERVICE_NAME and agent/health.py)."""
+    from grpc_health.v1 import health_pb2  # noqa: F401
+
     from guestagent.v1 import agent_pb2  # noqa: F401
 
     return reflection.reflection_handlers((SERVICE_NAME, health.SERVICE_NAME))

@@ -362,17 +362,18 @@ STAGES = [
     ("interpreter", []),
     ("entry()'s load_on_use", [DEFERRAL]),
     ("floor: asyncio, grpc.aio", ["asyncio", "grpc", "grpc.aio"]),
-    ("protobuf runtime", ["google.protobuf.descriptor_pool", "google.protobuf.message"]),
-    ("grpc_health", ["grpc_health.v1.health"]),
-    ("guestagent.v1 descriptors", ["guestagent.v1.agent_pb2", "guestagent.v1.agent_pb2_grpc"]),
     ("guestagent.linux", ["guestagent.linux.fs", "guestagent.linux.meminfo"]),
-    ("guestagent.ops", ["guestagent.ops.hotplug", "guestagent.ops.idle", "guestagent.ops.limits",
-                        "guestagent.ops.info"]),
+    ("guestagent.ops", ["guestagent.ops.hotplug", "guestagent.ops.idle", "guestagent.ops.limits"]),
     ("guestagent.agent", ["guestagent.agent.daemon"]),
 ]
 # Not at start: what the agent imports when a call first needs it (or, for swap and the
-# reclaimer, at start when an earlier agent left them state).
+# reclaimer, at start when an earlier agent left them state). The contract's service loads
+# protobuf, its descriptors, the wire conversions, the reports and the operations
+# (agent/first_call.py); the health service needs none of it (agent/health.py).
 ON_FIRST_CALL = [
+    ("protobuf runtime", ["google.protobuf.descriptor_pool", "google.protobuf.message"]),
+    ("guestagent.v1 descriptors", ["guestagent.v1.agent_pb2", "guestagent.v1.agent_pb2_grpc"]),
+    ("the contract's code", ["guestagent.agent.rpc"]),
     ("grpc_reflection", ["grpc_reflection.v1alpha.reflection"]),
     ("swap", ["guestagent.ops.swap"]),
     ("reclaimer", ["guestagent.ops.workingset.reclaimer"]),

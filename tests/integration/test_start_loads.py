@@ -1,6 +1,7 @@
 """What the daemon's start loads: swap's machinery and the reclaimer only when an earlier agent
 left them work, so a guest that never asks for them never holds their code; the contract's
-code (its descriptors, wire conversions, reports and operations) only with its first call.
+code (protobuf, its descriptors, wire conversions, reports and operations) only with its
+first call.
 The daemon starts in a fresh interpreter over a fake root, as `guestagent serve` would, and
 reports the modules.
 Nor, whatever the calls, does it run protobuf's pure-Python implementation, or ipaddress
@@ -23,7 +24,9 @@ from tests.sitelessprobe import siteless_command
 
 SWAP_MODULES = ("guestagent.ops.swap", "guestagent.linux.blockdev", "guestagent.linux.dm")
 RECLAIMER_MODULES = ("guestagent.ops.workingset.reclaimer", "guestagent.ops.workingset.writer")
+# protobuf too: the health service answers without it (agent/health.py).
 CONTRACT_MODULES = (
+    "google.protobuf",
     "guestagent.v1.agent_pb2",
     "guestagent.agent.rpc",
     "guestagent.agent.wire",
@@ -65,7 +68,8 @@ async def start_and_stop():
     await ask(calls)
     after_calls = [m for m in watched if m in sys.modules]
     await agent.stop()
-    ran = [m for m in LOADED_ON_USE if type(sys.modules[m]).__name__ != "_LazyModule"]
+    ran = [m for m in LOADED_ON_USE
+           if m in sys.modules and type(sys.modules[m]).__name__ != "_LazyModule"]
     return {"loaded": loaded, "after_calls": after_calls, "ran": ran}
 
 print(json.dumps(asyncio.run(start_and_stop())))

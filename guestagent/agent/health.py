@@ -1,0 +1,181 @@
+"""The gRPC health service (grpc.health.v1.Health), answered without protobuf.
+
+grpc_health's servicer imports its generated messages, and with them protobuf's Python layer,
+at start: about 1 MiB of every guest's memory (docs/measurements.md, 2026-12-06) for two
+messages, a string and an enum. The contract's own code loads protobuf at its first call
+(agent/first_call.py); until then this module answers health checks with its own few bytes
+of wire format (protobuf.dev/programming-guides/encoding; the tests check both directions
+against grpc_health's messages).
+
+It behaves as grpc_health's aio servicer does: Check of a service with no status is NOT_FOUND;
+Watch sends the status at once and then each change (SERVICE_UNKNOWN until one is set); List
+is UNIMPLEMENTED; after enter_graceful_shutdown every service is NOT_SERVING for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, TypeAlias
+
+import grpc
+
+if TYPE_CHECKING:  # grpc.aio.ServicerContext is generic only in its type stubs.
+    Context: TypeAlias = grpc.aio.ServicerContext[str, int]
+
+SERVICE_NAME = "grpc.health.v1.Health"
+
+# HealthCheckResponse.ServingStatus.
+UNKNOWN = 0
+SERVING = 1
+NOT_SERVING = 2
+SERVICE_UNKNOWN = 3
+
+_SERVICE_FIELD = 1  # HealthCheckRequest.service; HealthCheckResponse.status is field 1 too.
+_VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
+_MAX_VARINT_BYTES = 10
+_MAX_FIELD_NUMBER = (1 << 29) - 1
+
+
+class HealthDecodeError(ValueError):
+    """The bytes are not a HealthCheckRequest."""
+
+
+def decode_request(data: bytes) -> str:
+    """A HealthCheckRequest's service name. Other fields are skipped, as protobuf skips fields
+    it does not know; the last service field wins, as protobuf's does."""
+    service = ""
+    at = 0
+    while at < len(data):
+        number, wire_type, at = _read_tag(data, at)
+        if number == _SERVICE_FIELD and wire_type == _LEN:
+            length, at = _read_varint(data, at)
+            end = _within(data, at, length)
+            try:
+                service = data[at:end].decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise HealthDecodeError("the service name is not UTF-8") from e
+            at = end
+        else:
+            at = _skip(data, at, number, wire_type)
+    return service
+
+
+def encode_response(status: int) -> bytes:
+    """A HealthCheckResponse: the status as field 1, left out when 0 (proto3's default)."""
+    return bytes((_SERVICE_FIELD << 3 | _VARINT, status)) if status else b""
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    value = 0
+    for i in range(_MAX_VARINT_BYTES):
+        if at + i >= len(data):
+            raise HealthDecodeError("a varint runs past the end")
+        byte = data[at + i]
+        value |= (byte & 0x7F) << (7 * i)
+        if byte < 0x80:
+            return value, at + i + 1
+    raise HealthDecodeError("a varint is longer than 10 bytes")
+
+
+def _read_tag(data: bytes, at: int) -> tuple[int, int, int]:
+    tag, at = _read_varint(data, at)
+    number, wire_type = tag >> 3, tag & 7
+    if not 0 < number <= _MAX_FIELD_NUMBER:
+        raise HealthDecodeError(f"field number {number} is out of range")
+    return number, wire_type, at
+
+
+def _within(data: bytes, at: int, length: int) -> int:
+    if length > len(data) - at:
+        raise HealthDecodeError("a field runs past the end")
+    return at + length
+
+
+def _skip(data: bytes, at: int, number: int, wire_type: int) -> int:
+    """Past one field of `wire_type` whose tag ends at `at`."""
+    if wire_type == _VARINT:
+        return _read_varint(data, at)[1]
+    if wire_type == _I64:
+        return _within(data, at, 8)
+    if wire_type == _I32:
+        return _within(data, at, 4)
+    if wire_type == _LEN:
+        length, at = _read_varint(data, at)
+        return _within(data, at, length)
+    if wire_type == _SGROUP:
+        while True:
+            if at >= len(data):
+                raise HealthDecodeError(f"group {number} is not closed")
+            inner, inner_type, at = _read_tag(data, at)
+            if inner_type == _EGROUP:
+                if inner != number:
+                    raise HealthDecodeError(f"group {number} is closed as {inner}")
+                return at
+            at = _skip(data, at, inner, inner_type)
+    raise HealthDecodeError(f"field {number} has wire type {wire_type}")
+
+
+class HealthService:
+    """The health statuses the daemon sets, served to Check and Watch."""
+
+    def __init__(self) -> None:
+        self._statuses: dict[str, int] = {}
+        self._changed = asyncio.Condition()
+        self._shutting_down = False
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        """Registered as generated code registers a service: grpc-core matches these calls
+        itself, apart from the calls generic handlers are asked about, so a health check is
+        answered while hundreds of the agent's calls wait for the server's concurrency cap."""
+        server.add_registered_method_handlers(
+            SERVICE_NAME,
+            {
+                "Check": grpc.unary_unary_rpc_method_handler(
+                    self._check,
+                    request_deserializer=decode_request,
+                    response_serializer=encode_response,
+                ),
+                "Watch": grpc.unary_stream_rpc_method_handler(
+                    self._watch,
+                    request_deserializer=decode_request,
+                    response_serializer=encode_response,
+                ),
+            },
+        )
+
+    async def set(self, service: str, status: int) -> None:
+        """The service's status from now on; ignored once shutting down."""
+        if not self._shutting_down:
+            await self._set(service, status)
+
+    async def enter_graceful_shutdown(self) -> None:
+        """Every service NOT_SERVING, and no set() heard after."""
+        if self._shutting_down:
+            return
+        self._shutting_down = True
+        for service in list(self._statuses):
+            await self._set(service, NOT_SERVING)
+
+    async def _set(self, service: str, status: int) -> None:
+        async with self._changed:
+            self._statuses[service] = status
+            self._changed.notify_all()
+
+    async def _check(self, service: str, context: Context) -> int:
+        status = self._statuses.get(service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no health status for {service!r}")
+        return status
+
+    async def _watch(self, service: str, context: Context) -> AsyncIterator[int]:
+        # The lock is not held across a yield: a slow watcher must not hold up set().
+        sent: int | None = None
+        while True:
+            status = self._statuses.get(service, SERVICE_UNKNOWN)
+            if status != sent:
+                sent = status
+                yield status
+            async with self._changed:
+                if self._statuses.get(service, SERVICE_UNKNOWN) == sent:
+                    await self._changed.wait()
