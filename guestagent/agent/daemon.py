@@ -37,7 +37,7 @@ from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import give_heap_back
 from guestagent.linux.watch import DEFAULT_MAX_WATCHES
 from guestagent.on_first_use import OnFirstUse
-from guestagent.ops import kernel_switches, limits, swap_area
+from guestagent.ops import kernel_switches, limits_journal, swap_area
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, IdleAger
 from guestagent.transport.address import (
@@ -410,7 +410,10 @@ async def serve(config: ServerConfig) -> None:
     statestore.check_directory(config.kernel)
     # Before any listener: a limits change a dead agent left half done is rolled back
     # before a caller can see or change that cgroup.
-    limits.recover(config.kernel)
+    if limits_journal.left_behind(config.kernel):
+        from guestagent.ops import limits  # Otherwise with SetMemoryLimits' first call.
+
+        limits.recover(config.kernel)
     # Before the reclaimer reloads its policies: on a kernel without PSI they need one on.
     switch_kernel_features(config)
     # Blocking kernel work (mkswap, a memory.max write reclaiming, Compact) runs in threads;

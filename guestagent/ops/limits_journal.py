@@ -133,6 +133,12 @@ def save(kernel: Kernel, journal: Journal) -> None:
     store(kernel).save(encode(journal))
 
 
+def left_behind(kernel: Kernel) -> bool:
+    """Whether a journal is there, valid or not, for the start to roll back (ops/limits.py's
+    recover); else nothing of SetMemoryLimits needs to load at start."""
+    return store(kernel).exists()
+
+
 def load(kernel: Kernel) -> Journal | None:
     """The journal a call left; None if none, or if it was not one (then moved aside)."""
     return store(kernel).load_valid(decode)

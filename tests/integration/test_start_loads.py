@@ -31,6 +31,7 @@ CONTRACT_MODULES = (
     "guestagent.agent.rpc",
     "guestagent.agent.wire",
     "guestagent.ops.info",
+    "guestagent.ops.limits",
 )
 
 PROBE = r"""

@@ -326,6 +326,17 @@ def test_an_unreadable_journal_is_logged_and_moved_aside(
     assert limit_files(ctr) == OLD
 
 
+def test_the_start_rolls_back_whatever_file_is_there(fake_root: FakeRoot) -> None:
+    # The daemon loads ops/limits.py at start only when left_behind says so.
+    assert not limits_journal.left_behind(fake_root.fs)
+    limits_journal.save(fake_root.fs, JOURNAL)
+    assert limits_journal.left_behind(fake_root.fs)
+    fake_root.write("run/guestagent/limits-journal.json", '{"version": 9}')  # Not a journal.
+    assert limits_journal.left_behind(fake_root.fs)
+    assert recover(fake_root.fs) is None  # Moved aside.
+    assert not limits_journal.left_behind(fake_root.fs)
+
+
 def test_no_journal_no_work(fake_root: FakeRoot, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO):
         assert recover(fake_root.fs) is None
