@@ -53,6 +53,8 @@ AGENT_CALLS = (
     HEALTH_CHECK[:2],
 )
 PHASES = ("ready", "after_calls", "after_watch")
+# The burst's first call and the same method's next, in seconds (the probe's).
+CALL_TIMES = ("first_call_s", "again_s")
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,12 @@ if spec["calls"]:
         calls = [(channel.unary_unary(m), bytes.fromhex(r)) for m, r in spec["calls"]]
         for i in range(spec["calls_n"]):
             call, request = calls[i % len(calls)]
+            began = time.monotonic()
             call(request, timeout=120)
+            # The burst's first call, and the same method once more: the agent builds its
+            # service at its first call (agent/first_call.py).
+            if i in (0, len(calls)):
+                result["first_call_s" if i == 0 else "again_s"] = round(time.monotonic() - began, 3)
     samples["after_calls"] = idle_sample(server.pid, spec["idle_s"])
 if spec["stream"]:
     messages, ends = 0, time.monotonic() + spec["watch_s"]
@@ -276,6 +283,9 @@ def sample_figures(sample: dict[str, Any]) -> dict[str, Any]:
 def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure of each phase, and the ready time, as the median of the rounds."""
     result: dict[str, Any] = {"ready_s": statistics.median(r["ready_s"] for r in runs)}
+    for key in CALL_TIMES:
+        if key in runs[0]:
+            result[key] = statistics.median(r[key] for r in runs)
     for phase in runs[0]["phases"]:
         figures = [r["phases"][phase] for r in runs]
         result[phase] = {
@@ -335,7 +345,8 @@ def measure_footprint(
             for server in (AGENT, FLOOR, HEALTH):
                 got = probe(vm, server, idle_s if server is not HEALTH else 0, watch_s, calls)
                 phases = {name: sample_figures(s) for name, s in got["samples"].items()}
-                runs[server.label].append({"ready_s": got["ready_s"], "phases": phases})
+                times = {key: got[key] for key in CALL_TIMES if key in got}
+                runs[server.label].append({"ready_s": got["ready_s"], **times, "phases": phases})
                 # At full length a round is about half an hour: say where the section is.
                 line = f"round {round_number}/{rounds}, {server.label} ready in {got['ready_s']} s"
                 print(f"bench: footprint {line} (section at {elapsed(started)})", file=sys.stderr)

@@ -103,6 +103,18 @@ def test_medians_of_wakeups_by_thread_count_a_missing_thread_as_none() -> None:
     }
 
 
+def test_medians_of_the_call_times_where_the_server_had_calls() -> None:
+    from tests.bench.footprint import medians
+
+    runs = [
+        {"ready_s": 1.0, "first_call_s": 0.4, "again_s": 0.02, "phases": {}},
+        {"ready_s": 1.0, "first_call_s": 0.2, "again_s": 0.03, "phases": {}},
+        {"ready_s": 1.0, "first_call_s": 0.3, "again_s": 0.01, "phases": {}},
+    ]
+    assert medians(runs) == {"ready_s": 1.0, "first_call_s": 0.3, "again_s": 0.02}
+    assert medians([{"ready_s": 1.0, "phases": {}}]) == {"ready_s": 1.0}  # The health server.
+
+
 SMAPS = """5590a0000000-5590a0600000 rw-p 00000000 00:00 0                          [heap]
 Size:               6144 kB
 Anonymous:          4000 kB
