@@ -35,7 +35,6 @@ from guestagent.linux.confidential import Confidential, decide, read_facts
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import give_heap_back
-from guestagent.linux.watch import DEFAULT_MAX_WATCHES
 from guestagent.on_first_use import OnFirstUse
 from guestagent.ops import kernel_switches, limits_journal, swap_area
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
@@ -97,7 +96,9 @@ class ServerConfig:
     # already set theirs (kept under /run across restarts).
     reclaim: tuple[str, ...] = ()
     max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_watches: int = DEFAULT_MAX_WATCHES
+    # linux/watch.py's DEFAULT_MAX_WATCHES, as the command line's default: that module loads
+    # with the first WatchMemory, not at start.
+    max_watches: int = 4096
     # --confidential: auto (what the kernel says), yes or no.
     confidential: str = "auto"
     # How often the one aging loop ages the multi-gen LRU (0: never; the idle figures absent).
@@ -163,10 +164,9 @@ class Agent:
         # Health answers from start, without protobuf; the other two are built at their
         # first call.
         self.health.add_to(self.server)
-        self.memory_agent = ServiceOnFirstCall(SERVICE_NAME, self._memory_agent_handlers)
         self.server.add_generic_rpc_handlers(
             [
-                self.memory_agent,
+                ServiceOnFirstCall(SERVICE_NAME, self._memory_agent_handlers),
                 ServiceOnFirstCall(reflection.SERVICE_NAME, reflection_handlers),
             ]
         )

@@ -48,10 +48,6 @@ class ServiceOnFirstCall(grpc.GenericRpcHandler):
         self._prefix = f"/{service_name}/"
         self._handlers = OnFirstUse(load, service_name)
 
-    @property
-    def loaded(self) -> bool:
-        return self._handlers.built is not None
-
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
         method: str = handler_call_details.method
         if not method.startswith(self._prefix):

@@ -32,6 +32,7 @@ CONTRACT_MODULES = (
     "guestagent.agent.wire",
     "guestagent.ops.info",
     "guestagent.ops.limits",
+    "guestagent.linux.watch",
 )
 
 PROBE = r"""

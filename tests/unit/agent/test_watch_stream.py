@@ -250,3 +250,14 @@ async def test_without_psi_an_asked_trigger_is_served_by_delay_accounting(tmp_pa
     stopping.set()
     with pytest.raises(StopAsyncIteration):
         await anext(updates)
+
+
+def test_the_watch_cap_defaults_are_watchs_own() -> None:
+    """The daemon's and the command line's defaults are literals, so that start-up need not
+    load linux/watch.py for its constant."""
+    from guestagent.agent.cli import command_line_options
+    from guestagent.agent.daemon import ServerConfig
+    from guestagent.linux.watch import DEFAULT_MAX_WATCHES
+
+    assert ServerConfig(listen=()).max_watches == DEFAULT_MAX_WATCHES
+    assert command_line_options(["serve"]).max_watches == DEFAULT_MAX_WATCHES
