@@ -374,13 +374,14 @@ STAGES = [
     ("entry()'s load_on_use", [DEFERRAL]),
     ("floor: asyncio, grpc.aio", ["asyncio", "grpc", "grpc.aio"]),
     ("guestagent.linux", ["guestagent.linux.fs", "guestagent.linux.meminfo"]),
-    ("guestagent.ops", ["guestagent.ops.hotplug", "guestagent.ops.idle", "guestagent.ops.limits"]),
+    ("guestagent.ops", ["guestagent.ops.hotplug", "guestagent.ops.idle"]),
     ("guestagent.agent", ["guestagent.agent.daemon"]),
 ]
 # Not at start: what the agent imports when a call first needs it (or, for swap and the
 # reclaimer, at start when an earlier agent left them state). The contract's service loads
-# protobuf, its descriptors, the wire conversions, the reports and the operations
-# (agent/first_call.py); the health service needs none of it (agent/health.py).
+# protobuf, its descriptors, the wire conversions, the reports and the operations (limits'
+# too, unless a dead agent left a journal) (agent/first_call.py); the health service needs
+# none of it (agent/health.py).
 ON_FIRST_CALL = [
     ("protobuf runtime", ["google.protobuf.descriptor_pool", "google.protobuf.message"]),
     ("guestagent.v1 descriptors", ["guestagent.v1.agent_pb2", "guestagent.v1.agent_pb2_grpc"]),
