@@ -167,7 +167,7 @@ class Agent:
         self.server.add_generic_rpc_handlers(
             [
                 ServiceOnFirstCall(SERVICE_NAME, self._memory_agent_handlers),
-                ServiceOnFirstCall(reflection.SERVICE_NAME, reflection_handlers),
+                ServiceOnFirstCall(reflection.SERVICE_NAME, reflection_with_descriptors),
             ]
         )
 
@@ -335,7 +335,7 @@ def switch_kernel_features(config: ServerConfig) -> None:
             audit_kernel_switch(switch.setting, switch.before, switch.after, switch.left_because)
 
 
-def reflection_handlers() -> list[grpc.GenericRpcHandler]:
+def reflection_with_descriptors() -> list[grpc.GenericRpcHandler]:
     """Reflection over the agent's and the health service, with their descriptors loaded for
     it to find (neither service loads them before: see SERVICE_NAME and agent/health.py)."""
     from grpc_health.v1 import health_pb2  # noqa: F401

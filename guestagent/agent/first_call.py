@@ -44,7 +44,6 @@ class ServiceOnFirstCall(grpc.GenericRpcHandler):
     """
 
     def __init__(self, service_name: str, load: Callable[[], list[grpc.GenericRpcHandler]]):
-        self.service_name = service_name
         self._prefix = f"/{service_name}/"
         self._handlers = OnFirstUse(load, service_name)
 
