@@ -87,6 +87,9 @@ def _tolerant(decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
         try:
             return decode(data)
         except Exception as e:  # protobuf's DecodeError, or any other refusal of the bytes.
-            return Undecodable(len(data), type(e).__name__)
+            # Its words too: the decoders' name lengths and field numbers, never the bytes.
+            return Undecodable(
+                len(data), f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            )
 
     return tolerant

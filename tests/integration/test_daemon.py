@@ -7,6 +7,7 @@ import stat
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -68,6 +69,19 @@ def test_health_and_reflection(agent: AgentProcess) -> None:
         )
         names = {s.name for reply in replies for s in reply.list_services_response.service}
     assert {"guestagent.v1.MemoryAgent", "grpc.health.v1.Health"} <= names
+
+
+def test_a_health_request_over_its_limit_is_invalid_argument(agent: AgentProcess) -> None:
+    """The health service reads a request field by field on the event loop: one of 4 MiB
+    would hold every call; a service name is tens of bytes (agent/health.py)."""
+    unknown_fields = b"\x10\x00" * 2500  # Field 2, varint 0: 5000 bytes.
+    with grpc.insecure_channel(agent.unix_target) as channel:
+        check: Any = channel.unary_unary("/grpc.health.v1.Health/Check")
+        with pytest.raises(grpc.RpcError) as refused:
+            check(unknown_fields, timeout=10)
+        assert check(b"", timeout=10) == b"\x08\x01"  # SERVING, after.
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "5000 bytes, over the 4096" in str(refused.value.details())
 
 
 def test_reflection_as_the_first_call_finds_the_contract(agent: AgentProcess) -> None:

@@ -103,6 +103,8 @@ def test_requests_with_other_fields_decode_as_protobuf_decodes_them(data: bytes)
 @example(b"\x0b\x14")  # A group closed as another.
 @example(b"\x08" + b"\xff" * 10 + b"\x01")  # A varint of 11 bytes.
 @example(b"\x08\x01")  # The service field as a varint: an unknown field.
+@example(b"\x8a\x80\x80\x80\x00\x01a")  # Field 1's tag in 5 bytes.
+@example(b"\x8a\x80\x80\x80\x80\x00\x01a")  # In 6: longer than a 32-bit varint.
 def test_any_bytes_decode_or_not_as_protobuf_says(data: bytes) -> None:
     assert ours(data) == upb_service(data)
 
@@ -114,6 +116,15 @@ def test_many_bytes_decode_or_not_as_protobuf_says(data: bytes) -> None:
     # Truncated too: a cut anywhere in a valid request.
     for cut in {len(data), len(data) // 2, max(0, len(data) - 1)}:
         assert ours(data[:cut]) == upb_service(data[:cut])
+
+
+def test_a_request_over_the_limit_is_refused_before_its_fields_are_read() -> None:
+    # Any bytes upb would read at once: here each field is a step in Python.
+    at_limit = field(2, 0, b"\x00") * (health.MAX_REQUEST_BYTES // 2)
+    assert len(at_limit) == health.MAX_REQUEST_BYTES
+    assert decode_request(at_limit) == upb_service(at_limit) == ""
+    with pytest.raises(HealthDecodeError, match=f"{len(at_limit) + 2} bytes, over the 4096"):
+        decode_request(at_limit + field(2, 0, b"\x00"))
 
 
 class Served:
@@ -154,6 +165,15 @@ async def test_check_answers_what_was_set_and_not_found_for_the_rest(
     assert reply.status == Statuses.SERVING
     reply = await stub.Check(health_pb2.HealthCheckRequest(service="pod.Service"), timeout=10)
     assert reply.status == Statuses.NOT_SERVING
+
+
+async def test_not_found_names_a_long_service_in_part(served: Served) -> None:
+    name = "x" * 1000
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await served.stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert f"'{'x' * 200}...'" in str(refused.value.details())
+    assert len(str(refused.value.details())) < 300
 
 
 async def test_list_is_unimplemented_as_grpc_healths_aio_servicer_has_it(
