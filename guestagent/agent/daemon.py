@@ -139,6 +139,8 @@ class Agent:
             ],
         )
         self.health = health.HealthService()
+        self._contract_failed = False
+        self._health_updates: set[asyncio.Task[None]] = set()
         self.relays: list[NamedRelay] = []
         self.bound: list[str] = []
         self._unix_paths: list[tuple[str, int]] = []
@@ -172,6 +174,33 @@ class Agent:
         )
 
     def _memory_agent_handlers(self) -> list[grpc.GenericRpcHandler]:
+        """The contract's handlers, built at its first call. A build that fails (a module
+        missing from the tree, a protobuf its generated code refuses) would have stopped an
+        agent that loaded them at start; this one still answers health, so health says
+        NOT_SERVING, for the agent and its service, until a later call's build succeeds
+        (each call tries again; ServiceOnFirstCall logs why and refuses the call)."""
+        try:
+            handlers = self._build_memory_agent_handlers()
+        except Exception:
+            self._contract_failed = True
+            self._set_health_soon(health.NOT_SERVING)
+            raise
+        if self._contract_failed:
+            self._contract_failed = False
+            self._set_health_soon(health.SERVING)
+        return handlers
+
+    def _set_health_soon(self, status: int) -> None:
+        # Called where grpc asks for a handler, on the event loop but not in a coroutine.
+        task = asyncio.get_running_loop().create_task(self._set_health(("", SERVICE_NAME), status))
+        self._health_updates.add(task)  # Held until done: the loop keeps only a weak one.
+        task.add_done_callback(self._health_updates.discard)
+
+    async def _set_health(self, services: tuple[str, ...], status: int) -> None:
+        for service in services:
+            await self.health.set(service, status)
+
+    def _build_memory_agent_handlers(self) -> list[grpc.GenericRpcHandler]:
         # With the wire conversions, the reports and the operations: the contract's code.
         from guestagent.agent.rpc import MemoryAgentServicer
         from guestagent.v1 import agent_pb2_grpc
@@ -216,8 +245,8 @@ class Agent:
         if self.config.reclaim or policies.exists():
             await asyncio.to_thread(self.reclaimer)
         self.ager.start()
-        for service in ("", SERVICE_NAME):
-            await self.health.set(service, health.SERVING)
+        if not self._contract_failed:  # A first call may have come, and failed, meanwhile.
+            await self._set_health(("", SERVICE_NAME), health.SERVING)
         give_heap_back()  # What start-up freed (the largest burst of all).
         log.info(
             "serving",
@@ -304,7 +333,9 @@ class Agent:
         await self.health.enter_graceful_shutdown()
         for relay in self.relays:
             relay.close()
-        self.stopping.set()  # Ends watch streams, so only unary calls hold the grace period.
+        # Ends WatchMemory streams. Health's Watch streams, as grpc_health's, have said
+        # NOT_SERVING and stay open: a caller that keeps one holds the grace period.
+        self.stopping.set()
         self.hotplug.stop()
         # Closed first: a call building it now is waited for, and none builds it after.
         reclaimer = await asyncio.to_thread(self.reclaimer.close)

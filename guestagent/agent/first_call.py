@@ -11,7 +11,10 @@ from typing import Any
 
 import grpc
 
+from guestagent.jsonlog import EventLog
 from guestagent.on_first_use import OnFirstUse
+
+log = EventLog("guestagent.first_call")
 
 
 class HandlerRecorder:
@@ -40,10 +43,12 @@ class ServiceOnFirstCall(grpc.GenericRpcHandler):
 
     grpc asks a generic handler for every call, on the event loop's thread, so the first
     call to the service waits for its imports (a few tens of milliseconds on a host, a few
-    hundred under TCG); later calls find the handlers built.
+    hundred under TCG); later calls find the handlers built. A load that fails is logged and
+    its call refused with INTERNAL, naming the error; the next call loads again.
     """
 
     def __init__(self, service_name: str, load: Callable[[], list[grpc.GenericRpcHandler]]):
+        self._name = service_name
         self._prefix = f"/{service_name}/"
         self._handlers = OnFirstUse(load, service_name)
 
@@ -51,8 +56,23 @@ class ServiceOnFirstCall(grpc.GenericRpcHandler):
         method: str = handler_call_details.method
         if not method.startswith(self._prefix):
             return None
-        for handler in self._handlers():
+        try:
+            handlers = self._handlers()
+        except Exception as error:
+            log.error("service_not_loaded", exc=True, service=self._name)
+            return refusal(f"{self._name} did not load ({type(error).__name__}: {error})")
+        for handler in handlers:
             found = handler.service(handler_call_details)
             if found is not None:
                 return found
         return None
+
+
+def refusal(details: str) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler that refuses any call, unary or streaming either way, with INTERNAL: it
+    reads nothing and answers at once."""
+
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.INTERNAL, details)
+
+    return grpc.stream_stream_rpc_method_handler(refuse)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import grpc
+import pytest
 
 from guestagent.agent.first_call import ServiceOnFirstCall, recorded_handlers
 
@@ -46,6 +50,52 @@ def test_a_method_the_service_lacks_is_unimplemented_after_loading() -> None:
     service = ServiceOnFirstCall("test.Echo", lambda: echo_handlers(loads))
     assert service.service(Call("/test.Echo/Shout")) is None  # grpc: UNIMPLEMENTED.
     assert loads == ["loaded"]
+
+
+def failing_once(loads: list[str]) -> list[grpc.GenericRpcHandler]:
+    if not loads:
+        loads.append("failed")
+        raise ImportError("no module named test_echo_pb2")
+    return echo_handlers(loads)
+
+
+def test_a_load_that_fails_refuses_its_call_and_the_next_call_loads_again() -> None:
+    loads: list[str] = []
+    service = ServiceOnFirstCall("test.Echo", lambda: failing_once(loads))
+    refused = service.service(Call("/test.Echo/Say"))
+    assert refused is not None and refused.request_streaming and refused.response_streaming
+    loaded = service.service(Call("/test.Echo/Say"))
+    assert loaded is not None and not loaded.request_streaming
+    assert loads == ["failed", "loaded"]
+
+
+@pytest.mark.parametrize("kind", ["unary_unary", "unary_stream", "stream_stream"])
+async def test_the_refusal_reaches_every_kind_of_call_as_internal(
+    tmp_path: Path, kind: str
+) -> None:
+    def fail() -> list[grpc.GenericRpcHandler]:
+        raise ImportError("no module named test_echo_pb2")
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([ServiceOnFirstCall("test.Echo", fail)])
+    server.add_insecure_port(f"unix://{tmp_path}/echo.sock")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{tmp_path}/echo.sock") as channel:
+            method: Any = getattr(channel, kind)("/test.Echo/Say")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                if kind == "unary_unary":
+                    await method(b"x", timeout=10)
+                elif kind == "unary_stream":
+                    await method(b"x", timeout=10).read()
+                else:
+                    await method(iter([b"x"]), timeout=10).read()
+    finally:
+        await server.stop(None)
+    assert refused.value.code() == grpc.StatusCode.INTERNAL
+    assert refused.value.details() == (
+        "test.Echo did not load (ImportError: no module named test_echo_pb2)"
+    )
 
 
 def test_generic_handlers_a_servicer_adds_are_recorded() -> None:
