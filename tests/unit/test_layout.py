@@ -373,6 +373,26 @@ def test_the_daemon_runs_none_of_protobufs_pure_python_implementation() -> None:
     ]
 
 
+def test_protobufs_timestamps_load_calendar_only_when_used() -> None:
+    """upb imports the well-known types with the first message class, and they import
+    calendar, read only by Timestamp's conversions: deferred by entry(), it stays unrun
+    through the contract's messages, and a Timestamp still converts."""
+    probe = (
+        "import sys\n"
+        "from guestagent.agent.load_on_use import LOADED_ON_USE, load_on_use\n"
+        "load_on_use(LOADED_ON_USE)\n"
+        "from guestagent.v1 import agent_pb2\n"
+        "agent_pb2.MemoryInfo.FromString(agent_pb2.MemoryInfo(reason=1).SerializeToString())\n"
+        "print(type(sys.modules['calendar']).__name__)\n"
+        "import datetime\n"
+        "from google.protobuf.timestamp_pb2 import Timestamp\n"
+        "stamp = Timestamp()\n"
+        "stamp.FromDatetime(datetime.datetime(2026, 12, 6, tzinfo=datetime.timezone.utc))\n"
+        "print(stamp.seconds, type(sys.modules['calendar']).__name__)"
+    )
+    assert run_probe(probe).splitlines() == ["_LazyModule", "1796515200 module"]
+
+
 def test_the_entry_module_imports_nothing_it_must_come_before() -> None:
     """agent/entry.py refuses ssl and defers modules before the command's imports, so its own
     may bring none of them, nor what imports them: pathlib imports urllib.parse, which imports
