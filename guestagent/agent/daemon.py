@@ -139,6 +139,8 @@ class Agent:
             ],
         )
         self.health = health.HealthService()
+        # What health says for the agent and its service derives from these two.
+        self._started = False
         self._contract_failed = False
         self._health_updates: set[asyncio.Task[None]] = set()
         self.relays: list[NamedRelay] = []
@@ -183,22 +185,25 @@ class Agent:
             handlers = self._build_memory_agent_handlers()
         except Exception:
             self._contract_failed = True
-            self._set_health_soon(health.NOT_SERVING)
+            self._publish_health_soon()
             raise
         if self._contract_failed:
             self._contract_failed = False
-            self._set_health_soon(health.SERVING)
+            self._publish_health_soon()
         return handlers
 
-    def _set_health_soon(self, status: int) -> None:
+    def _publish_health_soon(self) -> None:
         # Called where grpc asks for a handler, on the event loop but not in a coroutine.
-        task = asyncio.get_running_loop().create_task(self._set_health(("", SERVICE_NAME), status))
+        task = asyncio.get_running_loop().create_task(self._publish_health())
         self._health_updates.add(task)  # Held until done: the loop keeps only a weak one.
         task.add_done_callback(self._health_updates.discard)
 
-    async def _set_health(self, services: tuple[str, ...], status: int) -> None:
-        for service in services:
-            await self.health.set(service, status)
+    async def _publish_health(self) -> None:
+        """SERVING for the agent and its service once started, unless its contract failed to
+        load at its last try; read as it is published, so updates in any order end right."""
+        serving = self._started and not self._contract_failed
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health.SERVING if serving else health.NOT_SERVING)
 
     def _build_memory_agent_handlers(self) -> list[grpc.GenericRpcHandler]:
         # With the wire conversions, the reports and the operations: the contract's code.
@@ -245,8 +250,8 @@ class Agent:
         if self.config.reclaim or policies.exists():
             await asyncio.to_thread(self.reclaimer)
         self.ager.start()
-        if not self._contract_failed:  # A first call may have come, and failed, meanwhile.
-            await self._set_health(("", SERVICE_NAME), health.SERVING)
+        self._started = True  # A first call may have come, and failed, meanwhile.
+        await self._publish_health()
         give_heap_back()  # What start-up freed (the largest burst of all).
         log.info(
             "serving",

@@ -87,7 +87,7 @@ def _tolerant(decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
         try:
             return decode(data)
         except Exception as e:  # protobuf's DecodeError, or any other refusal of the bytes.
-            # Its words too: the decoders' name lengths and field numbers, never the bytes.
+            # Its words too (a message type, a length, a field number), never the bytes.
             return Undecodable(
                 len(data), f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             )
