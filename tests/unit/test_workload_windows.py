@@ -1,10 +1,18 @@
-"""The reclaimer scenarios' windows: where the no-thrash scenario's late window may start."""
+"""The reclaimer scenarios' windows: where the no-thrash scenario's late window may start, and
+the stall bound a slow guest is held to."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tests.workloads.reclaim import STALL_TARGET_US, first_stall_over_target
+import pytest
+
+from tests.workloads.reclaim import (
+    STALL_TARGET_US,
+    assert_off_then_on_bounds,
+    first_stall_over_target,
+    paced_stall_bound,
+)
 
 
 def rows(*stalls_us: int | None, step_s: float = 1.0) -> list[dict[str, Any]]:
@@ -33,3 +41,32 @@ def test_the_rate_not_the_amount_decides() -> None:
 
 def test_an_unread_signal_is_no_crossing() -> None:
     assert first_stall_over_target(rows(None, None)) is None
+
+
+def test_the_stall_bound_is_the_target_at_an_idle_pace_and_grows_with_a_slower_one() -> None:
+    assert paced_stall_bound({}, 1.0) == STALL_TARGET_US
+    assert paced_stall_bound({}, 0.5) == STALL_TARGET_US  # Never tighter than the target.
+    assert paced_stall_bound({}, 2.43) == round(STALL_TARGET_US * 2.43)
+
+
+def off_then_on_figures(stall_us_per_s: int) -> dict[str, Any]:
+    """An off-then-on run within every bound but, perhaps, the stall."""
+    return {
+        "control_returned_fraction": 0.0,
+        "seconds_to_80_percent": 68.3,
+        "swap_file_allocated_mib": 364.0,
+        "oom_kills": 0,
+        "hot_slowdown_paced": 1.0,
+        "stall_us_per_s_on": stall_us_per_s,
+    }
+
+
+def test_off_then_on_holds_the_stall_to_the_bound_at_the_guests_pace() -> None:
+    # The CI run (2026-12-06) of the apple kernel's guest at 2.43x: 2463 us/s.
+    figures = off_then_on_figures(2463)
+    assert_off_then_on_bounds(figures, 2.43)
+    assert figures["stall_bound_us_per_s"] == 4860
+    with pytest.raises(AssertionError):
+        assert_off_then_on_bounds(off_then_on_figures(2463), 1.0)
+    with pytest.raises(AssertionError):
+        assert_off_then_on_bounds(off_then_on_figures(4861), 2.43)

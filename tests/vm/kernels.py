@@ -58,7 +58,7 @@ def check_off_then_on(vm: GuestVM, agent: AgentClient, results: dict[str, Any], 
     window = pace.scale(WITHIN_S)
     figures = results["off_then_on"] = off_then_on(vm, agent, DELAYACCT_STALL, window)
     assert figures["signals"][0] == DELAYACCT_STALL, without_timelines(figures)
-    assert_off_then_on_bounds(figures)
+    assert_off_then_on_bounds(figures, pace.factor)
 
 
 def check_no_thrash(vm: GuestVM, agent: AgentClient, results: dict[str, Any], pace: Pace) -> None:

@@ -46,7 +46,7 @@ def test_cold_memory_goes_back_to_the_host_only_with_the_policy_on(
     vm: GuestVM, agent: AgentClient, pace: Pace
 ) -> None:
     RESULTS["off_then_on"] = figures = off_then_on(vm, agent, within_s=pace.scale(WITHIN_S))
-    assert_off_then_on_bounds(figures)
+    assert_off_then_on_bounds(figures, pace.factor)
 
 
 def test_no_thrash_when_the_hot_set_is_most_of_the_memory(

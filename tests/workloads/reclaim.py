@@ -449,19 +449,31 @@ def no_thrash(
     }
 
 
-def assert_off_then_on_bounds(figures: dict[str, Any]) -> None:
+def paced_stall_bound(figures: dict[str, Any], pace_factor: float) -> int:
+    """The stall target in wall time for a guest `pace_factor` times slower than idle, kept in
+    the figures. Stall is wall time, which a busy host's TCG guest stretches (each swap-in's
+    emulated I/O takes that much longer), so the bound scales as the VM tests' deadlines do
+    (tests/vm/pace.py); at pace 1 it is the target itself."""
+    figures["stall_bound_us_per_s"] = bound = round(STALL_TARGET_US * max(1.0, pace_factor))
+    return bound
+
+
+def assert_off_then_on_bounds(figures: dict[str, Any], pace_factor: float = 1.0) -> None:
     """Off: QEMU keeps (nearly) all of it; on: at least 80 % of the cold bytes leave within
     the window, without an OOM kill, the hot loop within 1.5x paced and the stall within
-    target. The PSI run and every runtime kernel's run are held to these. The window is 120 s
-    at an idle host's pace: the VM tests scale it by the guest's measured pace, as every
-    other wait, and `make bench` holds the speed itself to 120 s on a quiet host."""
+    target at the guest's pace. The PSI run and every runtime kernel's run are held to these.
+    The window is 120 s at an idle host's pace: the VM tests scale it and the stall bound by
+    the guest's measured pace, as every other wait (an apple run at 2.43x read 2463 us/s,
+    1013 at an idle host's pace, 2026-12-06), and `make bench` holds the speed itself to
+    120 s on a quiet host."""
+    bound = paced_stall_bound(figures, pace_factor)
     summary = without_timelines(figures)
     assert figures["control_returned_fraction"] < 0.2, summary
     assert figures["seconds_to_80_percent"] is not None, summary
     assert figures["swap_file_allocated_mib"] <= (ANON_MIB - HOT_MIB) * 1.1, summary
     assert figures["oom_kills"] == 0, summary
     assert figures["hot_slowdown_paced"] <= 1.5, summary
-    assert figures["stall_us_per_s_on"] <= STALL_TARGET_US, summary
+    assert figures["stall_us_per_s_on"] <= bound, summary
 
 
 def assert_no_thrash_bounds(figures: dict[str, Any], pace_factor: float = 1.0) -> None:
@@ -475,7 +487,7 @@ def assert_no_thrash_bounds(figures: dict[str, Any], pace_factor: float = 1.0) -
     TCG guest stretches: its bound scales by the guest's pace (tests/vm/pace.py), as the VM
     tests' deadlines do (an apple run at 2.39x read 3110 us/s, 1301 at an idle host's pace;
     alone on the host the same test passes within 2000)."""
-    figures["stall_bound_us_per_s"] = bound = round(STALL_TARGET_US * max(1.0, pace_factor))
+    bound = paced_stall_bound(figures, pace_factor)
     summary = without_timelines(figures)
     assert figures["reclaimed_mib_last_20_s"] <= 32, summary  # A plateau, not a slope.
     assert figures["majfaults_per_s_last_20_s"] <= 2048, summary  # Under 8 MiB/s of swap-in.
