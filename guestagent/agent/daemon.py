@@ -338,8 +338,8 @@ class Agent:
         await self.health.enter_graceful_shutdown()
         for relay in self.relays:
             relay.close()
-        # Ends WatchMemory streams. Health's Watch streams, as grpc_health's, have said
-        # NOT_SERVING and stay open: a caller that keeps one holds the grace period.
+        # Ends WatchMemory streams; health's Watch streams ended once they said NOT_SERVING.
+        # A stream left open would hold the server's stop below for the whole grace period.
         self.stopping.set()
         self.hotplug.stop()
         # Closed first: a call building it now is waited for, and none builds it after.

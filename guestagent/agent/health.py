@@ -11,7 +11,10 @@ It behaves as grpc_health's aio servicer does: Check of a service with no status
 Watch sends the status at once and then the status whenever it differs from the last sent
 (SERVICE_UNKNOWN until one is set; a change and its undoing between two sends send nothing);
 List is UNIMPLEMENTED; after enter_graceful_shutdown every service is NOT_SERVING for good.
-It differs in refusing a request over MAX_REQUEST_BYTES, which upb would have decoded.
+It differs in two ways. It refuses a request over MAX_REQUEST_BYTES, which upb would have
+decoded. And at enter_graceful_shutdown a Watch stream sends its last status and ends (OK),
+as the agent's WatchMemory streams end: grpc_health's stays open, so a caller that keeps one
+holds the server's stop for the whole grace period, and with it the pod VM's shutdown.
 """
 
 from __future__ import annotations
@@ -161,21 +164,19 @@ class HealthService:
 
     async def set(self, service: str, status: int) -> None:
         """The service's status from now on; ignored once shutting down."""
-        if not self._shutting_down:
-            await self._set(service, status)
+        async with self._changed:
+            if not self._shutting_down:
+                self._statuses[service] = status
+                self._changed.notify_all()
 
     async def enter_graceful_shutdown(self) -> None:
-        """Every service NOT_SERVING, and no set() heard after."""
-        if self._shutting_down:
-            return
-        self._shutting_down = True
-        for service in list(self._statuses):
-            await self._set(service, NOT_SERVING)
-
-    async def _set(self, service: str, status: int) -> None:
+        """Every service NOT_SERVING, no set() heard after, and every Watch stream ended once
+        it has sent its last status."""
         async with self._changed:
-            self._statuses[service] = status
-            self._changed.notify_all()
+            self._shutting_down = True
+            for service in self._statuses:
+                self._statuses[service] = NOT_SERVING
+            self._changed.notify_all()  # Watchers of a service with no status too.
 
     async def _check(self, service: str, context: Context) -> int:
         status = self._statuses.get(service)
@@ -194,6 +195,10 @@ class HealthService:
             if status != sent:
                 sent = status
                 yield status
+                continue  # It may have changed while the caller read it.
+            if self._shutting_down:
+                return  # Its last status is sent, and no set() is heard now.
             async with self._changed:
-                if self._statuses.get(service, SERVICE_UNKNOWN) == sent:
+                unchanged = self._statuses.get(service, SERVICE_UNKNOWN) == sent
+                if unchanged and not self._shutting_down:
                     await self._changed.wait()

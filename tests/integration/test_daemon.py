@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from guestagent.host.client import AgentClient
@@ -170,21 +171,30 @@ def test_a_client_that_goes_away_frees_its_watch(agent: AgentProcess) -> None:
 
 
 def test_sigterm_ends_streams_and_exits_zero(agent: AgentProcess) -> None:
+    """WatchMemory's streams and health's Watch end (OK) as the agent stops, health's once it
+    has said NOT_SERVING: a stream cancelled at the end of the grace period would raise."""
     with AgentClient(agent.unix_target) as client:
         stream = client.watch(interval_ms=60_000)
         next(stream)
+        health_stream = health_pb2_grpc.HealthStub(client.channel).Watch(
+            health_pb2.HealthCheckRequest(service="guestagent.v1.MemoryAgent")
+        )
+        assert next(health_stream).status == health_pb2.HealthCheckResponse.SERVING
         ended = threading.Event()
+        health_after: list[int] = []
 
         def drain() -> None:
             for _ in stream:
                 pass
+            health_after.extend(reply.status for reply in health_stream)
             ended.set()
 
         reader = threading.Thread(target=drain, daemon=True)
         reader.start()
         assert agent.terminate() == 0
         reader.join(timeout=10)
-        assert ended.is_set(), "stream did not end cleanly on SIGTERM"
+        assert ended.is_set(), "streams did not end cleanly on SIGTERM"
+        assert health_after == [health_pb2.HealthCheckResponse.NOT_SERVING]
     assert [e["event"] for e in agent.log_events()][-2:] == ["stopping", "stopped"]
 
 

@@ -198,13 +198,41 @@ async def test_watch_sends_the_status_then_each_change(
     seen.append((await stream.read()).status)
     await service.enter_graceful_shutdown()
     seen.append((await stream.read()).status)
-    stream.cancel()
+    assert await stream.read() is grpc.aio.EOF
+    assert await stream.code() == grpc.StatusCode.OK
     assert seen == [
         Statuses.SERVICE_UNKNOWN,
         Statuses.NOT_SERVING,
         Statuses.SERVING,
         Statuses.NOT_SERVING,
     ]
+
+
+async def test_at_graceful_shutdown_every_watch_sends_its_last_status_and_ends(
+    served: Served,
+) -> None:
+    """Each stream, whatever it watches, ends (OK) once it has sent its status as the agent
+    stops: one held open would hold the server's stop for the whole grace period."""
+    service = served.service
+    await service.set("", health.SERVING)
+    await service.set("idle", health.NOT_SERVING)  # Already what shutdown sets: sent once.
+    streams = {name: served.watch(name) for name in ("", "idle", "never.set")}
+    for stream in streams.values():
+        await stream.read()
+    await service.enter_graceful_shutdown()
+    late = served.watch("")  # A watch that starts as the agent stops.
+    rest: dict[str, list[int]] = {}
+    for name, stream in (*streams.items(), ("late", late)):
+        rest[name] = []
+        while (message := await stream.read()) is not grpc.aio.EOF:
+            rest[name].append(message.status)
+        assert await stream.code() == grpc.StatusCode.OK, name
+    assert rest == {
+        "": [Statuses.NOT_SERVING],
+        "idle": [],
+        "never.set": [],
+        "late": [Statuses.NOT_SERVING],
+    }
 
 
 async def test_after_graceful_shutdown_every_service_is_not_serving_for_good(
