@@ -45,6 +45,9 @@ _MAX_TAG_BYTES = 5  # A tag is a 32-bit varint: upb refuses a longer one.
 # name is a protobuf service's full name, tens of bytes.
 MAX_REQUEST_BYTES = 4096
 _MAX_FIELD_NUMBER = (1 << 29) - 1
+# Groups nested deeper are refused, as upb refuses them (its default depth limit), before
+# Python's recursion limit would.
+MAX_GROUP_DEPTH = 100
 
 
 class HealthDecodeError(ValueError):
@@ -109,8 +112,8 @@ def _within(data: bytes, at: int, length: int) -> int:
     return at + length
 
 
-def _skip(data: bytes, at: int, number: int, wire_type: int) -> int:
-    """Past one field of `wire_type` whose tag ends at `at`."""
+def _skip(data: bytes, at: int, number: int, wire_type: int, depth: int = 0) -> int:
+    """Past one field of `wire_type` whose tag ends at `at`, inside `depth` groups."""
     if wire_type == _VARINT:
         return _read_varint(data, at)[1]
     if wire_type == _I64:
@@ -121,6 +124,8 @@ def _skip(data: bytes, at: int, number: int, wire_type: int) -> int:
         length, at = _read_varint(data, at)
         return _within(data, at, length)
     if wire_type == _SGROUP:
+        if depth >= MAX_GROUP_DEPTH:
+            raise HealthDecodeError(f"groups are nested over {MAX_GROUP_DEPTH} deep")
         while True:
             if at >= len(data):
                 raise HealthDecodeError(f"group {number} is not closed")
@@ -129,7 +134,7 @@ def _skip(data: bytes, at: int, number: int, wire_type: int) -> int:
                 if inner != number:
                     raise HealthDecodeError(f"group {number} is closed as {inner}")
                 return at
-            at = _skip(data, at, inner, inner_type)
+            at = _skip(data, at, inner, inner_type, depth + 1)
     raise HealthDecodeError(f"field {number} has wire type {wire_type}")
 
 

@@ -118,6 +118,15 @@ def test_many_bytes_decode_or_not_as_protobuf_says(data: bytes) -> None:
         assert ours(data[:cut]) == upb_service(data[:cut])
 
 
+@pytest.mark.parametrize("depth", [1, 99, 100, 101, 2000])
+def test_groups_nested_deeper_than_upb_allows_are_refused_as_upb_refuses_them(
+    depth: int,
+) -> None:
+    nested = b"\x13" * depth + b"\x14" * depth  # Field 2 groups, each in the last.
+    assert ours(nested) == upb_service(nested)
+    assert (ours(nested) is None) == (depth > health.MAX_GROUP_DEPTH)
+
+
 def test_a_request_over_the_limit_is_refused_before_its_fields_are_read() -> None:
     # Any bytes upb would read at once: here each field is a step in Python.
     at_limit = field(2, 0, b"\x00") * (health.MAX_REQUEST_BYTES // 2)
