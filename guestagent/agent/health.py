@@ -14,7 +14,9 @@ List is UNIMPLEMENTED; after enter_graceful_shutdown every service is NOT_SERVIN
 It differs in two ways. It refuses a request over MAX_REQUEST_BYTES, which upb would have
 decoded. And at enter_graceful_shutdown a Watch stream sends its last status and ends (OK),
 as the agent's WatchMemory streams end: grpc_health's stays open, so a caller that keeps one
-holds the server's stop for the whole grace period, and with it the pod VM's shutdown.
+holds the server's stop for the whole grace period, and with it the pod VM's shutdown. A
+client-side health checker (gRFC A17) takes a Watch that ends with any status but
+UNIMPLEMENTED as unhealthy, which the NOT_SERVING before it has already said.
 """
 
 from __future__ import annotations
