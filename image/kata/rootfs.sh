@@ -51,10 +51,11 @@ install -m 755 "$kata/kata-extension-mount" "$libexec/mount"
 install -m 755 "$kata/kata-extension-umount" "$libexec/umount"
 install -m 755 "$kata/kata-agent-standin" "$libexec/kata-agent-standin"
 for unit in kata-containers.target kata-agent.service kata-test-net.service \
-    kata-test-vsock-relay.service kata-test-workload.service; do
+    kata-test-vsock-relay.service kata-test-workload.service kata-test-operator-unit.service; do
     install -m 644 "$kata/$unit" "$units/$unit"
 done
-systemctl --root="$staging" --quiet enable kata-test-vsock-relay.service kata-test-workload.service
+systemctl --root="$staging" --quiet enable kata-test-vsock-relay.service \
+    kata-test-workload.service kata-test-operator-unit.service
 ln -sf kata-containers.target "$units/default.target"
 # No udev here, so device units for serial consoles never appear: no getty waiting on them.
 systemctl --root="$staging" --quiet mask serial-getty@ttyS0.service getty@tty1.service \

@@ -26,29 +26,19 @@ from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import wait_until
+from tests.vm.kata import BOOT_SECONDS, MOUNTED, extension_disk, extension_image_path
 
 pytestmark = pytest.mark.vm
 
-# The test build of the extension: components.toml also admits vsock loopback peers (CID 1).
-EXTENSION = "guestagent-extension-test.img"
-SERIAL = "extension-guestagent"
 WORKLOAD = "system.slice/kata-test-workload.service"
 SWAP_DISK = Disk("swap", 256 << 20, serial="swap0")
 # The second disk, after the root (vda) and swap0 (vdb); the extension comes last.
 PATH_DISK = Disk("swap1", 128 << 20, serial="swap1")
 PATH_DISK_NODE = "/dev/vdc"
-# A trixie systemd boot to serving under TCG on the 2-core test host, with room.
-BOOT_SECONDS = 240.0
-MOUNTED = "kata-extension-mount: guestagent: mounted at /run/kata-extensions/guestagent"
 SERVING = "kata-agent-standin: guestagent: /run/guestagent.sock is up"
 # dm-verity's own report of a block whose hash does not match ("data block 2 is corrupted",
 # "metadata block 6402 is corrupted").
 VERITY_CORRUPTED = re.compile(r"device-mapper: verity: \S+: (data|metadata) block \d+ is corrupted")
-
-
-def extension_disk(image: Path) -> ReadOnlyDisk:
-    params = VerityParams.parse(image.with_suffix(".verity-params").read_text())
-    return ReadOnlyDisk(image, SERIAL, f"kata.extension.guestagent.verity_params={params}")
 
 
 def kata_config(extension: ReadOnlyDisk) -> VMConfig:
@@ -57,10 +47,7 @@ def kata_config(extension: ReadOnlyDisk) -> VMConfig:
 
 @pytest.fixture(scope="module")
 def extension_image(image: Path) -> Path:
-    path = image / EXTENSION
-    if not (path.is_file() and (image / "rootfs-kata.img").is_file()):
-        pytest.fail(f"no {path} or rootfs-kata.img: make image builds them")
-    return path
+    return extension_image_path(image)
 
 
 @pytest.fixture(scope="module")
