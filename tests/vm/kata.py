@@ -3,12 +3,16 @@ that boot it share."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from guestagent.build.extension import VerityParams
-from guestagent.host.qemu import ReadOnlyDisk
+from guestagent.host.client import AgentClient
+from guestagent.host.qemu import ReadOnlyDisk, VMConfig
+from guestagent.vm.qemu import GuestVM
 
 # The test build of the extension: components.toml and the operator unit also admit vsock
 # loopback peers (CID 1), through which the guest's socat relay reaches the agent.
@@ -30,3 +34,17 @@ def extension_image_path(image_dir: Path) -> Path:
     if not (path.is_file() and (image_dir / "rootfs-kata.img").is_file()):
         pytest.fail(f"no {path} or rootfs-kata.img: make image builds them")
     return path
+
+
+@contextlib.contextmanager
+def booted(config: VMConfig, image_dir: Path, workdir: Path) -> Iterator[GuestVM]:
+    with GuestVM(config, image_dir=image_dir, workdir=workdir, boot_timeout=BOOT_SECONDS) as vm:
+        yield vm
+
+
+@contextlib.contextmanager
+def serving(vm: GuestVM) -> Iterator[AgentClient]:
+    """A client of the guest's agent, once it answers (through the guest's tcp relay)."""
+    with AgentClient(vm.agent_target, timeout=120) as client:
+        client.wait_ready(60)
+        yield client

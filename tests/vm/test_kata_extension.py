@@ -26,7 +26,14 @@ from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import wait_until
-from tests.vm.kata import BOOT_SECONDS, MOUNTED, extension_disk, extension_image_path
+from tests.vm.kata import (
+    BOOT_SECONDS,
+    MOUNTED,
+    booted,
+    extension_disk,
+    extension_image_path,
+    serving,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -55,15 +62,13 @@ def vm(
     image: Path, extension_image: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GuestVM]:
     config = kata_config(extension_disk(extension_image))
-    workdir = tmp_path_factory.mktemp("kata")
-    with GuestVM(config, image_dir=image, workdir=workdir, boot_timeout=BOOT_SECONDS) as guest:
+    with booted(config, image, tmp_path_factory.mktemp("kata")) as guest:
         yield guest
 
 
 @pytest.fixture(scope="module")
 def agent(vm: GuestVM) -> Iterator[AgentClient]:
-    with AgentClient(vm.agent_target, timeout=120) as client:
-        client.wait_ready(60)
+    with serving(vm) as client:
         yield client
 
 

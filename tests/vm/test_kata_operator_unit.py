@@ -26,7 +26,7 @@ from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import wait_until
-from tests.vm.kata import BOOT_SECONDS, MOUNTED, extension_disk, extension_image_path
+from tests.vm.kata import MOUNTED, booted, extension_disk, extension_image_path, serving
 
 pytestmark = pytest.mark.vm
 
@@ -44,15 +44,13 @@ def vm(image: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuestV
         readonly_disks=(extension_disk(extension_image_path(image)),),
         extra_cmdline="kata.test.launch_only=coco kata.test.operator_unit",
     )
-    workdir = tmp_path_factory.mktemp("kata-operator-unit")
-    with GuestVM(config, image_dir=image, workdir=workdir, boot_timeout=BOOT_SECONDS) as guest:
+    with booted(config, image, tmp_path_factory.mktemp("kata-operator-unit")) as guest:
         yield guest
 
 
 @pytest.fixture(scope="module")
 def agent(vm: GuestVM) -> Iterator[AgentClient]:
-    with AgentClient(vm.agent_target, timeout=120) as client:
-        client.wait_ready(60)
+    with serving(vm) as client:
         yield client
 
 
