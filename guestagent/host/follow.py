@@ -4,14 +4,14 @@ figure as it moves, fed by WatchMemory.
 Everything is counted in bytes the device has taken from the guest (a balloon's size, or
 what a virtio-mem device has unplugged of what it had when the loop began), so one rule
 serves both. The rule (`decide`, pure): take more only once the figure has allowed it for
-`hold_seconds` (and then the least it allowed in that time), compacting first as the one-shot
-command does; give back at once when the figure falls below what the device holds, when the
-agent's target is at MemTotal and the guest stalls at all (it needs more than it has), or
-when the guest's memory stall crosses a threshold, each over two reports in a row (one, at
-twice the threshold) while the device is not inflating and the guest has less than a step
-free, by a step that doubles on each within seconds of the last; never take more than the
-figure allows. A device that stops short of what it was asked is asked for where it stands, as the
-one-shot command does.
+`hold_seconds` (and then the least it allowed in that time), compacting first and again once
+the device has it, as the one-shot command does; give back at once when the figure falls
+below what the device holds, when the agent's target is at MemTotal and the guest stalls at
+all (it needs more than it has), or when the guest's memory stall crosses a threshold, each
+over two reports in a row (one, at twice the threshold) while the device is not inflating
+and the guest has less than a step free, by a step that doubles on each within seconds of
+the last; never take more than the figure allows. A device that stops short of what it was
+asked is asked for where it stands, as the one-shot command does.
 """
 
 from __future__ import annotations
@@ -332,6 +332,8 @@ class Follower:
         self._unmoved_since = 0.0
         self._run_steps = 0
         self._last_step_at: float | None = None
+        # An inflation not yet reached: once it is, compact (as the one-shot command does).
+        self._inflating = False
 
     def stop(self) -> None:
         """From a signal handler or another thread: the loop ends after the report in hand."""
@@ -352,6 +354,11 @@ class Follower:
         """One report: read, decide, act. Returns the change made."""
         now = self.clock()
         reading = self.knob.read(info)
+        if self._inflating and reading.taken >= self._asked:
+            # The guest swapped and freed pages where they lay to make room; free page
+            # reporting hands over only whole blocks.
+            self.agent.compact()
+            self._inflating = False
         sample = stall_sample(info, now)
         share = stall_share(self._stall, sample)
         if reading.taken < self._asked:
@@ -401,6 +408,8 @@ class Follower:
             self.metrics.changed(change, direction)
         self._asked = change.to
         self._unmoved_since = now  # A new ask: its own still time.
+        # A device stopped short is asked for where it stood: reached, like a full inflation.
+        self._inflating = direction == "inflate" or change.cause == "stopped"
         return change
 
     def run(self) -> int:

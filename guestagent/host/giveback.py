@@ -5,7 +5,8 @@ go without reaching into the guest's working set. This asks for it, compacts the
 (so the pages given up lie together, as Apple's Virtualization framework asks before it
 drives a balloon), sets the balloon or a virtio-mem device's requested size through the VMM
 (QEMU over QMP, Cloud Hypervisor or Firecracker over their REST APIs: guestagent/host/vmm.py),
-waits until the VMM reports the device settled, and says what changed: the guest's figures
+waits until the VMM reports the device settled, compacts again (so free page reporting can
+hand over what the guest freed to make room), and says what changed: the guest's figures
 and the VMM's RSS before and after. The decisions are pure functions over plain values; the
 VMM, the agent and /proc sit in `give_back` and the backends.
 
@@ -357,6 +358,10 @@ def give_back(agent: Agent, vmm: Vmm, options: Options, pid: int | None) -> dict
     except VmmError as e:
         raise GiveBackError(str(e)) from None
     result["settled"] = {"how": outcome, "seconds": round(seconds, 1), "device_bytes": reached}
+    # And once more: the guest swapped pages out to make room and freed them scattered, and
+    # free page reporting hands over only whole 2 MiB blocks (30.5 MiB lay in smaller
+    # pieces after one give-back here, 2026-12-06).
+    result["compact_after"] = MessageToDict(agent.compact(), preserving_proto_field_name=True)
     result["after"] = {**figures(agent.report()), **qemu_rss(vmm_pid)}
     return result
 
@@ -383,6 +388,12 @@ def _rss_text(side: dict[str, Any]) -> str:
     return f"{text} ({mib(guest_rss(side))} without TCG's translated code)" if code else text
 
 
+def _compact_text(what: str, compact: dict[str, Any]) -> str:
+    before = mib(int(compact.get("free_huge_bytes_before", 0)))
+    after = mib(int(compact.get("free_huge_bytes_after", 0)))
+    return f"{what}: free in 2 MiB blocks {before} -> {after}"
+
+
 def _what(vmm: str, step: dict[str, Any]) -> str:
     if step["via"] != BALLOON:
         return f"{vmm} virtio-mem {step['device']} requested size"
@@ -404,15 +415,14 @@ def result_text(result: dict[str, Any]) -> str:
     ]
     if result["dry_run"]:
         return "\n".join([*lines, "dry run: nothing compacted, nothing asked of the VMM"])
-    compact = result["compact"]
     settled_ = result["settled"]
     short = settled_["how"] == "stopped"
     lines += [
-        f"compacted: free in 2 MiB blocks {mib(int(compact.get('free_huge_bytes_before', 0)))}"
-        f" -> {mib(int(compact.get('free_huge_bytes_after', 0)))}",
+        _compact_text("compacted", result["compact"]),
         f"{step['device']} {settled_['how']} at {mib(settled_['device_bytes'])} after "
         f"{settled_['seconds']} s"
         + ("; asked for that instead, so the guest is not pressed further" if short else ""),
+        _compact_text("compacted again", result["compact_after"]),
         "guest after:",
         *_guest_text(result["after"]),
         f"{vmm} RSS after {_rss_text(result['after'])} "

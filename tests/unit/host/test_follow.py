@@ -336,6 +336,25 @@ def test_the_loop_inflates_after_the_hold_compacting_first_and_deflates_at_once(
     ]
 
 
+def test_an_inflation_compacts_before_and_once_more_when_the_device_has_it() -> None:
+    clock = iter([0.0, 10.0, 31.0, 40.0, 50.0, 60.0]).__next__
+    agent = FakeAgent(report())
+    knob = FakeKnob()
+    follower = Follower(
+        no_stream, agent, "qemu", knob, POLICY, FollowOptions(), out=lambda _: None, clock=clock
+    )
+    for _ in range(3):
+        follower.step(report())
+    assert knob.sets == [400 * MIB] and agent.calls == ["compact"]
+    knob.taken = 300 * MIB  # Still inflating: no second compaction yet.
+    follower.step(report(mem_total=700 * MIB))
+    assert agent.calls == ["compact"]
+    knob.taken = 400 * MIB  # Reached: the second one, and only once.
+    follower.step(report(mem_total=600 * MIB))
+    follower.step(report(mem_total=600 * MIB))
+    assert knob.sets == [400 * MIB] and agent.calls == ["compact", "compact"]
+
+
 def test_stopping_leaves_the_device_where_it_is_and_says_so() -> None:
     lines: list[str] = []
     knob = FakeKnob()
