@@ -21,7 +21,7 @@ from guestagent.vm.qemu import GuestVM
 from tests.bench import alone
 from tests.bench.plotting import rss_timelines
 from tests.bench.vm import booted
-from tests.vm.guest import make_cgroup, wait_until
+from tests.vm.guest import make_cgroup
 from tests.workloads.giveback import (
     COLD_AFTER_MS,
     COLD_MIB,
@@ -40,11 +40,9 @@ RECLAIMER = pb.ReclaimPolicy(anon=True)
 
 
 def wait_cold(agent: AgentClient, cgroup: str) -> tuple[float, int, int]:
-    """Seconds until the agent counts 85 % of the cold set cold, and its figures then."""
+    """Seconds until the agent counts the cold set cold (counted_cold), and its figures then."""
     started = time.monotonic()
-    guest, cgroup_cold = wait_until(
-        lambda: counted_cold(agent, cgroup), 600, f"{cgroup}'s set counted cold", every=2.0
-    )
+    guest, cgroup_cold = counted_cold(agent, cgroup, 600)
     return time.monotonic() - started, guest, cgroup_cold
 
 

@@ -59,6 +59,10 @@ AFTER_SECONDS = 60.0
 # QEMU's RSS (without TCG's translated code) falls by at least this much of the cold set
 # (issue 23); measured 0.987 on 2026-12-04.
 FALL_OF_COLD = 0.9
+# And stays down: 60 s later the guest has taken back at most 5 % of the set, from the memory
+# the balloon left it (the test's own commands and the loop's log; 11-13 MiB in the runs of
+# 2026-12-06).
+FALL_OF_COLD_LATER = 0.85
 RESULTS: dict[str, Any] = {}
 
 
@@ -79,22 +83,21 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     kills = oom_kills(vm)
     out = start_workload(vm, "gb", COLD_MIB + HOT_MIB, HOT_MIB)
     baseline_from = guest_time(vm)
-    guest_cold, cgroup_cold = wait_until(
-        lambda: counted_cold(agent, "gb"),
-        pace.scale(COLD_AFTER_MS / 1000 * 4),
-        f"the agent to count the {COLD_MIB} MiB set cold",
-        every=2.0,
-    )
+    guest_cold, cgroup_cold = counted_cold(agent, "gb", pace.scale(COLD_AFTER_MS / 1000 * 4))
     during_from = guest_time(vm)
     run = give_back(vm, "--safe", "--via", "balloon")
     after_from = guest_time(vm)
     try:
         result = done(run)
         # Keeps working: the hot loop goes on, and the agent and a command answer, for 60 s.
+        # QEMU drops each page as the guest hands it over, and the guest may still be handing
+        # pages over when the command stops watching: the fall is the lowest RSS in the 60 s.
+        lowest_rss = guest_rss(result["after"])
         deadline = time.monotonic() + AFTER_SECONDS
         while time.monotonic() < deadline:
             assert agent.health() == "SERVING"
             vm.exec(["true"])
+            lowest_rss = min(lowest_rss, vm.qemu_guest_rss_bytes())
             time.sleep(5)
         after_until = guest_time(vm)
         rss_later, guest_rss_later = vm.qemu_rss_bytes(), vm.qemu_guest_rss_bytes()
@@ -111,9 +114,7 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     baseline = within(log, baseline_from, during_from)
     during = within(log, during_from, after_from)
     after = within(log, after_from, after_until)
-    # QEMU drops each page as the guest hands it over; the guest may still be handing pages
-    # over when the command stops watching, so the fall is measured at the end of the 60 s.
-    # Without TCG's translated-code buffer, which grew by up to 550 MiB in that minute
+    # RSS without TCG's translated-code buffer, which grew by up to 550 MiB in that minute
     # whatever the guest held (2026-12-04): the guest's memory and QEMU's own.
     before_rss, after_rss = guest_rss(result["before"]), guest_rss(result["after"])
     figures = {
@@ -125,8 +126,12 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
         "qemu_vmrss_60_s_later_mib": round(rss_later / MIB, 1),
         "qemu_rss_before_mib": round(before_rss / MIB, 1),
         "qemu_rss_after_mib": round(after_rss / MIB, 1),
+        "qemu_rss_lowest_mib": round(lowest_rss / MIB, 1),
         "qemu_rss_60_s_later_mib": round(guest_rss_later / MIB, 1),
-        "rss_fall_fraction_of_cold": round((before_rss - guest_rss_later) / (COLD_MIB * MIB), 3),
+        "rss_fall_fraction_of_cold": round((before_rss - lowest_rss) / (COLD_MIB * MIB), 3),
+        "rss_fall_fraction_of_cold_60_s_later": round(
+            (before_rss - guest_rss_later) / (COLD_MIB * MIB), 3
+        ),
         "hot_iterations": [len(baseline), len(during), len(after)],
         "hot_slowdown_paced_during": slowdown(baseline, during),
         "hot_slowdown_paced_after": slowdown(baseline, after),
@@ -139,6 +144,7 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     assert figures["hot_slowdown_paced_after"] <= 1.10, summary
     assert figures["oom_kills"] == 0, summary
     assert figures["rss_fall_fraction_of_cold"] >= FALL_OF_COLD, summary
+    assert figures["rss_fall_fraction_of_cold_60_s_later"] >= FALL_OF_COLD_LATER, summary
 
 
 def test_a_size_below_the_safe_one_is_refused_and_nothing_changes(vm: GuestVM) -> None:
