@@ -172,8 +172,11 @@ class SwapManager:
                     self._store.remove()
                 except StateFileError as e:
                     log.warning("swap_state_not_removed", error=str(e))
+            # A kernel without swap (no /proc/swaps) has none on a mapping either: not a
+            # reason to refuse to start.
+            swap_supported = active_swaps(self.kernel) is not None
             for mapping in our_mappings(self.kernel):
-                if self._active_entry(mapped_device(mapping)) is not None:
+                if swap_supported and self._active_entry(mapped_device(mapping)) is not None:
                     log.info("encrypted_swap_found", mapping=mapping.name, device=mapping.devnode)
                     continue
                 try:

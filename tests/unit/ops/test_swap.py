@@ -311,6 +311,17 @@ def test_start_removes_a_mapping_without_swap_and_keeps_an_active_one(
     assert removed == ["guestagent-swap-vdb"]
 
 
+def test_start_on_a_kernel_without_swap_removes_our_mapping_and_goes_on(
+    fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not (fake_root.root / "proc/swaps").exists()
+    fake_root.add_mapping("guestagent-swap-vdb", "dm-0", "253:0", "vdb")
+    removed: list[str] = []
+    monkeypatch.setattr(DeviceMapper, "remove", lambda self, name: removed.append(name))
+    SwapManager(fake_root.fs, FakeFinder([VDB]), NOT_CONFIDENTIAL).check_state()
+    assert removed == ["guestagent-swap-vdb"]
+
+
 @pytest.mark.parametrize(
     ("failure", "said"),
     [
