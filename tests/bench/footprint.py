@@ -23,7 +23,13 @@ from typing import Any
 from guestagent.build.runtime import INTERPRETER_FLAGS
 from guestagent.host.qemu import VMConfig
 from guestagent.vm.qemu import GuestCommandError, GuestVM
-from tests.bench.figures import elapsed, footprint, ratio_verdict
+from tests.bench.figures import (
+    elapsed,
+    exact_memory,
+    footprint,
+    ratio_verdict,
+    status_memory,
+)
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
 from tests.bench.floor_server import STREAM_METHOD as FLOOR_STREAM
 from tests.bench.runtime import SITE
@@ -239,32 +245,12 @@ def preemptions(before: dict[str, int], after: dict[str, int]) -> int:
     return sum(count - before.get(tid, 0) for tid, count in after.items())
 
 
-def exact_memory(smaps_rollup: str) -> dict[str, int]:
-    """VmRSS and RssAnon as smaps_rollup counts them, from the page tables, in bytes. The
-    guest's kernel (6.1) keeps /proc/PID/status's counters per thread and folds them in every
-    64 page faults, and one fault maps up to 16 file pages (fault-around): a process's status
-    lagged its smaps by 1.1-3.9 MiB of VmRSS in the bench's runs, by how many faults its
-    threads had not yet folded in; proc(5) says to read smaps for accurate figures. Rss less
-    Anonymous is the file-backed (and shared memory) part. Full smaps text sums to the same."""
-    fields = {"Rss": 0, "Anonymous": 0, "AnonHugePages": 0}
-    for line in smaps_rollup.splitlines():
-        key, _, rest = line.partition(":")
-        if key in fields:
-            fields[key] += int(rest.split()[0]) * 1024
-    return {
-        "VmRSS": fields["Rss"],
-        "RssAnon": fields["Anonymous"],
-        "RssFile": fields["Rss"] - fields["Anonymous"],
-        "AnonHugePages": fields["AnonHugePages"],
-    }
-
-
 def sample_figures(sample: dict[str, Any]) -> dict[str, Any]:
     """One idle window's end: the memory figures (VmRSS and RssAnon exact, status's beside
     them) and the wakeups a second over the window."""
-    status = footprint(sample["status"], sample["smaps_rollup"])
+    status = status_memory(sample["status"])
     figures: dict[str, Any] = {
-        **status,
+        **footprint(sample["status"], sample["smaps_rollup"]),
         "VmRSS_status": status["VmRSS"],
         "RssAnon_status": status["RssAnon"],
         **exact_memory(sample["smaps_rollup"]),
@@ -577,7 +563,7 @@ def breakdown(vm: GuestVM, idle_s: float) -> dict[str, Any]:
     pymalloc_text, _, glibc_text = timed["log"].partition("Arena 0:")
     return {
         "imports": stages,
-        "footprint_at_ready": {**footprint(plain["status"]), **exact_memory(plain["smaps"])},
+        "footprint_at_ready": {**status_memory(plain["status"]), **exact_memory(plain["smaps"])},
         "pymalloc": pymalloc_figures(pymalloc_text),
         "glibc_malloc": glibc_malloc_figures("Arena 0:" + glibc_text),
         "anon_kib_by_mapping": anon_by_mapping(plain["smaps"]),

@@ -26,6 +26,7 @@ import grpc
 
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
+from tests.bench.figures import footprint
 from tests.fakes.agentproc import AgentProcess
 from tests.fakes.root import make_fake_root
 
@@ -37,11 +38,11 @@ PROBE_EVERY_SECONDS = 0.02
 
 
 def process_figures(pid: int) -> dict[str, int]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    values = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    proc = Path(f"/proc/{pid}")
+    figures = footprint((proc / "status").read_text(), (proc / "smaps_rollup").read_text())
     return {
-        "rss_kib": int(values["VmRSS"].split()[0]),
-        "threads": int(values["Threads"]),
+        "rss_kib": figures["VmRSS"] // 1024,
+        "threads": figures["Threads"],
         "fds": len(os.listdir(f"/proc/{pid}/fd")),
     }
 

@@ -253,7 +253,10 @@ def agent_figures(pid: int) -> dict[str, float]:
     client's, which shares this machine's two cores."""
     proc = Path(f"/proc/{pid}")
     return load_sample(
-        (proc / "status").read_text(), (proc / "stat").read_text(), os.sysconf("SC_CLK_TCK")
+        (proc / "status").read_text(),
+        (proc / "smaps_rollup").read_text(),
+        (proc / "stat").read_text(),
+        os.sysconf("SC_CLK_TCK"),
     )
 
 

@@ -152,7 +152,8 @@ def guest_agent_pid(vm: GuestVM) -> int:
 def guest_agent_figures(vm: GuestVM) -> dict[str, float]:
     pid = guest_agent_pid(vm)
     ticks = int(vm.exec(["getconf", "CLK_TCK"]).stdout)
-    return load_sample(guest_proc(vm, pid, "status"), guest_proc(vm, pid, "stat"), ticks)
+    status, rollup = guest_proc(vm, pid, "status"), guest_proc(vm, pid, "smaps_rollup")
+    return load_sample(status, rollup, guest_proc(vm, pid, "stat"), ticks)
 
 
 def guest_footprint(vm: GuestVM, pid: int) -> dict[str, int]:
