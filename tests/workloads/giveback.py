@@ -61,12 +61,6 @@ def cold_report(agent: AgentClient, cgroup: str) -> pb.MemoryInfo:
     return info
 
 
-def cold_bytes(agent: AgentClient, cgroup: str) -> tuple[int, int]:
-    """(the guest's cold bytes, the cgroup's)."""
-    info = cold_report(agent, cgroup)
-    return info.giveback.cold.bytes, info.cgroups[0].giveback.cold.bytes
-
-
 # The agent counts the set cold in steps, one an aging round (10 s by default): under a slow
 # guest the set's fill spans two rounds, and a give-back read at the first step took 0.764 of
 # the set (CI, 2026-12-06). So the count must also have held from one round to the next.
