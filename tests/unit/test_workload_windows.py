@@ -1,5 +1,6 @@
-"""The reclaimer scenarios' windows: where the no-thrash scenario's late window may start, and
-the stall bound a slow guest is held to."""
+"""The reclaimer scenarios' windows: where the no-thrash scenario's late window may start (the
+crossing into the hot set, and once the reclaimer has settled at it), and the stall bound a
+slow guest is held to."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ from typing import Any
 
 import pytest
 
+from guestagent.ops.workingset.policy import ControllerState, ReclaimPolicy, Sample, decide
+from guestagent.sizes import MIB
 from tests.workloads.reclaim import (
+    SETTLED_HOLD,
     STALL_TARGET_US,
     assert_off_then_on_bounds,
     first_stall_over_target,
+    holding_settled,
     paced_stall_bound,
+    settled_after,
 )
 
 
@@ -41,6 +47,67 @@ def test_the_rate_not_the_amount_decides() -> None:
 
 def test_an_unread_signal_is_no_crossing() -> None:
     assert first_stall_over_target(rows(None, None)) is None
+
+
+def reasons_of_back_offs_in_a_row(count: int) -> list[str]:
+    """The reasons policy.decide gives, interval by interval, as each probe after a hold is
+    over the stall target `count` times in a row: the back-off, then the hold counting down."""
+    policy, state = ReclaimPolicy(), ControllerState()
+    over = Sample(stall_us=50_000, refault_bytes=0, current=400 * MIB, protected=0)
+    quiet = Sample(stall_us=0, refault_bytes=0, current=400 * MIB, protected=0)
+    reasons: list[str] = []
+    for _ in range(count):
+        state = decide(over, policy, state, 4096).state
+        reasons.append(state.why)
+        while state.hold > 0:
+            state = decide(quiet, policy, state, 4096).state
+            reasons.append(state.why)
+        state = decide(quiet, policy, state, 4096).state  # The next probe.
+        reasons.append(state.why)
+    return reasons
+
+
+def test_the_first_two_back_offs_are_not_settled_the_third_is() -> None:
+    assert not any(holding_settled(r) for r in reasons_of_back_offs_in_a_row(2))
+    third = reasons_of_back_offs_in_a_row(3)
+    settled = [holding_settled(r) for r in third]
+    # Holds of 1 and 4 and their probes, then the back-off that holds 16.
+    first = settled.index(True)
+    assert third[first].endswith(f"holding {SETTLED_HOLD} interval(s)")
+    assert not any(settled[:first])
+
+
+def test_a_hold_of_16_seen_part_way_is_settled_a_hold_of_4_never_is() -> None:
+    # A sampler a little slower than the intervals may miss the row where the hold began.
+    assert holding_settled("holding after a back-off, 12 interval(s) left")
+    assert holding_settled("holding after a back-off, 4 interval(s) left")
+    assert not holding_settled("holding after a back-off, 3 interval(s) left")
+    assert not holding_settled("slack 1.00: reclaiming 4096 B of 419430400 B (floor 0 B)")
+    assert not holding_settled("")
+
+
+def test_the_late_window_starts_when_settled_after_the_crossing() -> None:
+    # The CI run of 2026-12-06 (apple kernel, 2.51x): a crossing at 69.2 s, two more probes
+    # over the target, then the hold of 16 at 80.1 s.
+    timeline = [
+        (67.7, "slack 1.00: reclaiming 1048576 B of 419430400 B (floor 0 B)"),
+        (69.2, "stall 25469 us over target 2000 us; holding 1 interval(s)"),
+        (73.3, "stall 129454 us over target 2000 us; holding 4 interval(s)"),
+        (74.6, "holding after a back-off, 3 interval(s) left"),
+        (80.1, "stall 28914 us over target 2000 us; holding 16 interval(s)"),
+        (81.5, "holding after a back-off, 15 interval(s) left"),
+    ]
+    rows = [{"t": t, "reason": reason} for t, reason in timeline]
+    assert settled_after(rows, 69.2) == 80.1
+    assert settled_after(rows[:4], 69.2) is None  # Not yet settled: the window waits.
+
+
+def test_a_settled_hold_before_the_crossing_does_not_start_the_window() -> None:
+    rows = [
+        {"t": 10.0, "reason": "stall 9000 us over target 2000 us; holding 16 interval(s)"},
+        {"t": 40.0, "reason": "stall 9000 us over target 2000 us; holding 1 interval(s)"},
+    ]
+    assert settled_after(rows, 40.0) is None
 
 
 def test_the_stall_bound_is_the_target_at_an_idle_pace_and_grows_with_a_slower_one() -> None:

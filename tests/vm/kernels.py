@@ -25,6 +25,7 @@ from tests.vm.guest import make_cgroup
 from tests.vm.pace import Pace
 from tests.workloads.reclaim import (
     KERNELS,
+    SETTLE_S,
     WITHIN_S,
     assert_no_thrash_bounds,
     assert_off_then_on_bounds,
@@ -62,7 +63,9 @@ def check_off_then_on(vm: GuestVM, agent: AgentClient, results: dict[str, Any], 
 
 
 def check_no_thrash(vm: GuestVM, agent: AgentClient, results: dict[str, Any], pace: Pace) -> None:
-    figures = results["no_thrash"] = no_thrash(vm, agent, source=DELAYACCT_STALL)
+    figures = results["no_thrash"] = no_thrash(
+        vm, agent, source=DELAYACCT_STALL, settle_within_s=pace.scale(SETTLE_S)
+    )
     assert figures["signals"][0] == DELAYACCT_STALL, without_timelines(figures)
     assert_no_thrash_bounds(figures, pace.factor)
 

@@ -20,6 +20,7 @@ from tests.vm.guest import boot, wait_until
 from tests.vm.pace import Pace
 from tests.workloads.reclaim import (
     CONFIG,
+    SETTLE_S,
     WITHIN_S,
     assert_no_thrash_bounds,
     assert_off_then_on_bounds,
@@ -52,7 +53,7 @@ def test_cold_memory_goes_back_to_the_host_only_with_the_policy_on(
 def test_no_thrash_when_the_hot_set_is_most_of_the_memory(
     vm: GuestVM, agent: AgentClient, pace: Pace
 ) -> None:
-    RESULTS["no_thrash"] = figures = no_thrash(vm, agent)
+    RESULTS["no_thrash"] = figures = no_thrash(vm, agent, settle_within_s=pace.scale(SETTLE_S))
     assert_no_thrash_bounds(figures, pace.factor)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import statistics
 import threading
 import time
@@ -20,6 +21,7 @@ from guestagent.host.qemu import Disk, VMConfig
 from guestagent.linux.abi import HUGE_ORDER
 from guestagent.linux.mm import parse_buddyinfo
 from guestagent.ops.compaction import free_bytes_at_or_above
+from guestagent.ops.workingset.policy import BACKOFF_FACTOR
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
@@ -36,6 +38,11 @@ STALL_TARGET_US = 2000  # The default, per 1 s interval.
 # The no-thrash scenario: the policy on for at least ON_S, its bounds read over the last LATE_S.
 ON_S = 45.0
 LATE_S = 20.0
+# The reclaimer has settled at the edge of the hot set once a back-off holds it this many
+# intervals: the third in a row (holds of 1, 4, 16), after which each probe is a 64th of a
+# full step. It may take up to SETTLE_S (at an idle host's pace) after the first crossing.
+SETTLED_HOLD = BACKOFF_FACTOR**2
+SETTLE_S = 60.0
 CONFIG = VMConfig(
     memory_mib=1024,
     disks=(Disk("swap", 1 << 30, serial="swap0"), Disk("data", 256 * MIB, serial=DATA_SERIAL)),
@@ -234,6 +241,7 @@ class Sampler:
                 "policy": bool(info.reclaim and info.reclaim[0].enabled),
                 "reclaimed_total": info.reclaim[0].reclaimed_total_bytes if info.reclaim else 0,
                 "state": pb.ReclaimState.Name(info.reclaim[0].state) if info.reclaim else "",
+                "reason": info.reclaim[0].reason if info.reclaim else "",
             }
             # The stall of the signal the reclaimer runs on, PSI's where there is PSI.
             row["stall_total_us"] = row[f"{self.source}_total_us"]
@@ -257,6 +265,28 @@ def stall_over_target(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def first_stall_over_target(rows: list[dict[str, Any]]) -> float | None:
     """When the first interval whose stall was over the target ended (sampler time), if any."""
     return next((b["t"] for a, b in itertools.pairwise(rows) if stall_over_target(a, b)), None)
+
+
+# The reasons policy.decide gives for a hold: where it backs off, and while the hold lasts.
+_HOLD_DECIDED = re.compile(r"; holding (\d+) interval\(s\)$")
+_HOLD_UNDER_WAY = re.compile(r"^holding after a back-off, (\d+) interval\(s\) left$")
+
+
+def holding_settled(reason: str) -> bool:
+    """Whether a reclaim status reason shows a hold of SETTLED_HOLD intervals or more. A hold
+    under way shows the intervals left, so more left than a shorter hold (SETTLED_HOLD /
+    BACKOFF_FACTOR) ever has means this hold is at least SETTLED_HOLD."""
+    if decided := _HOLD_DECIDED.search(reason):
+        return int(decided[1]) >= SETTLED_HOLD
+    if under_way := _HOLD_UNDER_WAY.match(reason):
+        return int(under_way[1]) >= SETTLED_HOLD // BACKOFF_FACTOR
+    return False
+
+
+def settled_after(rows: list[dict[str, Any]], edge: float) -> float | None:
+    """When, at or after the crossing into the hot set (edge), the reclaimer was first seen
+    holding as one that has settled at its edge does (sampler time), if it was."""
+    return next((r["t"] for r in rows if r["t"] >= edge and holding_settled(r["reason"])), None)
 
 
 def stall_per_second(rows: list[dict[str, Any]], key: str = "stall_total_us") -> float | None:
@@ -390,9 +420,15 @@ def off_then_on(
 
 
 def no_thrash(
-    vm: GuestVM, agent: AgentClient, anon: int = 400, hot: int = 300, source: str = "psi_stall"
+    vm: GuestVM,
+    agent: AgentClient,
+    anon: int = 400,
+    hot: int = 300,
+    source: str = "psi_stall",
+    settle_within_s: float = SETTLE_S,
 ) -> dict[str, Any]:
-    """Scenario 3: a hot set of most of the allocation; the policy must back off."""
+    """Scenario 3: a hot set of most of the allocation; the policy must back off. The VM tests
+    pass `settle_within_s` scaled to the guest's pace (late_window_start says what it bounds)."""
     vm.exec("mkdir -p /sys/fs/cgroup/thrash")
     with Sampler(vm, agent, "thrash", source) as sampler:
         out = start_workload(vm, "thrash", anon, hot)
@@ -401,13 +437,10 @@ def no_thrash(
         on_start, guest_on_start = sampler.now(), guest_time(vm)
         signals = list(agent.set_reclaim_policy("thrash", True, POLICY).signals)
         time.sleep(ON_S)  # The window with the policy on.
-        # The late window is the last LATE_S and starts no earlier than the reclaimer's
-        # crossing into the hot set (its one stall over the target): probing in ever smaller
-        # steps, it crossed 26 s after the policy went on in one TCG run (2026-12-05), inside
-        # a late window that then held that one-time stall.
-        edge = first_stall_over_target(sampler.between(on_start, sampler.now()))
-        if edge is not None:
-            time.sleep(max(0.0, edge + LATE_S - sampler.now()))  # Measuring, not waiting.
+        edge, settled = late_window_start(sampler, on_start, settle_within_s)
+        late_start = settled if settled is not None else edge
+        if late_start is not None:
+            time.sleep(max(0.0, late_start + LATE_S - sampler.now()))  # Measuring, not waiting.
         on_end, guest_on_end = sampler.now(), guest_time(vm)
     log = iteration_log(vm, out)
     stop_workload(vm, out)
@@ -422,6 +455,7 @@ def no_thrash(
         "hot_mib": hot,
         "window_on_s": round(on_end - on_start, 1),
         "edge_found_at_s": None if edge is None else round(edge - on_start, 1),
+        "settled_at_s": None if settled is None else round(settled - on_start, 1),
         "reclaimed_mib": round(on_rows[-1]["reclaimed_total"] / MIB, 1),
         "reclaimed_mib_last_20_s": round(
             (late[-1]["reclaimed_total"] - late[0]["reclaimed_total"]) / MIB, 1
@@ -447,6 +481,32 @@ def no_thrash(
         "hot_slowdown_paced": slowdown(hot_off, hot_on),
         "timeline": sampler.rows,
     }
+
+
+def late_window_start(
+    sampler: Sampler, on_start: float, settle_within_s: float
+) -> tuple[float | None, float | None]:
+    """Where the no-thrash scenario's late window may start: the reclaimer's crossing into the
+    hot set (the first interval over the stall target), and once it has settled at that edge.
+    Probing in ever smaller steps, it crossed 26 s after the policy went on in one TCG run
+    (2026-12-05); in another (2026-12-06) it crossed with a 1 MiB step, then probed a quarter
+    and a sixteenth of a step, each over the target (25, 129 and 29 ms), before the hold of 16:
+    one price of finding the edge, paid in three probes, two of them inside a late window that
+    started at the crossing. So the window starts once settled, waiting up to settle_within_s
+    for it; at the crossing if the reclaimer never settles (the bounds then judge its probing);
+    over the last LATE_S if it never crossed."""
+    edge = first_stall_over_target(sampler.between(on_start, sampler.now()))
+    if edge is None:
+        return None, None
+    try:
+        settled = wait_until(
+            lambda: settled_after(sampler.between(edge, sampler.now()), edge),
+            settle_within_s,
+            "the reclaimer to settle at the edge of the hot set",
+        )
+    except AssertionError:
+        return edge, None
+    return edge, settled
 
 
 def paced_stall_bound(figures: dict[str, Any], pace_factor: float) -> int:
@@ -478,14 +538,14 @@ def assert_off_then_on_bounds(figures: dict[str, Any], pace_factor: float = 1.0)
 
 def assert_no_thrash_bounds(figures: dict[str, Any], pace_factor: float = 1.0) -> None:
     """Backed off: reclaimed bytes flat, few refaults, stall within the target, measured over
-    the last 20 s, which start no earlier than the crossing into the hot set (no_thrash waits
-    for that). Finding the edge of the hot set costs a stall once (recorded as
-    stall_ms_whole_window: 268 and 351 ms in two runs under TCG): the price of finding it by
-    probing. The hot loop in units of the guest's pace (WORKLOAD): the raw medians went
-    122.8 -> 154.9 ms (1.26x) in a stressed run with the reclaimer idle and 1 major fault/s,
-    the host's pace changing between the windows. The stall is wall time, which a busy host's
-    TCG guest stretches: its bound scales by the guest's pace (tests/vm/pace.py), as the VM
-    tests' deadlines do (an apple run at 2.39x read 3110 us/s, 1301 at an idle host's pace;
+    the last 20 s, which start once the reclaimer has settled at the edge of the hot set
+    (late_window_start). Finding the edge costs a stall once (recorded as stall_ms_whole_window:
+    268 and 351 ms in two runs under TCG, 184 ms in three probes in a third): the price of
+    finding it by probing. The hot loop in units of the guest's pace (WORKLOAD): the raw medians
+    went 122.8 -> 154.9 ms (1.26x) in a stressed run with the reclaimer idle and 1 major
+    fault/s, the host's pace changing between the windows. The stall is wall time, which a busy
+    host's TCG guest stretches: its bound scales by the guest's pace (tests/vm/pace.py), as the
+    VM tests' deadlines do (an apple run at 2.39x read 3110 us/s, 1301 at an idle host's pace;
     alone on the host the same test passes within 2000)."""
     bound = paced_stall_bound(figures, pace_factor)
     summary = without_timelines(figures)
