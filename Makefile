@@ -59,10 +59,13 @@ extension: $(WHEEL_STAMP)
 	$(PY) -m guestagent.build.extension snippet $(abspath $(EXTENSION).img)
 
 # The README's test command: unit, integration and VM tests, the VM ones required, the VM
-# files in TEST_LANES parallel lanes (tests/run.py says why that is safe).
+# files in TEST_LANES parallel lanes (tests/run.py says why that is safe). The images build
+# in a lane of their own, beside the tests that need no guest; the wheel first, as its build
+# writes the protobuf modules those tests import.
 TEST_LANES ?= 2
-test: image image-arm64
-	GUESTAGENT_VM_TESTS=required $(PY) -m tests.run --lanes $(TEST_LANES)
+test: $(WHEEL_STAMP)
+	GUESTAGENT_VM_TESTS=required $(PY) -m tests.run --lanes $(TEST_LANES) \
+		--build '$(MAKE) --no-print-directory image image-arm64'
 
 # The quick loop: the slow fuzz tests run in `make test`.
 unit: $(STAMP)

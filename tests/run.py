@@ -5,6 +5,12 @@ one, and every VM test already holds with a host core taken by something else (`
 vm-stress`). Files that boot their own guest (a module-level `vm` fixture) run one pytest
 each; the files sharing the session guest run together, so it still boots once. Items start
 longest first, by the wall times in tests/vm/durations.json, so the lanes end together.
+
+With --build, the guest images build in one lane while the tests that need neither a guest
+nor the bundle run in the other (on a clean clone the build took two minutes, mostly on one
+core); the other runs start once it has succeeded, and are reported not run if it failed.
+The command must not write the source tree (`make test` builds the wheel, which regenerates
+the protobuf modules in it, before).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -28,6 +35,9 @@ VM_TESTS = ROOT / "tests" / "vm"
 DURATIONS = VM_TESTS / "durations.json"
 NOT_VM = "unit, integration, hostile"
 SHARED_GUEST = "the shared guest"
+BUILD = "the guest images"
+# The integration tests of the built bundle: they need the build, as the VM runs do.
+BUNDLE_TESTS = "tests/integration/test_bundle.py"
 # A module-level `vm` fixture: written out, or made by tests/vm/guest.py module_guest().
 OWN_GUEST = re.compile(r"^(def vm\(|vm = module_guest\()", re.MULTILINE)
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?)")
@@ -61,52 +71,91 @@ def plan(vm_files: Sequence[Path], durations: dict[str, float]) -> list[Item]:
     """The runs, longest expected first; unknown ones first of all, as they may be long."""
     relative = [str(path.relative_to(ROOT)) for path in sorted(vm_files)]
     shared = tuple(p for p in relative if not OWN_GUEST.search((ROOT / p).read_text()))
-    items = [Item(NOT_VM, ("tests", "--ignore=tests/vm"))]
+    items = [
+        Item(NOT_VM, ("tests", "--ignore=tests/vm", f"--ignore={BUNDLE_TESTS}")),
+        Item(BUNDLE_TESTS, (BUNDLE_TESTS,)),
+    ]
     if shared:
         items.append(Item(SHARED_GUEST, shared))
     items += [Item(p, (p,)) for p in relative if p not in shared]
     return sorted(items, key=lambda item: -durations.get(item.name, float("inf")))
 
 
+def beside_the_build(items: list[Item]) -> list[Item]:
+    """The runs in the order they start while the images build in a lane of their own: the
+    one that needs no guest first, beside the build, then the VM runs as planned."""
+    return [i for i in items if i.name == NOT_VM] + [i for i in items if i.name != NOT_VM]
+
+
+def captured(item: Item, command: Sequence[str]) -> Outcome:
+    """Run a command in the repository, its output and its time kept as the item's."""
+    started = time.monotonic()
+    done = subprocess.run(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+    )
+    return Outcome(item, done.returncode, time.monotonic() - started, done.stdout)
+
+
 def run(item: Item, basetemp: Path, extra: Sequence[str]) -> Outcome:
     """One pytest, in its own temporary directory (short: tests bind unix sockets in it)."""
     command = [sys.executable, "-m", "pytest", "-q", f"--basetemp={basetemp}"]
-    started = time.monotonic()
-    done = subprocess.run(
-        [*command, *extra, *item.paths],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-    )
-    return Outcome(item, done.returncode, time.monotonic() - started, done.stdout)
+    return captured(item, [*command, *extra, *item.paths])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lanes", type=int, default=int(os.environ.get("TEST_LANES", "2")))
     parser.add_argument("--record", action="store_true", help=f"write the times to {DURATIONS}")
+    parser.add_argument("--build", help="the command that builds the guest images, run first")
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run")
     args = parser.parse_args(argv)
     durations = json.loads(DURATIONS.read_text())["seconds"] if DURATIONS.exists() else {}
     items = plan(list(VM_TESTS.glob("test_*.py")), durations)
+    if args.build:
+        items = beside_the_build(items)
     printing = threading.Lock()
     outcomes: list[Outcome] = []
+    built = threading.Event()
+    build_failed = False
 
-    def report(item: Item, basetemp: Path) -> None:
-        outcome = run(item, basetemp, args.pytest_args)
+    def show(outcome: Outcome) -> None:
         with printing:
             verdict = "ok" if outcome.returncode == 0 else f"FAILED (exit {outcome.returncode})"
-            print(f"=== {item.name}: {verdict} in {outcome.seconds:.0f} s", flush=True)
+            print(f"=== {outcome.item.name}: {verdict} in {outcome.seconds:.0f} s", flush=True)
             print(outcome.output.rstrip(), flush=True)
-            outcomes.append(outcome)
+
+    def build_images(command: str) -> None:
+        nonlocal build_failed
+        build_failed = True  # Until it has built, so the VM runs never start on a failed one.
+        try:
+            try:
+                outcome = captured(Item(BUILD, ()), shlex.split(command))
+            except OSError as error:  # No such command, say.
+                outcome = Outcome(Item(BUILD, ()), 1, 0.0, f"{command}: {error}")
+            build_failed = outcome.returncode != 0
+            show(outcome)
+        finally:
+            built.set()
+
+    def report(item: Item, basetemp: Path) -> None:
+        if args.build and item.name != NOT_VM:
+            built.wait()
+            if build_failed:
+                outcome = Outcome(item, 1, 0.0, f"not run: {BUILD} did not build")
+                show(outcome)
+                outcomes.append(outcome)
+                return
+        outcome = run(item, basetemp, args.pytest_args)
+        show(outcome)
+        outcomes.append(outcome)
 
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="gat-") as basetemp,
         ThreadPoolExecutor(max_workers=max(1, args.lanes)) as pool,
     ):
+        if args.build:
+            pool.submit(build_images, args.build)
         for number, item in enumerate(items):
             pool.submit(report, item, Path(basetemp) / str(number))
     wall = time.monotonic() - started
@@ -123,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds = {o.item.name: round(o.seconds) for o in outcomes}
         DURATIONS.write_text(json.dumps({"seconds": seconds}, indent=2, sort_keys=True) + "\n")
     failed = [o for o in outcomes if o.returncode != 0]
-    return 1 if failed or len(outcomes) != len(items) else 0
+    return 1 if failed or build_failed or len(outcomes) != len(items) else 0
 
 
 if __name__ == "__main__":
