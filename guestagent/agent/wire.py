@@ -354,7 +354,7 @@ declare(
     by_hand={"duration_us": ("duration_s", lambda seconds: int(seconds * 1e6))},
     off_wire={"node"},  # The caller's own request.
 )
-declare(ReclaimResult, pb.ReclaimResult, off_wire={"cgroup", "requested_bytes", "dropped_caches"})
+declare(ReclaimResult, pb.ReclaimResult, off_wire={"cgroup"})
 declare(OnlineResult, pb.OnlineMemoryResult)
 
 

@@ -27,11 +27,9 @@ class ReclaimSpec:
 @record
 class ReclaimResult:
     cgroup: str
-    requested_bytes: int
     current_before: int
     current_after: int
     complete: bool  # False: the kernel reclaimed less than asked (EAGAIN).
-    dropped_caches: int  # The drop_caches level written first, 0 for none.
 
 
 def validate_reclaim(bytes_: int, drop_caches: int) -> None:
@@ -62,4 +60,4 @@ def reclaim(kernel: Kernel, spec: ReclaimSpec) -> ReclaimResult:
     log.info(
         "reclaimed", cgroup=cgroup, requested=bytes_, before=before, after=after, complete=complete
     )
-    return ReclaimResult(cgroup, bytes_, before, after, complete, drop_caches)
+    return ReclaimResult(cgroup, before, after, complete)

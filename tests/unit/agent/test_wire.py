@@ -158,7 +158,7 @@ def test_compact_result_carries_the_domain_figures() -> None:
 
 
 def test_reclaim_result() -> None:
-    message = wire.reclaim_result_pb(ReclaimResult("pod", 1 << 20, 9 << 20, 8 << 20, False, 0))
+    message = wire.reclaim_result_pb(ReclaimResult("pod", 9 << 20, 8 << 20, False))
     assert (message.current_before_bytes, message.current_after_bytes) == (9 << 20, 8 << 20)
     assert not message.complete
 
