@@ -191,6 +191,11 @@ def plan_virtio_mem(
     return Step(VIRTIO_MEM, device.id, device.size, value, safe, reason, forced)
 
 
+# How a balloon settled when its VMM reports only what it was asked (Firecracker without
+# balloon statistics): not waited for, as nothing shows what it holds.
+UNOBSERVED = "unobserved"
+
+
 def settled(samples: Sequence[tuple[float, int]], target: int, still_seconds: float) -> str | None:
     """ "reached" once the VMM's figure is the target, "stopped" once it has not moved for
     still_seconds short of it (the guest gave what it could); None while it moves."""
@@ -341,14 +346,19 @@ def give_back(agent: Agent, vmm: Vmm, options: Options, pid: int | None) -> dict
     result["compact"] = MessageToDict(agent.compact(), preserving_proto_field_name=True)
     try:
         apply(vmm, step)
-        try:
-            outcome, seconds, reached = wait_settled(vmm, step, options)
-        except StillMoving as e:
-            # As for a device that stopped short (below): left asking, the guest keeps pressing.
-            apply(vmm, replace(step, value=e.reached))
-            raise GiveBackError(
-                f"{e}; {vmm.name} now asks for {mib(e.reached)}, where it stood"
-            ) from None
+        if step.via == BALLOON and not vmm.balloon().observed:
+            # Firecracker without balloon statistics reports what it asked as what the balloon
+            # holds: a wait would end at once and call that reached, which nothing saw.
+            outcome, seconds, reached = UNOBSERVED, 0.0, step.value
+        else:
+            try:
+                outcome, seconds, reached = wait_settled(vmm, step, options)
+            except StillMoving as e:
+                # As for a device that stopped short (below): left asking, the guest presses on.
+                apply(vmm, replace(step, value=e.reached))
+                raise GiveBackError(
+                    f"{e}; {vmm.name} now asks for {mib(e.reached)}, where it stood"
+                ) from None
         if outcome == "stopped":
             # Left asking for more, the guest's driver keeps pressing: the balloon retries its
             # allocations every 200 ms and virtio-mem its unplugs, which pushed a guest here
@@ -417,11 +427,21 @@ def result_text(result: dict[str, Any]) -> str:
         return "\n".join([*lines, "dry run: nothing compacted, nothing asked of the VMM"])
     settled_ = result["settled"]
     short = settled_["how"] == "stopped"
+    if settled_["how"] == UNOBSERVED:
+        how = (
+            f"{step['device']} asked for {mib(settled_['device_bytes'])}, not seen to settle: "
+            f"{vmm} reports only what it asked (no balloon statistics; "
+            "stats_polling_interval_s > 0 at boot shows what the guest handed over)"
+        )
+    else:
+        how = (
+            f"{step['device']} {settled_['how']} at {mib(settled_['device_bytes'])} after "
+            f"{settled_['seconds']} s"
+            + ("; asked for that instead, so the guest is not pressed further" if short else "")
+        )
     lines += [
         _compact_text("compacted", result["compact"]),
-        f"{step['device']} {settled_['how']} at {mib(settled_['device_bytes'])} after "
-        f"{settled_['seconds']} s"
-        + ("; asked for that instead, so the guest is not pressed further" if short else ""),
+        how,
         _compact_text("compacted again", result["compact_after"]),
         "guest after:",
         *_guest_text(result["after"]),

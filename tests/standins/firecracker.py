@@ -4,11 +4,12 @@ Firecracker does not run here without KVM.
 
 - `GET /machine-config`: `mem_size_mib` (QEMU's boot memory) and `vcpu_count`.
 - `GET /balloon`: `amount_mib` (the last PATCH, 0 at boot), `deflate_on_oom` false,
-  `stats_polling_interval_s` 1.
+  `stats_polling_interval_s` 1 (0 with `statistics_enabled` false).
 - `PATCH /balloon` `{"amount_mib": N}`: QEMU's balloon takes N MiB; 400 with a
   `fault_message` above the guest's memory, as Firecracker refuses it.
 - `GET /balloon/statistics`: `target_pages`/`target_mib` (what was asked) and
-  `actual_pages`/`actual_mib` (what QEMU's balloon holds), in 4 KiB pages.
+  `actual_pages`/`actual_mib` (what QEMU's balloon holds), in 4 KiB pages; 400 with
+  `statistics_enabled` false, as for a balloon booted without statistics.
 - `GET /hotplug/memory`, `PATCH /hotplug/memory` `{"requested_size_mib": N}`: the QEMU
   guest's virtio-mem device (`total_size_mib` its max, `block_size_mib`, `plugged_size_mib`,
   `requested_size_mib`); 400 when it has none.
@@ -33,6 +34,7 @@ class FirecrackerStandIn(StandIn):
         super().__post_init__()
         self.base = int(self.qmp.cmd("query-memory-size-summary")["base-memory"])
         self.amount_mib = 0
+        self.statistics_enabled = True  # As stats_polling_interval_s > 0 at boot.
         self.routes = {
             ("GET", "/machine-config"): self.machine_config,
             ("GET", "/balloon"): self.balloon,
@@ -50,7 +52,7 @@ class FirecrackerStandIn(StandIn):
 
     def balloon(self, body: Any) -> tuple[int, Any]:
         config = {"amount_mib": self.amount_mib, "deflate_on_oom": False}
-        return 200, {**config, "stats_polling_interval_s": 1}
+        return 200, {**config, "stats_polling_interval_s": int(self.statistics_enabled)}
 
     def patch_balloon(self, body: Any) -> tuple[int, Any]:
         amount = body.get("amount_mib") if isinstance(body, dict) else None
@@ -64,6 +66,8 @@ class FirecrackerStandIn(StandIn):
         return 204, None
 
     def statistics(self, body: Any) -> tuple[int, Any]:
+        if not self.statistics_enabled:
+            raise fault("Statistics for the balloon device are not enabled")
         taken = self.ram() - int(self.qmp.cmd("query-balloon")["actual"])
         return 200, {
             "target_pages": self.amount_mib * MIB // PAGE,

@@ -196,6 +196,19 @@ def test_give_back_through_firecracker(fc: FirecrackerStandIn, qemu: FakeQemu) -
     answers_conform(schema.FIRECRACKER, fc.api_path)
 
 
+def test_without_balloon_statistics_give_back_says_it_did_not_see_the_balloon_settle(
+    fc: FirecrackerStandIn, qemu: FakeQemu
+) -> None:
+    fc.statistics_enabled = False
+    vmm = FirecrackerVmm(str(fc.api_path), 5.0)
+    result = give_back(FakeAgent(report(mem_total=1000 * MIB + 5)), vmm, options(), None)
+    assert result["settled"] == {"how": "unobserved", "seconds": 0.0, "device_bytes": 400 * MIB}
+    assert [r.body for r in fc.received if r.method == "PATCH"] == [{"amount_mib": 400}]
+    text = giveback.result_text(result)
+    assert "balloon asked for 400.0 MiB, not seen to settle" in text, text
+    assert "reached" not in text, text
+
+
 def test_virtio_mem_through_firecracker(fc: FirecrackerStandIn, qemu: FakeQemu) -> None:
     vmm = FirecrackerVmm(str(fc.api_path), 5.0)
     give_back(FakeAgent(report(vmem_safe=401 * MIB)), vmm, options(via=VIRTIO_MEM), None)
