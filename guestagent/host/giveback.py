@@ -64,6 +64,8 @@ class Step:
     forced: bool = False
     # The balloon's sizes are in what it leaves of this RAM (QEMU), else 0: what it takes.
     leaves_of: int = 0
+    # False when the VMM reports only what it asked (Firecracker without balloon statistics).
+    observed: bool = True
 
 
 def safe_balloon_taken(info: pb.MemoryInfo, balloon: Balloon) -> tuple[int | None, str]:
@@ -120,13 +122,15 @@ def plan_balloon(
     if to is None:
         if safe is None:
             raise GiveBackError(f"--safe: {reason}")
-        return Step(BALLOON, BALLOON, current, safe, safe, reason, leaves_of=leaves_of)
+        return Step(
+            BALLOON, BALLOON, current, safe, safe, reason, False, leaves_of, balloon.observed
+        )
     if leaves:
         asked = min(round_up(to, balloon.unit), balloon.ram)
     else:
         asked = min(round_down(to, balloon.unit), balloon.ram)
     value, forced = check_size(asked, safe, reason, force, "balloon size", leaves)
-    return Step(BALLOON, BALLOON, current, value, safe, reason, forced, leaves_of)
+    return Step(BALLOON, BALLOON, current, value, safe, reason, forced, leaves_of, balloon.observed)
 
 
 def pick_virtio_mem(devices: Sequence[VirtioMemDevice], wanted: str | None) -> VirtioMemDevice:
@@ -346,7 +350,7 @@ def give_back(agent: Agent, vmm: Vmm, options: Options, pid: int | None) -> dict
     result["compact"] = MessageToDict(agent.compact(), preserving_proto_field_name=True)
     try:
         apply(vmm, step)
-        if step.via == BALLOON and not vmm.balloon().observed:
+        if not step.observed:
             # Firecracker without balloon statistics reports what it asked as what the balloon
             # holds: a wait would end at once and call that reached, which nothing saw.
             outcome, seconds, reached = UNOBSERVED, 0.0, step.value
