@@ -138,14 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             built.set()
 
     def report(item: Item, basetemp: Path) -> None:
-        if args.build and item.name != NOT_VM:
+        needs_build = bool(args.build) and item.name != NOT_VM
+        if needs_build:
             built.wait()
-            if build_failed:
-                outcome = Outcome(item, 1, 0.0, f"not run: {BUILD} did not build")
-                show(outcome)
-                outcomes.append(outcome)
-                return
-        outcome = run(item, basetemp, args.pytest_args)
+        if needs_build and build_failed:
+            outcome = Outcome(item, 1, 0.0, f"not run: {BUILD} did not build")
+        else:
+            outcome = run(item, basetemp, args.pytest_args)
         show(outcome)
         outcomes.append(outcome)
 

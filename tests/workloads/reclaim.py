@@ -500,7 +500,7 @@ def late_window_start(
         return None, None
     try:
         settled = wait_until(
-            lambda: settled_after(sampler.between(edge, sampler.now()), edge),
+            lambda: settled_after(sampler.rows, edge),
             settle_within_s,
             "the reclaimer to settle at the edge of the hot set",
         )
