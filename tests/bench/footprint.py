@@ -86,6 +86,13 @@ FLOOR = Server(
     (FLOOR_STREAM, "78"),
 )
 HEALTH = Server("health", ("/run/bench-health",), HEALTH_CHECK)
+# The floor serving the agent's contract with empty replies (contract_server.py): the same
+# calls and stream as the agent's.
+CONTRACT = Server("contract", ("/run/bench-contract",), HEALTH_CHECK, AGENT_CALLS, WATCH)
+SERVERS = (AGENT, FLOOR, CONTRACT, HEALTH)
+# The phases in which the contract server and the agent hold the same contract: when ready
+# the agent has not loaded it yet (agent/first_call.py), so only these are compared.
+CONTRACT_PHASES = ("after_calls", "after_watch")
 
 # Runs in the guest on the tree's interpreter: start the server, time it to serving, then for
 # each phase (the burst and the stream only where the server has them) sample it at the end of
@@ -185,9 +192,14 @@ def pause_image_agent(vm: GuestVM) -> None:
 
 
 def install_yardsticks(vm: GuestVM) -> None:
-    """The floor and the health server as commands of the guest, started as the agent's is."""
+    """The floor, the contract server and the health server as commands of the guest, started
+    as the agent's is."""
     bench = Path(__file__).parent
-    for name, script in (("floor", "floor_server.py"), ("health", "baseline_server.py")):
+    for name, script in (
+        ("floor", "floor_server.py"),
+        ("contract", "contract_server.py"),
+        ("health", "baseline_server.py"),
+    ):
         text = f"{INTERPRETER_LINE}\nimport sys\nsys.path.append({SITE!r})\n"
         text += (bench / script).read_text()
         vm.exec(f"cat > /run/bench-{name} && chmod 755 /run/bench-{name}", stdin=text)
@@ -291,8 +303,15 @@ def by_name_medians(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {name: statistics.median(r.get(name, 0) for r in rounds) for name in names}
 
 
-def verdicts(agent: dict[str, Any], floor: dict[str, Any], health: dict[str, Any]) -> Any:
-    """The issue's targets, phase by phase, each met or not."""
+def verdicts(
+    agent: dict[str, Any],
+    floor: dict[str, Any],
+    health: dict[str, Any],
+    contract: dict[str, Any] | None = None,
+) -> Any:
+    """The issue's targets, phase by phase, each met or not; and, after the calls and the
+    stream, the same memory targets against the contract server (what the agent holds beyond
+    serving its contract in protobuf)."""
     targets: dict[str, Any] = {
         "ready_vs_health_server": ratio_verdict(agent["ready_s"] / health["ready_s"], READY_TARGET)
     }
@@ -313,6 +332,13 @@ def verdicts(agent: dict[str, Any], floor: dict[str, Any], health: dict[str, Any
             },
             "preempted_per_s": {"agent": mine["preempted_per_s"], "floor": base["preempted_per_s"]},
         }
+        if contract is not None and phase in CONTRACT_PHASES and phase in contract:
+            served = contract[phase]
+            targets[phase]["vs_contract_server"] = {
+                "rss_anon": ratio_verdict(mine["RssAnon"] / served["RssAnon"], RSS_ANON_TARGET),
+                "vm_rss": ratio_verdict(mine["VmRSS"] / served["VmRSS"], VM_RSS_TARGET),
+                "pss": round(mine["Pss"] / served["Pss"], 3),
+            }
     return targets
 
 
@@ -322,13 +348,13 @@ def measure_footprint(
     rounds: int = ROUNDS,
     calls: int = CALLS,
 ) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in (AGENT, FLOOR, HEALTH)}
+    runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in SERVERS}
     started = time.monotonic()
     with GuestVM(VMConfig(memory_mib=1024)) as vm:
         pause_image_agent(vm)
         install_yardsticks(vm)
         for round_number in range(1, rounds + 1):
-            for server in (AGENT, FLOOR, HEALTH):
+            for server in SERVERS:
                 got = probe(vm, server, idle_s if server is not HEALTH else 0, watch_s, calls)
                 phases = {name: sample_figures(s) for name, s in got["samples"].items()}
                 times = {key: got[key] for key in CALL_TIMES if key in got}
@@ -343,7 +369,7 @@ def measure_footprint(
         "lengths": {"idle_s": idle_s, "watch_s": watch_s, "rounds": rounds, "calls": calls},
         "runs": runs,
         "medians": median,
-        "targets": verdicts(median["agent"], median["floor"], median["health"]),
+        "targets": verdicts(median["agent"], median["floor"], median["health"], median["contract"]),
     }
 
 

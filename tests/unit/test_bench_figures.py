@@ -230,3 +230,41 @@ def test_allocator_figures() -> None:
         "in_use_bytes": 3_137_392,
         "max_mmap_bytes": 135_168,
     }
+
+
+def test_verdicts_against_the_contract_server_only_once_the_agent_holds_the_contract() -> None:
+    from tests.bench.footprint import verdicts
+
+    def phase(rss_anon: int, vm_rss: int) -> dict[str, Any]:
+        return {
+            "RssAnon": rss_anon,
+            "VmRSS": vm_rss,
+            "Pss": rss_anon,
+            "Threads": 8,
+            "wakeups_per_s": 8.0,
+            "wakeups_per_s_by_thread": {},
+            "preempted_per_s": 0.0,
+        }
+
+    def server(ready: int, calls: int) -> dict[str, Any]:
+        return {
+            "ready_s": 2.0,
+            "ready": phase(ready, 3 * ready),
+            "after_calls": phase(calls, 3 * calls),
+        }
+
+    agent, floor, contract = server(1250, 1500), server(1000, 1000), server(1300, 1250)
+    targets = verdicts(agent, floor, {"ready_s": 2.0}, contract)
+    assert targets["after_calls"]["rss_anon_vs_floor"] == {
+        "value": 1.5,
+        "target": 1.25,
+        "met": False,
+    }
+    assert targets["after_calls"]["vs_contract_server"] == {
+        "rss_anon": {"value": 1.2, "target": 1.25, "met": True},
+        "vm_rss": {"value": 1.2, "target": 1.1, "met": False},
+        "pss": 1.2,
+    }
+    # When ready the agent has not loaded its contract; the contract server has.
+    assert "vs_contract_server" not in targets["ready"]
+    assert "vs_contract_server" not in verdicts(agent, floor, {"ready_s": 2.0})["after_calls"]
