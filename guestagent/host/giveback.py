@@ -41,6 +41,12 @@ BALLOON, VIRTIO_MEM = "balloon", "virtio-mem"
 # guest on a busy host one pause lasted over 15 s before it went on.
 STILL_SECONDS = 30.0
 POLL_SECONDS = 0.5
+# The device's figure over the wait goes into the result at this spacing.
+TRACE_SECONDS = 5.0
+# The guest's /proc/vmstat counters the result carries before, when a device stopped short,
+# and after: whether the guest was still swapping out or stalling in direct reclaim says why
+# a balloon stood still (docs/giveback.md).
+VMSTAT_FIELDS = ("pswpout", "pswpin", "allocstall", "compact_stall", "workingset_refault_anon")
 
 
 class GiveBackError(Exception):
@@ -302,15 +308,16 @@ def wait_settled(
     options: Options,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> tuple[str, float, int]:
-    """(how it settled, seconds, the VMM's figure then); GiveBackError past the timeout."""
+) -> tuple[str, list[tuple[float, int]]]:
+    """(how it settled, the VMM's figure at each poll, from 0 s); GiveBackError past the
+    timeout."""
     started = clock()
     samples: list[tuple[float, int]] = []
     while True:
         samples.append((clock() - started, device_size(vmm, step)))
         outcome = settled(samples, step.value, options.still_seconds)
         if outcome is not None:
-            return outcome, samples[-1][0], samples[-1][1]
+            return outcome, samples
         if samples[-1][0] > options.settle_timeout:
             raise StillMoving(
                 f"{step.device} still moving after {options.settle_timeout:g} s: at "
@@ -320,10 +327,26 @@ def wait_settled(
         sleep(POLL_SECONDS)
 
 
+def thinned(samples: Sequence[tuple[float, int]], every: float) -> list[tuple[float, int]]:
+    """The first sample, then one at least `every` seconds after the last kept, and the last:
+    how the device moved, short enough for the command's JSON."""
+    kept: list[tuple[float, int]] = []
+    for sample in samples:
+        if not kept or sample[0] - kept[-1][0] >= every:
+            kept.append(sample)
+    if samples and kept[-1] != samples[-1]:
+        kept.append(samples[-1])
+    return [(round(seconds, 1), size) for seconds, size in kept]
+
+
 def figures(info: pb.MemoryInfo) -> dict[str, Any]:
-    """The report's give-back section and MemTotal, for the before and after."""
+    """The report's give-back section, MemTotal, what is free and the vmstat counters that
+    say whether the guest is making room, for the before, a stop and the after."""
     return {
         "mem_total_bytes": info.system.mem_total_bytes,
+        "mem_free_bytes": info.system.mem_free_bytes,
+        "swap_free_bytes": info.system.swap_free_bytes,
+        "vmstat": {name: getattr(info.vmstat, name) for name in VMSTAT_FIELDS},
         "giveback": MessageToDict(info.giveback, preserving_proto_field_name=True),
     }
 
@@ -350,13 +373,15 @@ def give_back(agent: Agent, vmm: Vmm, options: Options, pid: int | None) -> dict
     result["compact"] = MessageToDict(agent.compact(), preserving_proto_field_name=True)
     try:
         apply(vmm, step)
+        trace: list[tuple[float, int]] = []
         if not step.observed:
             # Firecracker without balloon statistics reports what it asked as what the balloon
             # holds: a wait would end at once and call that reached, which nothing saw.
             outcome, seconds, reached = UNOBSERVED, 0.0, step.value
         else:
             try:
-                outcome, seconds, reached = wait_settled(vmm, step, options)
+                outcome, samples = wait_settled(vmm, step, options)
+                (seconds, reached), trace = samples[-1], thinned(samples, TRACE_SECONDS)
             except StillMoving as e:
                 # As for a device that stopped short (below): left asking, the guest presses on.
                 apply(vmm, replace(step, value=e.reached))
@@ -364,6 +389,9 @@ def give_back(agent: Agent, vmm: Vmm, options: Options, pid: int | None) -> dict
                     f"{e}; {vmm.name} now asks for {mib(e.reached)}, where it stood"
                 ) from None
         if outcome == "stopped":
+            # The guest as it stood still, before it is let off: what was free, whether it
+            # was still swapping out or stalling, what it still counted cold.
+            result["at_stop"] = figures(agent.report())
             # Left asking for more, the guest's driver keeps pressing: the balloon retries its
             # allocations every 200 ms and virtio-mem its unplugs, which pushed a guest here
             # into its hot set (seen: the hot loop 1.78x slower after). What it gave is what
@@ -371,7 +399,12 @@ def give_back(agent: Agent, vmm: Vmm, options: Options, pid: int | None) -> dict
             apply(vmm, replace(step, value=reached))
     except VmmError as e:
         raise GiveBackError(str(e)) from None
-    result["settled"] = {"how": outcome, "seconds": round(seconds, 1), "device_bytes": reached}
+    result["settled"] = {
+        "how": outcome,
+        "seconds": round(seconds, 1),
+        "device_bytes": reached,
+        "trace": trace,
+    }
     # And once more: the guest swapped pages out to make room and freed them scattered, and
     # free page reporting hands over only whole 2 MiB blocks (30.5 MiB lay in smaller
     # pieces after one give-back here, 2026-12-06).
@@ -406,6 +439,22 @@ def _compact_text(what: str, compact: dict[str, Any]) -> str:
     before = mib(int(compact.get("free_huge_bytes_before", 0)))
     after = mib(int(compact.get("free_huge_bytes_after", 0)))
     return f"{what}: free in 2 MiB blocks {before} -> {after}"
+
+
+def _stop_text(before: dict[str, Any], at_stop: dict[str, Any]) -> str:
+    """The guest when the device stood still: what was free and whether it was still making
+    room (pages swapped out, direct-reclaim stalls since the step began)."""
+    moved = {
+        name: int(at_stop["vmstat"][name]) - int(before["vmstat"][name])
+        for name in ("pswpout", "allocstall")
+    }
+    cold = at_stop["giveback"].get("cold", {})
+    return (
+        f"guest when it stood still: free {mib(int(at_stop['mem_free_bytes']))}, swap free "
+        f"{mib(int(at_stop['swap_free_bytes']))}, cold {mib(int(cold.get('bytes', 0)))}; since "
+        f"the step began {moved['pswpout']} pages swapped out, {moved['allocstall']} "
+        "direct-reclaim stalls"
+    )
 
 
 def _what(vmm: str, step: dict[str, Any]) -> str:
@@ -443,9 +492,11 @@ def result_text(result: dict[str, Any]) -> str:
             f"{settled_['seconds']} s"
             + ("; asked for that instead, so the guest is not pressed further" if short else "")
         )
+    stood_still = [_stop_text(result["before"], result["at_stop"])] if "at_stop" in result else []
     lines += [
         _compact_text("compacted", result["compact"]),
         how,
+        *stood_still,
         _compact_text("compacted again", result["compact_after"]),
         "guest after:",
         *_guest_text(result["after"]),

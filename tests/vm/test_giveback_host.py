@@ -120,6 +120,8 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     figures = {
         "step": result["step"],
         "settled": result["settled"],
+        # Set when the balloon stood still short of the step: the guest as it did.
+        "at_stop": result.get("at_stop"),
         "cold_mib_cgroup": round(cgroup_cold / MIB, 1),
         "cold_mib_guest": round(guest_cold / MIB, 1),
         "qemu_vmrss_before_mib": round(result["before"]["qemu_rss_bytes"] / MIB, 1),

@@ -25,6 +25,7 @@ from guestagent.host.giveback import (
     plan_balloon,
     plan_virtio_mem,
     settled,
+    thinned,
 )
 from guestagent.host.qmp import QemuMonitor, QemuVmm
 from guestagent.host.units import round_up
@@ -258,18 +259,60 @@ def test_give_back_compacts_balloons_waits_and_compacts_again(qemu: FakeQemu) ->
     assert "compact_after" in result and "compacted again: free in 2 MiB blocks" in text
 
 
+class SwappingAgent(FakeAgent):
+    """A guest that swaps 100 pages out, stalls once in direct reclaim and frees a MiB
+    between one report and the next, and still counts 200 MiB cold."""
+
+    def report(self) -> pb.MemoryInfo:
+        info = pb.MemoryInfo()
+        info.CopyFrom(super().report())
+        served = self.calls.count("report")
+        info.system.mem_free_bytes = served * MIB
+        info.system.swap_free_bytes = 500 * MIB
+        info.vmstat.pswpout, info.vmstat.allocstall = 100 * served, served
+        info.giveback.cold.CopyFrom(pb.Figure(bytes=200 * MIB, reason="anon, swap has room"))
+        return info
+
+
 def test_a_balloon_that_stops_short_has_settled(qemu: FakeQemu) -> None:
     qemu.balloon_shortfall = 8 * MIB
     qmp = monitor(qemu)
+    agent = SwappingAgent(report())
     try:
-        result = give_back(FakeAgent(report()), qmp, options(still_seconds=1.0), None)
+        result = give_back(agent, qmp, options(still_seconds=1.0), None)
     finally:
         qmp.close()
     assert result["settled"]["how"] == "stopped"
     assert result["settled"]["device_bytes"] == 632 * MIB
     # Then asked for what it reached, so the guest's driver stops pressing.
     assert [a["value"] for n, a in qemu.commands if n == "balloon"] == [624 * MIB, 632 * MIB]
-    assert "not pressed further" in giveback.result_text(result)
+    # The guest as it stood still, read before it was let off, and how the balloon moved.
+    assert agent.calls == ["report", "compact", "report", "compact", "report"]
+    assert result["at_stop"]["vmstat"]["pswpout"] == 200
+    assert result["settled"]["trace"][0][0] == 0.0
+    assert result["settled"]["trace"][-1] == (result["settled"]["seconds"], 632 * MIB)
+    text = giveback.result_text(result)
+    assert "not pressed further" in text
+    assert (
+        "guest when it stood still: free 2.0 MiB, swap free 500.0 MiB, cold 200.0 MiB; since "
+        "the step began 100 pages swapped out, 1 direct-reclaim stalls"
+    ) in text
+
+
+@pytest.mark.parametrize(
+    ("samples", "kept"),
+    [
+        ([], []),
+        ([(0.0, 1)], [(0.0, 1)]),
+        # One every 5 s from the first, and the last whatever its spacing.
+        (
+            [(0.0, 1), (2.0, 2), (5.0, 3), (9.9, 4), (10.0, 5), (11.04, 6)],
+            [(0.0, 1), (5.0, 3), (10.0, 5), (11.0, 6)],
+        ),
+    ],
+)
+def test_thinned_trace(samples: list[tuple[float, int]], kept: list[tuple[float, int]]) -> None:
+    assert thinned(samples, 5.0) == kept
 
 
 def test_past_the_settle_timeout_qemu_is_left_asking_for_where_it_stood(qemu: FakeQemu) -> None:

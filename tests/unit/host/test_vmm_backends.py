@@ -202,7 +202,8 @@ def test_without_balloon_statistics_give_back_says_it_did_not_see_the_balloon_se
     fc.statistics_enabled = False
     vmm = FirecrackerVmm(str(fc.api_path), 5.0)
     result = give_back(FakeAgent(report(mem_total=1000 * MIB + 5)), vmm, options(), None)
-    assert result["settled"] == {"how": "unobserved", "seconds": 0.0, "device_bytes": 400 * MIB}
+    unseen = {"how": "unobserved", "seconds": 0.0, "device_bytes": 400 * MIB, "trace": []}
+    assert result["settled"] == unseen
     assert [r.body for r in fc.received if r.method == "PATCH"] == [{"amount_mib": 400}]
     text = giveback.result_text(result)
     assert "balloon asked for 400.0 MiB, not seen to settle" in text, text
