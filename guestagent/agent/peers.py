@@ -11,7 +11,6 @@ from typing import Any
 
 from guestagent.jsonlog import EventLog
 from guestagent.linux.syscalls import name_thread
-from guestagent.transport.dial import dial_unix
 from guestagent.transport.relay import ConnectionBudget, SocketRelay, Upstream
 
 log = EventLog("guestagent.agent.peers")
@@ -69,9 +68,7 @@ class NamedRelay(SocketRelay):
         name: str = "relay",
         budget: ConnectionBudget | None = None,
     ) -> None:
-        super().__init__(
-            listener, dial=lambda: dial_unix(upstream), admit=admit, name=name, budget=budget
-        )
+        super().__init__(listener, admit=admit, name=name, budget=budget)
         self._upstream = upstream
         self._peers = peers
 

@@ -248,13 +248,14 @@ class SocketRelay:
     An upstream with an address (the agent's own unix socket) is connected without
     blocking, so a slow upstream holds up only its own caller. The `dial` callable blocks
     the loop: the host client uses it for vsock and hybrid vsock (a CONNECT exchange after
-    the connect), and has one caller.
+    the connect), and has one caller. A subclass that opens its upstreams itself (overriding
+    open_upstream, as the agent's NamedRelay does) passes none.
     """
 
     def __init__(
         self,
         listener: socket.socket,
-        dial: Callable[[], socket.socket],
+        dial: Callable[[], socket.socket] | None = None,
         admit: Callable[[Any], bool] = lambda peer: True,
         name: str = "relay",
         budget: ConnectionBudget | None = None,
@@ -422,6 +423,8 @@ class SocketRelay:
 
     def open_upstream(self, conn: socket.socket, peer: Any) -> Upstream:
         """The far side for an admitted caller: `dial`'s socket, connected already."""
+        if self._dial is None:
+            raise TypeError(f"{type(self).__name__} has no dial and does not open upstreams")
         return Upstream(self._dial())
 
     def _connect(self, dial: _Dial) -> None:
