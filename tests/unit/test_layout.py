@@ -373,6 +373,21 @@ def test_the_daemon_runs_none_of_protobufs_pure_python_implementation() -> None:
     ]
 
 
+def test_the_wire_encodes_maps_without_descriptor_protos_message_classes() -> None:
+    """Encoding reads map fields off the messages themselves: asking a descriptor for its
+    options (map_entry) would load descriptor_pb2, 0.48 MiB that nothing else in the agent
+    uses. Every declared pair's plan is built (test_wire.py encodes CompactResult's map)."""
+    probe = (
+        "import sys\n"
+        "from guestagent.agent import encoding, wire\n"
+        "for domain in encoding.PAIRS:\n"
+        "    encoding._plan(domain)\n"
+        "print(len(encoding._PLANS) == len(encoding.PAIRS) > 20,\n"
+        "      'google.protobuf.descriptor_pb2' in sys.modules)"
+    )
+    assert run_probe(probe).splitlines() == ["True False"]
+
+
 def test_protobufs_timestamps_load_calendar_only_when_used() -> None:
     """upb imports the well-known types with the first message class, and they import
     calendar, read only by Timestamp's conversions: deferred by entry(), it stays unrun
