@@ -194,6 +194,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         swaps: OnFirstUse[SwapManager],
         hotplug: HotplugWatcher,
         reclaimer: OnFirstUse[Reclaimer],
+        reclaim_overview: Callable[[tuple[str, ...]], ReclaimOverview],
         peers: PeerTable,
         ager: IdleAger,
         stall: DelayStallMeter | None,
@@ -203,12 +204,15 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     ) -> None:
         """The parts are the daemon's (agent/daemon.py wires them, once). Swap's manager and
         the reclaimer are built at their first call, each on the thread that serves it, so
-        their modules load then. `stall` is delay accounting's meter, read where the guest
+        their modules load then; GetReclaimStatus asks `reclaim_overview`, which answers
+        without building the reclaimer while it has no policy. `stall` is delay accounting's
+        meter, read where the guest
         has no PSI; None reads PSI only. The ager is not started here: the daemon runs the
         one aging loop."""
         self.kernel = kernel
         self.stall = stall
         self.reclaimer = reclaimer
+        self.reclaim_overview = reclaim_overview
         self.ager = ager
         self._stopping = stopping
         self.swaps = swaps
@@ -273,7 +277,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         cgroups: tuple[str, ...],
         context: Context[pb.GetReclaimStatusRequest, pb.ReclaimStatus],
     ) -> ReclaimOverview:
-        return await self._read(lambda: self.reclaimer().overview(cgroups))
+        return await self._read(lambda: self.reclaim_overview(cgroups))
 
     @unary(wire.enable_swap_spec_from_pb, wire.swap_area_pb, audited=True)
     async def EnableSwap(

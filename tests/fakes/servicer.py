@@ -56,12 +56,14 @@ class FakeContext:
 
 def make_servicer(fake_root: FakeRoot, ager: IdleAger | None = None) -> MemoryAgentServicer:
     fs = fake_root.fs
+    reclaimer = OnFirstUse(lambda: Reclaimer(fs), "the reclaimer")
     return MemoryAgentServicer(
         fs,
         asyncio.Event(),
         OnFirstUse(lambda: SwapManager(fs), "swap"),
         HotplugWatcher(fs, OnlinePolicy("online")),
-        OnFirstUse(lambda: Reclaimer(fs), "the reclaimer"),
+        reclaimer,
+        lambda cgroups: reclaimer().overview(cgroups),  # The daemon's, once built.
         PeerTable(),
         ager or IdleAger(fs),
         stall=None,

@@ -29,6 +29,22 @@ def test_policy_on_status_and_off(agent: AgentProcess) -> None:
 
 
 @pytest.mark.usefixtures("pod")
+def test_status_before_any_policy_then_after_one(agent: AgentProcess) -> None:
+    """Before a policy the daemon answers without building the reclaimer (agent/daemon.py):
+    nothing, an unchecked trigger, NOT_FOUND naming a cgroup asked for; then the reclaimer's."""
+    with AgentClient(agent.unix_target) as client:
+        before = client.reclaim_status()
+        assert list(before.targets) == []
+        assert before.compaction.runs == 0 and before.compaction.last_decision == "not checked yet"
+        with pytest.raises(grpc.RpcError) as caught:
+            client.reclaim_status(["pod/ctr"])
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "no policy for cgroup(s) pod/ctr" in (caught.value.details() or "")
+        client.set_reclaim_policy("pod/ctr", True)
+        assert [t.cgroup for t in client.reclaim_status(["pod/ctr"]).targets] == ["pod/ctr"]
+
+
+@pytest.mark.usefixtures("pod")
 @pytest.mark.parametrize(
     ("cgroup", "policy", "code", "words"),
     [

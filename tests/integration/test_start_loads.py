@@ -134,6 +134,15 @@ def test_asking_about_swap_and_reclaim_leaves_nothing_for_the_next_start(
     assert modules_after_start(fake_root, tmp_path) == []
 
 
+def test_asking_the_reclaimers_status_before_any_policy_loads_no_reclaimer(
+    fake_root: FakeRoot, tmp_path: Path
+) -> None:
+    """GetReclaimStatus with no policy answers as a new reclaimer would without building one
+    (agent/daemon.py; tests/integration/test_reclaim_rpc.py has the answers)."""
+    asked = start_and_call(fake_root, tmp_path, "GetReclaimStatus")["after_calls"]
+    assert "guestagent.agent.rpc" in asked and set(RECLAIMER_MODULES).isdisjoint(asked)
+
+
 def test_the_empty_state_older_agents_left_loads_its_part_once(
     fake_root: FakeRoot, tmp_path: Path
 ) -> None:

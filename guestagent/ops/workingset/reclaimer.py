@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from guestagent.errors import AgentError, FailedPrecondition, NotFound, quoted
+from guestagent.errors import AgentError, FailedPrecondition, quoted
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.cgroups import canonical_cgroup_name
@@ -49,6 +49,7 @@ from guestagent.ops.workingset.status import (
     ReclaimOverview,
     ReclaimPolicyRequest,
     TargetStatus,
+    no_reclaim_policy,
 )
 from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
 from guestagent.records import record
@@ -258,11 +259,7 @@ class Reclaimer:
         with self._lock:
             missing = [name for name in names if name not in self._targets]
             if missing:
-                raise NotFound(
-                    f"the reclaimer has no policy for cgroup(s) {', '.join(missing)}",
-                    "NO_RECLAIM_POLICY",
-                    metadata={"cgroups": ",".join(missing)},
-                )
+                raise no_reclaim_policy(missing)
             chosen = names or tuple(sorted(self._targets))
             return tuple(self._targets[name].status() for name in chosen)
 

@@ -1,12 +1,15 @@
 """The working-set reclaimer as calls see it: SetReclaimPolicy's request and the status of
 each target, apart from the reclaimer itself (reclaimer.py), which the agent loads only when
-a policy is set, asked after, or kept from before a restart.
+a policy is set or kept from before a restart (or named by --reclaim): the status of a
+reclaimer with no policy is answered here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import field
 
+from guestagent.errors import NotFound
 from guestagent.linux.delayacct import PSI_STALL
 from guestagent.linux.features import Absent
 from guestagent.ops.workingset.compaction_trigger import CompactionStatus
@@ -54,3 +57,21 @@ class ReclaimOverview:
 
     targets: tuple[TargetStatus, ...]
     compaction: CompactionStatus
+
+
+def no_reclaim_policy(missing: Sequence[str]) -> NotFound:
+    """GetReclaimStatus naming cgroups the reclaimer has no policy for."""
+    return NotFound(
+        f"the reclaimer has no policy for cgroup(s) {', '.join(missing)}",
+        "NO_RECLAIM_POLICY",
+        metadata={"cgroups": ",".join(missing)},
+    )
+
+
+def overview_without_policies(cgroups: Sequence[str]) -> ReclaimOverview:
+    """GetReclaimStatus's answer from a reclaimer with no policy at all, as a new one gives
+    it: no targets (NOT_FOUND for any cgroup named) and a compaction trigger that has not
+    checked yet. Answered without loading the reclaimer (agent/daemon.py says when)."""
+    if cgroups:
+        raise no_reclaim_policy(cgroups)
+    return ReclaimOverview((), CompactionStatus())

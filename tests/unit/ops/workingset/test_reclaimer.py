@@ -14,7 +14,7 @@ from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.memcg import MemoryCgroup
 from guestagent.ops.workingset.policy import CHUNK_BYTES, Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import Reclaimer
-from guestagent.ops.workingset.status import ReclaimPolicyRequest
+from guestagent.ops.workingset.status import ReclaimPolicyRequest, overview_without_policies
 from guestagent.sizes import MIB
 from guestagent.statestore import RECLAIM_POLICIES, check_directory, state_file
 from tests.fakes.root import FakeRoot
@@ -478,3 +478,18 @@ def test_with_neither_stall_signal_it_is_refused_naming_both(
     ):
         reclaimer.set_policy(ReclaimPolicyRequest("pod", True, POLICY))
     assert reclaimer.status() == ()
+
+
+def test_the_overview_without_policies_is_a_new_reclaimers(fake_root: FakeRoot) -> None:
+    """What GetReclaimStatus answers before the reclaimer is built (agent/daemon.py) is what
+    the reclaimer would have answered, built then: no targets and an unchecked trigger, and
+    the same refusal for a cgroup named."""
+    new = Reclaimer(fake_root.fs)
+    assert overview_without_policies(()) == new.overview(())
+    for names in (("pod",), ("pod", "other/ctr")):
+        with pytest.raises(NotFound) as built:
+            new.overview(names)
+        with pytest.raises(NotFound) as unbuilt:
+            overview_without_policies(names)
+        assert (str(unbuilt.value), unbuilt.value.reason) == (str(built.value), built.value.reason)
+        assert unbuilt.value.metadata == built.value.metadata
