@@ -18,11 +18,13 @@ pytestmark = pytest.mark.vm
 PORT = 1026
 CONNECTIONS = 300
 
-# Run in the guest with guestctl's interpreter: one relay from a unix socket to the agent's
-# vsock port (CID 1, the loopback), and a grpc channel per connection (a local subchannel
-# pool, so each is its own connection), each with a stream.
+# Run in the guest with guestctl's interpreter and package (the agent's runtime tree carries
+# only what the agent runs, and the host's dialling is not in it): one relay from a unix
+# socket to the agent's vsock port (CID 1, the loopback), and a grpc channel per connection
+# (a local subchannel pool, so each is its own connection), each with a stream.
 FLOOD = """
 import json, socket, sys, tempfile, time, os, functools
+sys.path.insert(0, "/usr/local/lib/guestctl")
 import grpc
 from guestagent.transport.address import VsockAddress
 from guestagent.transport.dial import dial_vsock
