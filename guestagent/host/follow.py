@@ -30,6 +30,7 @@ from guestagent.host.display import mib
 from guestagent.host.feed import Reopening
 from guestagent.host.giveback import (
     BALLOON,
+    STILL_SECONDS,
     Agent,
     pick_virtio_mem,
     safe_balloon_taken,
@@ -70,7 +71,7 @@ class Policy:
     # has: at the figure the target is MemTotal by construction, so that alone says nothing.
     saturated_stall: float = 0.01
     # A device unmoved this long short of what it was asked is asked for where it stands.
-    still_seconds: float = 30.0
+    still_seconds: float = STILL_SECONDS
 
 
 @dataclass(frozen=True)

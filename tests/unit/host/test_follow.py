@@ -284,9 +284,10 @@ def test_the_stall_is_psi_where_the_guest_has_it_else_delay_accounting() -> None
 
 
 def test_stopped_short() -> None:
-    assert stopped_short(300 * MIB, 400 * MIB, 0, 30, POLICY)
-    assert not stopped_short(300 * MIB, 400 * MIB, 0, 29, POLICY)
-    assert not stopped_short(400 * MIB, 400 * MIB, 0, 300, POLICY)
+    still = POLICY.still_seconds
+    assert stopped_short(300 * MIB, 400 * MIB, 0, still, POLICY)
+    assert not stopped_short(300 * MIB, 400 * MIB, 0, still - 1, POLICY)
+    assert not stopped_short(400 * MIB, 400 * MIB, 0, 10 * still, POLICY)
 
 
 class FakeKnob:
