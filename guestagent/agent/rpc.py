@@ -206,9 +206,8 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         the reclaimer are built at their first call, each on the thread that serves it, so
         their modules load then; GetReclaimStatus asks `reclaim_overview`, which answers
         without building the reclaimer while it has no policy. `stall` is delay accounting's
-        meter, read where the guest
-        has no PSI; None reads PSI only. The ager is not started here: the daemon runs the
-        one aging loop."""
+        meter, read where the guest has no PSI; None reads PSI only. The ager is not started
+        here: the daemon runs the one aging loop."""
         self.kernel = kernel
         self.stall = stall
         self.reclaimer = reclaimer

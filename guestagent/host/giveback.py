@@ -40,7 +40,7 @@ BALLOON, VIRTIO_MEM = "balloon", "virtio-mem"
 # balloon inflating into a guest that must swap to make room moves in bursts. In a TCG guest
 # on a busy host one balloon stood still for 30 s, 150 MiB short, and was taken as stopped
 # (2026-12-06); in another it moved 4 MiB in 55 s, the last 25 s still, then took the
-# remaining 100 MiB in 8 s (the trace in docs/giveback.md).
+# remaining 104 MiB in 8 s (the trace in docs/giveback.md).
 STILL_SECONDS = 60.0
 POLL_SECONDS = 0.5
 # The device's figure over the wait goes into the result at this spacing.
@@ -391,14 +391,16 @@ def give_back(agent: Agent, vmm: Vmm, options: Options, pid: int | None) -> dict
                     f"{e}; {vmm.name} now asks for {mib(e.reached)}, where it stood"
                 ) from None
         if outcome == "stopped":
-            # The guest as it stood still, before it is let off: what was free, whether it
-            # was still swapping out or stalling, what it still counted cold.
-            result["at_stop"] = figures(agent.report())
-            # Left asking for more, the guest's driver keeps pressing: the balloon retries its
-            # allocations every 200 ms and virtio-mem its unplugs, which pushed a guest here
-            # into its hot set (seen: the hot loop 1.78x slower after). What it gave is what
-            # it can.
-            apply(vmm, replace(step, value=reached))
+            try:
+                # The guest as it stood still, before it is let off: what was free, whether
+                # it was still swapping out or stalling, what it still counted cold.
+                result["at_stop"] = figures(agent.report())
+            finally:
+                # Left asking for more, the guest's driver keeps pressing: the balloon retries
+                # its allocations every 200 ms and virtio-mem its unplugs, which pushed a guest
+                # here into its hot set (seen: the hot loop 1.78x slower after). What it gave
+                # is what it can. Let off even when the agent did not answer.
+                apply(vmm, replace(step, value=reached))
     except VmmError as e:
         raise GiveBackError(str(e)) from None
     result["settled"] = {

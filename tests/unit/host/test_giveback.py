@@ -299,6 +299,28 @@ def test_a_balloon_that_stops_short_has_settled(qemu: FakeQemu) -> None:
     ) in text
 
 
+class SilentAtStop(FakeAgent):
+    """An agent that stops answering once the device has stood still."""
+
+    def report(self) -> pb.MemoryInfo:
+        if "compact" in self.calls:
+            raise ConnectionError("the agent did not answer")
+        return super().report()
+
+
+def test_a_device_that_stopped_is_let_off_even_when_the_agent_does_not_answer(
+    qemu: FakeQemu,
+) -> None:
+    qemu.balloon_shortfall = 8 * MIB
+    qmp = monitor(qemu)
+    try:
+        with pytest.raises(ConnectionError):
+            give_back(SilentAtStop(report()), qmp, options(still_seconds=1.0), None)
+    finally:
+        qmp.close()
+    assert [a["value"] for n, a in qemu.commands if n == "balloon"] == [624 * MIB, 632 * MIB]
+
+
 @pytest.mark.parametrize(
     ("samples", "kept"),
     [
