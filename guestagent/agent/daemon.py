@@ -165,7 +165,11 @@ class Agent:
             functools.partial(started_reclaimer, config.kernel, self.stall, config.reclaim),
             "the reclaimer",
         )
-        self._policies = statestore.state_file(config.kernel, statestore.RECLAIM_POLICIES)
+        # Whether the reclaimer has work from start: --reclaim, or policies an earlier agent
+        # left (the host's, kept across a restart). Read once: after this, only the reclaimer
+        # itself writes that file, and SetReclaimPolicy builds it first.
+        policies = statestore.state_file(config.kernel, statestore.RECLAIM_POLICIES)
+        self._reclaimer_has_work = bool(config.reclaim) or policies.exists()
         self.ager = IdleAger(config.kernel, config.idle_aging_s)
         # Health answers from start, without protobuf; the other two are built at their
         # first call.
@@ -207,16 +211,11 @@ class Agent:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health.SERVING if serving else health.NOT_SERVING)
 
-    def _reclaimer_at_start(self) -> bool:
-        """Whether the reclaimer has work from start: --reclaim, or policies an earlier agent
-        left (the host's, kept across a restart)."""
-        return bool(self.config.reclaim) or self._policies.exists()
-
     def reclaim_overview(self, cgroups: tuple[str, ...]) -> ReclaimOverview:
         """GetReclaimStatus. A reclaimer not built yet that has no work from start has no
         policy at all (SetReclaimPolicy builds it), so the answer is a new one's, without
         loading its modules (0.14 MiB on this host, 2026-12-06) for a host that only asks."""
-        if self.reclaimer.built is None and not self._reclaimer_at_start():
+        if self.reclaimer.built is None and not self._reclaimer_has_work:
             # Loaded with the contract's code already (agent/rpc.py), not at start.
             from guestagent.ops.workingset.status import overview_without_policies
 
@@ -265,7 +264,7 @@ class Agent:
         if swap_area.left_behind(self.config.kernel):
             await asyncio.to_thread(lambda: self.swaps().check_state())
         # Off unless the host (now or before a restart) or --reclaim turned it on.
-        if self._reclaimer_at_start():
+        if self._reclaimer_has_work:
             await asyncio.to_thread(self.reclaimer)
         self.ager.start()
         self._started = True  # A first call may have come, and failed, meanwhile.
