@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import TYPE_CHECKING
 
+from guestagent.jsonlog import EventLog
 from guestagent.linux.confidential import NONE, Confidential
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
@@ -14,6 +15,7 @@ from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
 from guestagent.ops.giveback_figures import GiveBackFigures, giveback_figures
 from guestagent.ops.idle import IdleAger, IdleSpec
+from guestagent.ops.limits import BEING_MADE, CgroupsBeingMade
 from guestagent.ops.workingset.status import TargetStatus
 from guestagent.records import record
 from guestagent.statestore import state_unavailable
@@ -39,6 +41,8 @@ class Report:
     idle: GiveBackFigures | None = None
 
 
+log = EventLog("guestagent.ops.info")
+
 NOT_CONFIDENTIAL = Confidential(NONE, "")
 
 
@@ -54,10 +58,14 @@ class Reporter:
     reclaimer: OnFirstUse[Reclaimer] | None = None
     ager: IdleAger | None = None  # Its state as of each report.
     stall: DelayStallMeter | None = None
+    # A cgroup SetMemoryLimits is making is read once its limits are written.
+    being_made: CgroupsBeingMade = BEING_MADE
 
     def report(self, spec: InfoSpec, removed_ok: bool = False) -> Report:
         """removed_ok lists an asked-for cgroup that does not exist in the report's `removed`
         (a stream's, after its first message) instead of refusing the call."""
+        if spec.cgroups and not self.being_made.wait_for(spec.cgroups):
+            log.warning("report_read_while_making", cgroups=list(spec.cgroups))
         report = read_report(self.kernel, spec.cgroups, self.hotplug, self.stall, removed_ok)
         return Report(
             report,

@@ -8,8 +8,9 @@ the first change. One rollback serves a call that fails and an agent that died i
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from guestagent.errors import (
     Aborted,
@@ -24,6 +25,7 @@ from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import LONG_MAX, PAGE_SIZE
 from guestagent.linux.cgroups import (
     SUBTREE_CONTROL,
+    canonical_cgroup_name,
     create_cgroup,
     creation_plan,
     planned_creation,
@@ -42,6 +44,45 @@ OCI_UNLIMITED = -1  # The OCI spec's "no limit", written to the kernel as "max".
 
 # One change at a time, so a rollback never puts back values that another call just wrote.
 _lock = threading.Lock()
+# How long a report waits for a cgroup's limits to be written after its mkdir: an empty
+# cgroup's writes take milliseconds; past this it is read as it stands.
+MAKING_WAIT_S = 2.0
+
+
+class CgroupsBeingMade:
+    """The cgroups a SetMemoryLimits call is making, from their mkdir until their limits are
+    written or rolled back. cgroup v2 cannot make a cgroup with its limits in one step (nor
+    rename one into place), and a watch stream wakes on the mkdir: a report read meanwhile
+    would show the new cgroup unlimited. Reports wait for them instead (wait_for)."""
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def making(self, name: str) -> Iterator[None]:
+        with self._changed:
+            self._names.add(name)
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._names.discard(name)
+                self._changed.notify_all()
+
+    def wait_for(self, names: Iterable[str], timeout_s: float = MAKING_WAIT_S) -> bool:
+        """Until none of `names` is being made; False when `timeout_s` passed first."""
+        if not self._names:  # The common case, without the lock.
+            return True
+        wanted = set()
+        for name in names:
+            with contextlib.suppress(InvalidArgument):  # The read refuses it, with its reason.
+                wanted.add(canonical_cgroup_name(name))
+        with self._changed:
+            return self._changed.wait_for(lambda: not wanted & self._names, timeout_s)
+
+
+BEING_MADE = CgroupsBeingMade()
 
 
 @record
@@ -162,21 +203,24 @@ def apply_memory_limits(kernel: Kernel, spec: SetLimitsSpec) -> AppliedLimits:
         # The journal goes down before the first change (a mkdir, or the first write), so an
         # agent killed midway is rolled back when it starts again (recover).
         made, enabled = creation_plan(kernel, cgroup) if spec.create else ((), ())
-        if made:
-            journaling.save(Journal(cgroup, (), made, enabled))
-        created = bool(create_cgroup(kernel, cgroup).made) if spec.create else False
-        memory = kernel.cgroup(cgroup)
-        try:
-            writes, untouched = _plan(memory, values)
-            if writes:
-                journaling.save(Journal(cgroup, writes, made, enabled))
-            _write_all(memory, writes)
-            applied = _read_back(memory, tuple(untouched), created)
-            _check_read_back(cgroup, writes, applied)
-        except AgentError as e:
-            if journaling.journal is None:
-                raise
-            raise e.reworded(f"{e}; {roll_back(kernel, journaling.journal).describe()}") from e
+        making = BEING_MADE.making(canonical_cgroup_name(cgroup)) if made else None
+        with making or contextlib.nullcontext():
+            if made:
+                journaling.save(Journal(cgroup, (), made, enabled))
+            created = bool(create_cgroup(kernel, cgroup).made) if spec.create else False
+            memory = kernel.cgroup(cgroup)
+            try:
+                writes, untouched = _plan(memory, values)
+                if writes:
+                    journaling.save(Journal(cgroup, writes, made, enabled))
+                _write_all(memory, writes)
+                applied = _read_back(memory, tuple(untouched), created)
+                _check_read_back(cgroup, writes, applied)
+            except AgentError as e:
+                if journaling.journal is None:
+                    raise
+                undone = roll_back(kernel, journaling.journal).describe()
+                raise e.reworded(f"{e}; {undone}") from e
     log.info(
         "memory_limits_applied",
         cgroup=cgroup,

@@ -2,15 +2,18 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux.abi import LONG_MAX
+from guestagent.ops.info import InfoSpec, Report, Reporter
 from guestagent.ops.limits import (
     AppliedLimits,
     CgroupMemoryValues,
+    CgroupsBeingMade,
     MemorySpec,
     SetLimitsSpec,
     apply_memory_limits,
@@ -364,6 +367,40 @@ def test_create_of_an_existing_cgroup_just_writes(
     )
     assert not applied.created
     assert (ctr / "memory.max").read_text() == str(GiB)
+
+
+def test_a_report_waits_for_the_limits_of_a_cgroup_being_made(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
+) -> None:
+    """A stream wakes on the mkdir; what it reads must be the cgroup with its limits."""
+    reports: list[Report] = []
+    reader: list[threading.Thread] = []
+
+    def read_meanwhile(path: Path, value: str, proceed: Proceed) -> None:
+        if path.name == "memory.max" and not reader:
+            spec = InfoSpec(("pod//ctr/",))  # The same cgroup, spelled otherwise.
+            reader.append(
+                threading.Thread(target=lambda: reports.append(Reporter(fake_root.fs).report(spec)))
+            )
+            reader[0].start()
+            reader[0].join(0.3)
+            assert reader[0].is_alive(), "the report did not wait for the limits"
+        proceed(value)
+
+    fake_root.kernel.on("write", read_meanwhile)
+    apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec(limit=GiB), create=True))
+    reader[0].join(5)
+    assert [r.report.cgroups[0].max for r in reports] == [GiB]
+
+
+def test_cgroups_being_made() -> None:
+    made = CgroupsBeingMade()
+    assert made.wait_for(["pod/ctr"], timeout_s=0)
+    with made.making("pod/ctr"):
+        assert not made.wait_for(["pod/ctr/"], timeout_s=0.01)
+        assert made.wait_for(["pod", "other"], timeout_s=0)
+        assert not made.wait_for(["../x", "pod/ctr"], timeout_s=0.01)  # A bad name is skipped.
+    assert made.wait_for(["pod/ctr"], timeout_s=0)
 
 
 def test_create_without_a_memory_controller_removes_the_cgroup(
