@@ -29,8 +29,8 @@ def blocks(small_pages: int, huge_blocks: int) -> tuple[int, ...]:
         (blocks(64 * 256, 4), 0, 10.0, False, "ran 10 s ago"),
         (blocks(64 * 256, 4), 5000, 100.0, False, "system stall 5000 us"),
         (blocks(16 * 256, 0), 0, None, False, "not worth it"),  # Too little to gain.
-        (blocks(48 * 256, 100), 0, None, False, "not worth it"),  # Mostly in 2 MiB blocks.
-        (blocks(64 * 256, 100), 0, None, True, "64 MiB of 264 MiB"),  # But 64 MiB stranded.
+        (blocks(31 * 256, 100), 0, None, False, "not worth it"),
+        (blocks(32 * 256, 400), 0, None, True, "32 MiB of 832 MiB"),  # Whatever its share.
         ((), 0, None, False, "not worth it"),
     ],
 )
