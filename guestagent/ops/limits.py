@@ -203,8 +203,10 @@ def apply_memory_limits(kernel: Kernel, spec: SetLimitsSpec) -> AppliedLimits:
         # The journal goes down before the first change (a mkdir, or the first write), so an
         # agent killed midway is rolled back when it starts again (recover).
         made, enabled = creation_plan(kernel, cgroup) if spec.create else ((), ())
-        making = BEING_MADE.making(canonical_cgroup_name(cgroup)) if made else None
-        with making or contextlib.nullcontext():
+        making = (
+            BEING_MADE.making(canonical_cgroup_name(cgroup)) if made else contextlib.nullcontext()
+        )
+        with making:
             if made:
                 journaling.save(Journal(cgroup, (), made, enabled))
             created = bool(create_cgroup(kernel, cgroup).made) if spec.create else False
