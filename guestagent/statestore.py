@@ -24,7 +24,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from guestagent.errors import AgentError, FailedPrecondition, errno_text
@@ -50,7 +49,7 @@ MAX_DEPTH = 16
 _MISSING = object()
 _TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR)
 # Directories refused at start, with why: nothing is read from or written to them.
-_refused: dict[Path, str] = {}
+_refused: dict[str, str] = {}
 _refused_lock = threading.Lock()
 
 
@@ -62,12 +61,20 @@ class StateFileError(FailedPrecondition):
 
 @record
 class StateFile:
-    path: Path
+    path: str
+
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(self.path)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
 
     def load_valid(self, decode: Callable[[Any], T]) -> T | None:
         """The decoded value saved last; None when nothing is saved, when the directory was
         refused, or when the file is not one of ours (then it is moved aside and logged)."""
-        if refused(self.path.parent):
+        if refused(self.directory):
             return None
         try:
             value = self._read()
@@ -75,24 +82,24 @@ class StateFile:
         except (StateFileError, AgentError, ValueError, TypeError, KeyError, RecursionError) as e:
             if getattr(e, "errno", None) in _TRANSIENT:
                 # Out of descriptors or memory says nothing about the file: keep it.
-                log.warning("state_file_unreadable", path=str(self.path), error=str(e))
+                log.warning("state_file_unreadable", path=self.path, error=str(e))
                 return None
             self._move_aside(str(e))
             return None
 
     def _move_aside(self, why: str) -> None:
-        aside = f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        aside = f"{self.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
         try:
-            directory = _open_directory(self.path.parent, create=False)
+            directory = _open_directory(self.directory, create=False)
             try:
-                os.rename(self.path.name, aside, src_dir_fd=directory, dst_dir_fd=directory)
+                os.rename(self.name, aside, src_dir_fd=directory, dst_dir_fd=directory)
                 os.fsync(directory)
             finally:
                 os.close(directory)
         except (OSError, StateFileError) as e:
-            log.error("state_file_corrupt", path=str(self.path), error=why, not_moved=str(e))
+            log.error("state_file_corrupt", path=self.path, error=why, not_moved=str(e))
             return
-        log.error("state_file_corrupt", path=str(self.path), error=why, moved_to=aside)
+        log.error("state_file_corrupt", path=self.path, error=why, moved_to=aside)
 
     def exists(self) -> bool:
         """Whether there is a file, valid or not: the part whose state it is loads at start
@@ -106,15 +113,13 @@ class StateFile:
 
     def _read(self) -> Any:
         try:
-            directory = _open_directory(self.path.parent, create=False)
+            directory = _open_directory(self.directory, create=False)
         except FileNotFoundError:
             return _MISSING
         except OSError as e:
             raise self._error("open the directory of", e) from e
         try:
-            fd = os.open(
-                self.path.name, os.O_RDONLY | os.O_NONBLOCK | _FILE_FLAGS, dir_fd=directory
-            )
+            fd = os.open(self.name, os.O_RDONLY | os.O_NONBLOCK | _FILE_FLAGS, dir_fd=directory)
         except FileNotFoundError:
             return _MISSING
         except OSError as e:
@@ -139,12 +144,12 @@ class StateFile:
 
     def save(self, value: Any) -> None:
         """Write value whole; nothing when the directory was refused at start."""
-        if refused(self.path.parent):
+        if refused(self.directory):
             return
         data = json.dumps(value, indent=1).encode() + b"\n"
-        temporary = f".{self.path.name}.tmp"
+        temporary = f".{self.name}.tmp"
         try:
-            directory = _open_directory(self.path.parent, create=True)
+            directory = _open_directory(self.directory, create=True)
         except OSError as e:
             raise self._error("open the directory of", e) from e
         try:
@@ -157,7 +162,7 @@ class StateFile:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.rename(temporary, self.path.name, src_dir_fd=directory, dst_dir_fd=directory)
+            os.rename(temporary, self.name, src_dir_fd=directory, dst_dir_fd=directory)
             os.fsync(directory)
         except OSError as e:
             raise self._error("write", e) from e
@@ -174,17 +179,17 @@ class StateFile:
             self.remove()
 
     def remove(self) -> None:
-        if refused(self.path.parent):
+        if refused(self.directory):
             return
         try:
-            directory = _open_directory(self.path.parent, create=False)
+            directory = _open_directory(self.directory, create=False)
         except FileNotFoundError:
             return
         except OSError as e:
             raise self._error("open the directory of", e) from e
         try:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path.name, dir_fd=directory)
+                os.unlink(self.name, dir_fd=directory)
             os.fsync(directory)
         except OSError as e:
             raise self._error("remove", e) from e
@@ -228,14 +233,14 @@ def check_directory(fs: KernelFS) -> str:
         why = f"{path} refused: {text}; the agent does not persist its state"
         with _refused_lock:
             _refused[path] = why
-        log.error("state_directory_refused", path=str(path), error=text)
+        log.error("state_directory_refused", path=path, error=text)
         return why
     with _refused_lock:
         _refused.pop(path, None)
     return ""
 
 
-def refused(directory: Path) -> str:
+def refused(directory: str) -> str:
     """Why the agent does not persist to this directory, "" if it does."""
     with _refused_lock:
         return _refused.get(directory, "")
@@ -245,10 +250,10 @@ def state_unavailable(fs: KernelFS) -> str:
     return refused(fs.run(STATE_DIRECTORY))
 
 
-def _open_directory(path: Path, create: bool) -> int:
+def _open_directory(path: str, create: bool) -> int:
     """The state directory, made 0700 if asked, refused unless it is this user's own."""
     if create:
-        os.makedirs(path.parent, mode=0o755, exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _FILE_FLAGS)
@@ -260,7 +265,7 @@ def _open_directory(path: Path, create: bool) -> int:
     return fd
 
 
-def _check_owned(fd: int, path: Path, is_kind: Callable[[int], bool], kind: str) -> None:
+def _check_owned(fd: int, path: str, is_kind: Callable[[int], bool], kind: str) -> None:
     info = os.fstat(fd)
     if not is_kind(info.st_mode):
         raise StateFileError(f"{path} is not {kind}")

@@ -12,7 +12,6 @@ import gc
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -97,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CID",
         help="also accept vsock peers with this CID (the host, CID 2, always is)",
     )
-    serve_cmd.add_argument("--root", type=Path, default=Path("/"), help="kernel file tree root")
+    serve_cmd.add_argument("--root", default="/", help="kernel file tree root")
     serve_cmd.add_argument(
         "--cgroup-mount", default="sys/fs/cgroup", help="cgroup2 mount below root"
     )

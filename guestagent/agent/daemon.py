@@ -7,12 +7,10 @@ import contextlib
 import errno
 import functools
 import os
-import resource
 import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -34,7 +32,7 @@ from guestagent.jsonlog import EventLog
 from guestagent.linux.confidential import Confidential, decide, read_facts
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
-from guestagent.linux.syscalls import give_heap_back
+from guestagent.linux.syscalls import give_heap_back, nofile_limits, set_nofile_limits
 from guestagent.on_first_use import OnFirstUse
 from guestagent.ops import kernel_switches, limits_journal, swap_area
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
@@ -147,7 +145,7 @@ class Agent:
         self.relays: list[NamedRelay] = []
         self.bound: list[str] = []
         self._unix_paths: list[tuple[str, int]] = []
-        self._private_dir: Path | None = None
+        self._private_dir: str | None = None
         self.hotplug = HotplugWatcher(config.kernel, config.online_memory)
         self.confidential = decide(config.confidential, read_facts(config.kernel))
         # Built at the first call that needs them, or below at start when an earlier agent
@@ -287,7 +285,7 @@ class Agent:
             # must not set its own limits.
             listener = open_unix_listener(address.path, 0o600)
             self._unix_paths.append((address.path, os.lstat(address.path).st_ino))
-            self._relay(listener, f"unix-{Path(address.path).name}")
+            self._relay(listener, f"unix-{os.path.basename(address.path)}")
             self.bound.append(f"unix://{address.path}")
         elif isinstance(address, TcpAddress):
             if tcp_port_in_use(address.host, address.port):
@@ -332,10 +330,9 @@ class Agent:
             temporary = os.environ.get("TMPDIR") or next(
                 (d for d in ("/tmp", "/run") if os.path.isdir(d)), "/tmp"
             )
-            self._private_dir = Path(private_directory(temporary, "guestagent-"))
-            path = self._private_dir / "grpc.sock"
-            self._add_port(f"unix://{path}")
-        return str(self._private_dir / "grpc.sock")
+            self._private_dir = private_directory(temporary, "guestagent-")
+            self._add_port(f"unix://{os.path.join(self._private_dir, 'grpc.sock')}")
+        return os.path.join(self._private_dir, "grpc.sock")
 
     def _release(self) -> None:
         """Close relays and remove the sockets this agent created (not one that replaced ours)."""
@@ -346,9 +343,10 @@ class Agent:
                 if os.lstat(path).st_ino == inode:
                     os.unlink(path)
         if self._private_dir is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self._private_dir, "grpc.sock"))
             with contextlib.suppress(OSError):
-                (self._private_dir / "grpc.sock").unlink(missing_ok=True)
-                self._private_dir.rmdir()
+                os.rmdir(self._private_dir)
 
     async def stop(self) -> None:
         log.info("stopping", grace_seconds=self.config.grace_seconds)
@@ -437,15 +435,15 @@ def tcp_port_in_use(host: str, port: int) -> bool:
 
 
 def nofile_limit() -> int:
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return nofile_limits()[0]
 
 
 def raise_nofile_limit() -> None:
     """The soft RLIMIT_NOFILE up to the hard one: systemd's soft default of 1024 ran out at 150
     idle connections, while the hard limit (the unit's LimitNOFILE=) is what the host allows."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = nofile_limits()
     if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        set_nofile_limits(hard, hard)
         log.info("nofile_raised", soft=soft, to=hard)
 
 

@@ -1,7 +1,6 @@
 """The `guestagent` command's entry point, in a module of its own so that what the process
-refuses or defers is in place before any of the agent's imports: cli.py's bring pathlib,
-which imports urllib.parse, which imports ipaddress; the daemon's bring asyncio, which imports
-ssl when it can, and protobuf, which imports its pure-Python implementation.
+refuses or defers is in place before any of the agent's imports: the daemon's bring asyncio,
+which imports ssl when it can, and protobuf, which imports its pure-Python implementation.
 """
 
 from __future__ import annotations

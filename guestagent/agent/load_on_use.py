@@ -8,9 +8,10 @@ LazyLoader puts the module in sys.modules at once and runs its code at the first
 read, so an `import` of it stays cheap and any real use still gets the whole module.
 
 The standard library's ipaddress is the other: urllib.parse imports it for bracketed hosts,
-and pathlib imports urllib.parse, so every agent loaded it at start, the largest module it
-loaded (0.2 MiB traced; docs/measurements.md, 2026-12-06). The agent reads it only to check
-that a tcp listener is on loopback; a guest listening on vsock never does.
+and pathlib imports urllib.parse, so every agent loaded it at start while its kernel paths were
+Paths, the largest module it loaded (0.2 MiB traced; docs/measurements.md, 2026-12-06). They
+are strings now, and nothing the agent runs imports it until it checks that a tcp listener is
+on loopback (a guest listening on vsock never does); deferred still, should a library bring it.
 
 And calendar: upb imports protobuf's well-known types with the first message class it
 builds, and they import calendar for Timestamp's conversions, which the contract never

@@ -13,7 +13,6 @@ import stat
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
 from guestagent.errors import (
@@ -180,7 +179,7 @@ def parse_mountinfo(text: str) -> list[Mount]:
     return mounts
 
 
-def block_dir(fs: KernelFS, device: BlockDevice) -> Path:
+def block_dir(fs: KernelFS, device: BlockDevice) -> str:
     return fs.sys("class", "block", device.sysname)
 
 
@@ -188,26 +187,30 @@ def partitions_of(fs: KernelFS, device: BlockDevice) -> list[str]:
     directory = fs.sys("block", device.sysname)
     if not fs.is_dir(directory):
         return []
-    return [name for name in fs.listdir(directory) if fs.exists(directory / name / "partition")]
+    return [
+        name
+        for name in fs.listdir(directory)
+        if fs.exists(os.path.join(directory, name, "partition"))
+    ]
 
 
 def holders_of(fs: KernelFS, device: BlockDevice) -> list[str]:
-    directory = block_dir(fs, device) / "holders"
+    directory = os.path.join(block_dir(fs, device), "holders")
     return fs.listdir(directory) if fs.is_dir(directory) else []
 
 
 def size_bytes(fs: KernelFS, device: BlockDevice) -> int:
     # sysfs counts 512-byte sectors whatever the device's block size.
-    return fs.read_int(block_dir(fs, device) / "size") * 512
+    return fs.read_int(os.path.join(block_dir(fs, device), "size")) * 512
 
 
 def queue_value(fs: KernelFS, device: BlockDevice, name: str) -> str | None:
-    text = fs.read_optional(block_dir(fs, device) / "queue" / name)
+    text = fs.read_optional(os.path.join(block_dir(fs, device), "queue", name))
     return text.strip() if text is not None else None
 
 
 def write_queue_value(fs: KernelFS, device: BlockDevice, name: str, value: str) -> None:
-    fs.write(block_dir(fs, device) / "queue" / name, value)
+    fs.write(os.path.join(block_dir(fs, device), "queue", name), value)
 
 
 def refuse_unsafe_device(fs: KernelFS, device: BlockDevice) -> None:
@@ -380,7 +383,7 @@ def device_for_node(fs: KernelFS, devnode: str) -> BlockDevice | None:
         sysname = os.path.basename(os.readlink(link))
     except OSError:
         return None
-    devtype = "partition" if fs.exists(link / "partition") else "disk"
+    devtype = "partition" if fs.exists(os.path.join(link, "partition")) else "disk"
     return BlockDevice(devnode, sysname, devtype, major, minor)
 
 

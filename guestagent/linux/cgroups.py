@@ -8,8 +8,8 @@ made on request is made whole (its controller enabled in every ancestor) or not 
 
 from __future__ import annotations
 
+import os
 from itertools import pairwise
-from pathlib import Path
 
 from guestagent.errors import (
     QUOTE_MAX,
@@ -78,9 +78,9 @@ def canonical_cgroup_name(name: str) -> str:
     return "/".join(validate_cgroup_name(name))
 
 
-def cgroup_dir(fs: KernelFS, name: str) -> Path:
+def cgroup_dir(fs: KernelFS, name: str) -> str:
     """The directory of an existing cgroup; the lookup itself refuses an escape from the mount."""
-    path = fs.cgroup_root.joinpath(*validate_cgroup_name(name))
+    path = os.path.join(fs.cgroup_root, *validate_cgroup_name(name))
     if not fs.is_dir(path):
         raise NotFound(
             f"cgroup {quoted(name)} does not exist under {fs.cgroup_root}",
@@ -94,15 +94,15 @@ def cgroup_dir(fs: KernelFS, name: str) -> Path:
 class CreatedCgroup:
     """A cgroup made on request, and what was changed to make it, so it can be undone."""
 
-    path: Path
+    path: str
     # Directories this call made, top down; empty when the cgroup already existed.
-    made: tuple[Path, ...] = ()
+    made: tuple[str, ...] = ()
     # cgroup.subtree_control files that received "+memory", top down.
-    enabled: tuple[Path, ...] = ()
+    enabled: tuple[str, ...] = ()
 
 
-def subtree_controllers(fs: KernelFS, directory: Path) -> tuple[str, ...]:
-    return tuple(fs.read(directory / SUBTREE_CONTROL).split())
+def subtree_controllers(fs: KernelFS, directory: str) -> tuple[str, ...]:
+    return tuple(fs.read(os.path.join(directory, SUBTREE_CONTROL)).split())
 
 
 def create_cgroup(fs: KernelFS, name: str) -> CreatedCgroup:
@@ -114,10 +114,10 @@ def create_cgroup(fs: KernelFS, name: str) -> CreatedCgroup:
     On failure, what was made is removed and what was enabled is disabled again.
     """
     parts = validate_cgroup_name(name)
-    path = fs.cgroup_root.joinpath(*parts)
+    path = os.path.join(fs.cgroup_root, *parts)
     if fs.is_dir(path):
         return CreatedCgroup(path)
-    levels = [fs.cgroup_root.joinpath(*parts[:depth]) for depth in range(len(parts) + 1)]
+    levels = [os.path.join(fs.cgroup_root, *parts[:depth]) for depth in range(len(parts) + 1)]
     for level in levels[1:]:
         if fs.exists(level) and not fs.is_dir(level):
             raise FailedPrecondition(
@@ -126,7 +126,7 @@ def create_cgroup(fs: KernelFS, name: str) -> CreatedCgroup:
                 metadata={"cgroup": name, "path": level},
             )
     for level in levels[:-1]:
-        if fs.is_dir(level) and not fs.exists(level / SUBTREE_CONTROL):
+        if fs.is_dir(level) and not fs.exists(os.path.join(level, SUBTREE_CONTROL)):
             raise FailedPrecondition(
                 f"cgroup path {quoted(name)}: {level} has no {SUBTREE_CONTROL}; "
                 "it is not cgroup v2",
@@ -134,11 +134,11 @@ def create_cgroup(fs: KernelFS, name: str) -> CreatedCgroup:
                 metadata={"cgroup": name, "path": level},
             )
 
-    made: list[Path] = []
-    enabled: list[Path] = []
+    made: list[str] = []
+    enabled: list[str] = []
     try:
         for parent, child in pairwise(levels):
-            control = parent / SUBTREE_CONTROL
+            control = os.path.join(parent, SUBTREE_CONTROL)
             if CONTROLLER not in subtree_controllers(fs, parent):
                 fs.write(control, f"+{CONTROLLER}")
                 enabled.append(control)
@@ -165,7 +165,7 @@ def undo_create(fs: KernelFS, created: CreatedCgroup) -> str:
         except AgentError as e:
             done.append(f"could not {e}")
     for control in reversed(created.enabled):
-        if control.parent in created.made:
+        if os.path.dirname(control) in created.made:
             continue  # Went with its directory.
         try:
             fs.write(control, f"-{CONTROLLER}")
@@ -180,7 +180,7 @@ def creation_plan(fs: KernelFS, name: str) -> tuple[tuple[str, ...], tuple[str, 
     top down, and the cgroups whose subtree_control it gives "+memory" ("" is the mount)."""
     parts = validate_cgroup_name(name)
     names = ["/".join(parts[:depth]) for depth in range(len(parts) + 1)]
-    made = tuple(n for n in names[1:] if not fs.is_dir(fs.cgroup_root / n))
+    made = tuple(n for n in names[1:] if not fs.is_dir(os.path.join(fs.cgroup_root, n)))
     if not made:
         return (), ()
     enabled = tuple(n for n in names[:-1] if n in made or not _has_controller(fs, n))
@@ -193,14 +193,16 @@ def planned_creation(
     """Of what a creation_plan said would be made and enabled, what is there now, as
     create_cgroup would have reported it: so undo_create can take it back."""
     root = fs.cgroup_root
-    directories = tuple(root / n for n in made if fs.is_dir(root / n))
-    controls = tuple(root / n / SUBTREE_CONTROL for n in enabled if _has_controller(fs, n))
-    return CreatedCgroup(root / name, directories, controls)
+    directories = tuple(os.path.join(root, n) for n in made if fs.is_dir(os.path.join(root, n)))
+    controls = tuple(
+        os.path.join(root, n, SUBTREE_CONTROL) for n in enabled if _has_controller(fs, n)
+    )
+    return CreatedCgroup(os.path.join(root, name), directories, controls)
 
 
 def _has_controller(fs: KernelFS, name: str) -> bool:
     try:
-        return CONTROLLER in subtree_controllers(fs, fs.cgroup_root / name)
+        return CONTROLLER in subtree_controllers(fs, os.path.join(fs.cgroup_root, name))
     except AgentError:
         return False  # Not a cgroup (create_cgroup refuses it), or gone with one that was made.
 
@@ -219,16 +221,18 @@ def read_mount_facts(fs: KernelFS) -> tuple[str | None, bool]:
     """The mount's cgroup.controllers (None: not cgroup2), and whether it has cgroup.type,
     which the kernel gives every cgroup but the real root."""
     mount = fs.cgroup_root
-    return fs.read_optional(mount / "cgroup.controllers"), fs.exists(mount / "cgroup.type")
+    return fs.read_optional(os.path.join(mount, "cgroup.controllers")), fs.exists(
+        os.path.join(mount, "cgroup.type")
+    )
 
 
 def move_process(fs: KernelFS, name: str, pid: int) -> None:
-    fs.write(fs.cgroup_root.joinpath(*validate_cgroup_name(name), "cgroup.procs"), str(pid))
+    fs.write(os.path.join(fs.cgroup_root, *validate_cgroup_name(name), "cgroup.procs"), str(pid))
 
 
 def read_cgroup_procs(fs: KernelFS, path: str) -> tuple[int, ...]:
     """The processes in a cgroup named as /proc/self/cgroup names it ("/a/b"); () if gone."""
-    text = fs.read_optional(fs.cgroup_root.joinpath(path.lstrip("/"), "cgroup.procs"))
+    text = fs.read_optional(os.path.join(fs.cgroup_root, path.lstrip("/"), "cgroup.procs"))
     return tuple(int(line) for line in (text or "").split())
 
 

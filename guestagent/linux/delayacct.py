@@ -33,7 +33,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from guestagent.errors import AgentError
@@ -51,7 +50,7 @@ class TaskDelaySource(Protocol):
     def delays(self, tgid: int) -> TaskDelays | None: ...
 
 
-def task_delayacct_path(fs: KernelFS) -> Path:
+def task_delayacct_path(fs: KernelFS) -> str:
     """kernel.task_delayacct (Linux 5.14+): 1 while delay accounting runs."""
     return fs.proc("sys", "kernel", "task_delayacct")
 
@@ -91,7 +90,7 @@ def cgroup_procs(text: str) -> tuple[int, ...]:
     return tuple(int(line) for line in text.split())
 
 
-def read_subtree_tgids(fs: KernelFS, directory: Path) -> tuple[int, ...]:
+def read_subtree_tgids(fs: KernelFS, directory: str) -> tuple[int, ...]:
     """The processes in a cgroup and every cgroup below it. AgentError (ENOENT) when the cgroup
     itself is gone; a child removed meanwhile is passed over."""
     found: list[int] = []
@@ -99,8 +98,8 @@ def read_subtree_tgids(fs: KernelFS, directory: Path) -> tuple[int, ...]:
     while pending:
         current = pending.pop()
         try:
-            found.extend(cgroup_procs(fs.read(current / "cgroup.procs")))
-            pending.extend(current / name for name in fs.subdirectories(current))
+            found.extend(cgroup_procs(fs.read(os.path.join(current, "cgroup.procs"))))
+            pending.extend(os.path.join(current, name) for name in fs.subdirectories(current))
         except AgentError:
             if current == directory:
                 raise
@@ -155,7 +154,7 @@ class DelayStallMeter:
         self._own = os.getpid()
         self._answered = False
         self._lock = threading.Lock()
-        self._books: dict[Path, _Books] = {}
+        self._books: dict[str, _Books] = {}
 
     def stands_in(self, psi_present: bool) -> bool:
         """Whether delay accounting is the stall read here: where there is no PSI, and
@@ -182,7 +181,7 @@ class DelayStallMeter:
         """total_us of every process in the guest (the root cgroup's subtree)."""
         return self.total_us(self.fs.cgroup_root)
 
-    def total_us(self, directory: Path) -> int:
+    def total_us(self, directory: str) -> int:
         """The cgroup's stall so far: from its processes' delays when first read, then growing
         by what each read sees. AgentError (ENOENT) when the cgroup is gone."""
         with self._lock:

@@ -4,6 +4,8 @@ make and remove them (dm.py): a starting agent looks for its own mappings with t
 
 from __future__ import annotations
 
+import os
+
 from guestagent.linux.fs import KernelFS
 from guestagent.records import record
 
@@ -40,12 +42,12 @@ def read_mappings(fs: KernelFS) -> list[Mapping]:
         return []
     found = []
     for sysname in fs.listdir(block):
-        directory = block / sysname
-        name = fs.read_optional(directory / "dm" / "name")
+        directory = os.path.join(block, sysname)
+        name = fs.read_optional(os.path.join(directory, "dm", "name"))
         if name is None:
             continue
-        major, _, minor = fs.read(directory / "dev").strip().partition(":")
-        slaves = directory / "slaves"
+        major, _, minor = fs.read(os.path.join(directory, "dev")).strip().partition(":")
+        slaves = os.path.join(directory, "slaves")
         found.append(
             Mapping(
                 name.strip(),

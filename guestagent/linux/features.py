@@ -9,8 +9,8 @@ every read by name, which is what GetAgentInfo lists, so a feature added there i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from pathlib import Path
 
 from guestagent.linux.fs import KernelFS
 from guestagent.records import record
@@ -169,9 +169,9 @@ def read_features(fs: KernelFS) -> tuple[tuple[str, Absent | None], ...]:
     return tuple((name, read(fs)) for name, read in FEATURE_READERS.items())
 
 
-def read_cgroup_psi_absence(fs: KernelFS, directory: Path) -> Absent | None:
+def read_cgroup_psi_absence(fs: KernelFS, directory: str) -> Absent | None:
     """PSI for one cgroup: its memory.pressure, or why it has none."""
-    if fs.exists(directory / "memory.pressure"):
+    if fs.exists(os.path.join(directory, "memory.pressure")):
         return None
     system = read_psi_absence(fs)
     if system is not None:

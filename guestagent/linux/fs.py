@@ -18,7 +18,6 @@ import errno
 import functools
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TypeVar
 
 from guestagent.errors import (
@@ -42,7 +41,7 @@ _OPENAT2_TRIES = 3
 Parsed = TypeVar("Parsed")
 
 
-def parsed(path: Path, text: str, parse: Callable[[str], Parsed]) -> Parsed:
+def parsed(path: str, text: str, parse: Callable[[str], Parsed]) -> Parsed:
     """A kernel file's text parsed; a value the parser does not know (its KernelFormat, or
     int()'s ValueError) is a KernelFormat naming the file and the text, so the caller hears
     where, not a Python exception's name."""
@@ -71,41 +70,43 @@ def have_openat2() -> bool:
 
 @record
 class KernelFS:
-    root: Path = Path("/")
+    # Paths are strings, joined with os.path: pathlib, with the urllib.parse it imports, is
+    # about 0.3 MiB of every guest's memory (docs/measurements.md, 2026-12-07). A test may
+    # give a Path as root; every path handed out is a str.
+    root: str | os.PathLike[str] = "/"
     # Where cgroup2 is mounted, relative to root.
     cgroup_mount: str = "sys/fs/cgroup"
 
-    def proc(self, *parts: str) -> Path:
-        return self.root.joinpath("proc", *parts)
+    def proc(self, *parts: str) -> str:
+        return os.path.join(self.root, "proc", *parts)
 
-    def sys(self, *parts: str) -> Path:
-        return self.root.joinpath("sys", *parts)
+    def sys(self, *parts: str) -> str:
+        return os.path.join(self.root, "sys", *parts)
 
-    def dev(self, *parts: str) -> Path:
-        return self.root.joinpath("dev", *parts)
+    def dev(self, *parts: str) -> str:
+        return os.path.join(self.root, "dev", *parts)
 
-    def run(self, *parts: str) -> Path:
+    def run(self, *parts: str) -> str:
         """/run: a tmpfs that outlives an agent restart but not a reboot, as kernel state does."""
-        return self.root.joinpath("run", *parts)
+        return os.path.join(self.root, "run", *parts)
 
     @property
-    def cgroup_root(self) -> Path:
-        return self.root / self.cgroup_mount
+    def cgroup_root(self) -> str:
+        return os.path.join(self.root, self.cgroup_mount)
 
     @property
     def is_real(self) -> bool:
         """True when this is the live kernel, where syscalls (swapon) match the files."""
-        return self.root.resolve() == Path("/")
+        return os.path.realpath(self.root) == "/"
 
-    def host_path(self, kernel_path: str | os.PathLike[str]) -> Path:
+    def host_path(self, kernel_path: str | os.PathLike[str]) -> str:
         """Map an absolute path as the kernel names it (/dev/vdb) into this tree."""
-        path = Path(kernel_path)
-        return self.root.joinpath(*path.parts[1:]) if path.is_absolute() else self.root / path
+        return os.path.join(self.root, os.fspath(kernel_path).lstrip("/"))
 
     @functools.cached_property
     def _mounts(self) -> tuple[tuple[str, str, int], ...]:
-        """(mount, mount + '/', openat2 resolve flags), as strings: a Path's own methods
-        would cost more than the open itself on the memory report's hot path."""
+        """(mount, mount + '/', openat2 resolve flags); the prefix is what a path beneath the
+        mount starts with."""
         mounts = (
             # First: it lies inside /sys, and is stricter.
             (self.cgroup_root, _BENEATH | syscalls.RESOLVE_NO_SYMLINKS),
@@ -114,9 +115,9 @@ class KernelFS:
             (self.dev(), _BENEATH),
             (self.run(), _BENEATH),
         )
-        return tuple((str(base), os.path.join(base, ""), resolve) for base, resolve in mounts)
+        return tuple((base, os.path.join(base, ""), resolve) for base, resolve in mounts)
 
-    def _mount_of(self, path: Path) -> tuple[str, str, int]:
+    def _mount_of(self, path: str) -> tuple[str, str, int]:
         """The mount a path lies in, the path relative to it, and the openat2 resolve flags."""
         text = os.fspath(path)
         for base, prefix, resolve in self._mounts:
@@ -130,7 +131,7 @@ class KernelFS:
             metadata={"path": path},
         )
 
-    def open(self, path: Path, flags: int, op: str = "open", value: str | None = None) -> int:
+    def open(self, path: str, flags: int, op: str = "open", value: str | None = None) -> int:
         """A file descriptor (always O_CLOEXEC) for a path opened beneath its mount.
 
         Any failure is the domain error for its errno (kernel_error), naming op, path and
@@ -145,7 +146,7 @@ class KernelFS:
         except OSError as e:
             raise kernel_error(op, path, value, e) from e
 
-    def read_bytes(self, path: Path) -> bytes:
+    def read_bytes(self, path: str) -> bytes:
         fd = self.open(path, os.O_RDONLY, "read")
         try:
             chunks = []
@@ -157,19 +158,19 @@ class KernelFS:
             os.close(fd)
         return b"".join(chunks)
 
-    def read(self, path: Path) -> str:
+    def read(self, path: str) -> str:
         # os-level calls: kernel files are small, and a text-mode file object costs several
         # times the read itself on the memory report's hot path.
         return self.read_bytes(path).decode("ascii", errors="replace")
 
-    def read_parsed(self, path: Path, parse: Callable[[str], Parsed]) -> Parsed:
+    def read_parsed(self, path: str, parse: Callable[[str], Parsed]) -> Parsed:
         return parsed(path, self.read(path), parse)
 
-    def read_int(self, path: Path) -> int:
+    def read_int(self, path: str) -> int:
         """A file that holds one decimal number (memory.current, a block device's size)."""
         return parsed(path, self.read(path), int)
 
-    def read_optional(self, path: Path) -> str | None:
+    def read_optional(self, path: str) -> str | None:
         """Read a file whose absence means a kernel feature is off (PSI, swap accounting)."""
         try:
             return self.read(path)
@@ -178,7 +179,7 @@ class KernelFS:
                 return None
             raise
 
-    def write(self, path: Path, value: str) -> None:
+    def write(self, path: str, value: str) -> None:
         """Write one value with one write(2), since the kernel parses each write as a whole value.
 
         O_TRUNC is what a shell's '>' passes: kernfs ignores the size change, and it empties the
@@ -194,7 +195,7 @@ class KernelFS:
             short = OSError(errno.EIO, f"short write, {written} of {len(data)} bytes")
             raise kernel_error("write", path, value, short)
 
-    def _probe(self, path: Path, flags: int, absent: tuple[int, ...]) -> bool:
+    def _probe(self, path: str, flags: int, absent: tuple[int, ...]) -> bool:
         try:
             os.close(self.open(path, flags, "look up"))
         except AgentError as e:
@@ -203,36 +204,38 @@ class KernelFS:
             raise
         return True
 
-    def exists(self, path: Path) -> bool:
+    def exists(self, path: str) -> bool:
         return self._probe(path, os.O_PATH, (errno.ENOENT, errno.ENOTDIR))
 
-    def is_dir(self, path: Path) -> bool:
+    def is_dir(self, path: str) -> bool:
         return self._probe(path, _DIRECTORY, (errno.ENOENT, errno.ENOTDIR))
 
-    def listdir(self, path: Path) -> list[str]:
+    def listdir(self, path: str) -> list[str]:
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY, "list")
         with _closing(fd, "list", path):
             return sorted(os.listdir(fd))
 
-    def subdirectories(self, path: Path) -> list[str]:
+    def subdirectories(self, path: str) -> list[str]:
         """The directories in a directory (a cgroup's children), without a look-up each."""
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY, "list")
         with _closing(fd, "list", path), os.scandir(fd) as entries:
             return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
 
-    def mkdir(self, path: Path, mode: int = 0o755) -> None:
-        parent = self.open(path.parent, _DIRECTORY, "look up")
-        with _closing(parent, "make directory", path):
-            os.mkdir(path.name, mode, dir_fd=parent)
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        parent, name = os.path.split(path)
+        parent_fd = self.open(parent, _DIRECTORY, "look up")
+        with _closing(parent_fd, "make directory", path):
+            os.mkdir(name, mode, dir_fd=parent_fd)
 
-    def rmdir(self, path: Path) -> None:
-        parent = self.open(path.parent, _DIRECTORY, "look up")
-        with _closing(parent, "remove directory", path):
-            os.rmdir(path.name, dir_fd=parent)
+    def rmdir(self, path: str) -> None:
+        parent, name = os.path.split(path)
+        parent_fd = self.open(parent, _DIRECTORY, "look up")
+        with _closing(parent_fd, "remove directory", path):
+            os.rmdir(name, dir_fd=parent_fd)
 
 
 @contextlib.contextmanager
-def _closing(fd: int, op: str, path: Path, value: str | None = None) -> Iterator[None]:
+def _closing(fd: int, op: str, path: str, value: str | None = None) -> Iterator[None]:
     """Close fd after the block; an OSError in it is the domain error for op (kernel_error)."""
     try:
         yield
@@ -253,7 +256,7 @@ def _open_beneath(base: str, relative: str, flags: int, resolve: int) -> int:
         os.close(directory)
 
 
-def _open_checked(path: Path, base: str, relative: str, resolve: int, flags: int) -> int:
+def _open_checked(path: str, base: str, relative: str, resolve: int, flags: int) -> int:
     """The pre-openat2 fallback: resolve, check, then open (racy against a rename meanwhile)."""
     real_base = os.path.realpath(base)
     real = os.path.realpath(path)

@@ -5,6 +5,7 @@ reporting takes, the cgroups' protections and the virtio-mem devices' blocks."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable
 
 from guestagent.errors import AgentError
@@ -75,7 +76,7 @@ def read_protected(fs: KernelFS) -> tuple[Protection, ...]:
     root = fs.cgroup_root
     found = []
     for name in fs.subdirectories(root) if fs.is_dir(root) else []:
-        cgroup = MemoryCgroup(fs, root / name, name)
+        cgroup = MemoryCgroup(fs, os.path.join(root, name), name)
         try:
             protection = cgroup.protection()
             if protection == 0:
@@ -96,7 +97,7 @@ def read_swap_barred(fs: KernelFS, paths: Iterable[str]) -> frozenset[str]:
     def is_barred(path: str) -> bool:
         if path not in barred:
             parent = path.rsplit("/", 1)[0] or "/"
-            cgroup = MemoryCgroup(fs, fs.cgroup_root / path.lstrip("/"), path)
+            cgroup = MemoryCgroup(fs, os.path.join(fs.cgroup_root, path.lstrip("/")), path)
             here = False
             with contextlib.suppress(AgentError):  # Gone meanwhile: nothing to bar.
                 here = cgroup.swap_barred()

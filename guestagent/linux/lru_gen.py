@@ -17,7 +17,6 @@ import errno
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from guestagent.errors import AgentError, KernelFormat, kernel_error
 from guestagent.linux import syscalls
@@ -102,7 +101,7 @@ def aging_command(lruvecs: tuple[Lruvec, ...]) -> str:
     return ";".join(f"+ {v.memcg_id} {v.node} {v.max_seq} 1 1" for v in lruvecs)
 
 
-def lru_gen_path(fs: KernelFS) -> Path:
+def lru_gen_path(fs: KernelFS) -> str:
     return fs.sys("kernel", "debug", "lru_gen")
 
 
@@ -125,7 +124,7 @@ def debugfs_absence(fs: KernelFS) -> Absent | None:
 
 
 @contextmanager
-def debugfs(fs: KernelFS, path: Path | None = None) -> Iterator[Path]:
+def debugfs(fs: KernelFS, path: str | None = None) -> Iterator[str]:
     """A debugfs path (lru_gen's unless given), with debugfs mounted for the duration if the
     path is not there (then unmounted). AgentError naming the mount when it cannot be
     mounted (e.g. kernel lockdown)."""
@@ -150,11 +149,11 @@ def debugfs(fs: KernelFS, path: Path | None = None) -> Iterator[Path]:
                 raise
 
 
-def read_lruvecs(fs: KernelFS, path: Path) -> tuple[Lruvec, ...]:
+def read_lruvecs(fs: KernelFS, path: str) -> tuple[Lruvec, ...]:
     return fs.read_parsed(path, parse_lru_gen)
 
 
-def write_aging(fs: KernelFS, path: Path, lruvecs: tuple[Lruvec, ...]) -> None:
+def write_aging(fs: KernelFS, path: str, lruvecs: tuple[Lruvec, ...]) -> None:
     """Age every lruvec; one that went away meanwhile (EINVAL: its memcg died) is skipped."""
     if not lruvecs:
         return

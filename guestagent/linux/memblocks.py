@@ -13,8 +13,8 @@ Parsing is pure; the reads are at the bottom.
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import Path
 
 from guestagent.errors import AgentError, KernelFormat
 from guestagent.linux.fs import KernelFS
@@ -140,23 +140,25 @@ def hotplug_report(
     return HotplugReport(block_size, *total, tuple(per_region))
 
 
-def memory_root(fs: KernelFS) -> Path:
+def memory_root(fs: KernelFS) -> str:
     return fs.sys("devices", "system", "memory")
 
 
 def set_block_state(fs: KernelFS, name: str, state: str) -> None:
-    fs.write(memory_root(fs) / name / "state", state)
+    fs.write(os.path.join(memory_root(fs), name, "state"), state)
 
 
 def block_state(fs: KernelFS, name: str) -> str | None:
     """A memory block's state ("online", "offline", ...), None when it is gone."""
-    text = fs.read_optional(memory_root(fs) / name / "state")
+    text = fs.read_optional(os.path.join(memory_root(fs), name, "state"))
     return text.strip() if text is not None else None
 
 
 def block_size_bytes(fs: KernelFS) -> int:
     # The kernel prints it in hex without a 0x prefix.
-    return fs.read_parsed(memory_root(fs) / "block_size_bytes", lambda text: int(text, 16))
+    return fs.read_parsed(
+        os.path.join(memory_root(fs), "block_size_bytes"), lambda text: int(text, 16)
+    )
 
 
 def memory_blocks(fs: KernelFS) -> dict[str, str]:
@@ -167,7 +169,7 @@ def memory_blocks(fs: KernelFS) -> dict[str, str]:
     blocks = {}
     for name in fs.listdir(root):
         if name.startswith("memory") and name[6:].isdigit():
-            state = fs.read_optional(root / name / "state")
+            state = fs.read_optional(os.path.join(root, name, "state"))
             if state is not None:
                 blocks[name] = state.strip()
     return blocks
@@ -192,17 +194,17 @@ def read_memory_blocks(fs: KernelFS, regions: list[VirtioMemRegion]) -> list[Mem
         index = int(name[6:])
         zone = None
         if state == "online":
-            text = fs.read_optional(root / name / "valid_zones")
+            text = fs.read_optional(os.path.join(root, name, "valid_zones"))
             zone = zone_of(text) if text is not None else None
         # ACPI binds a hot-plugged DIMM's blocks to its memory device.
-        hotplugged = index in in_regions or fs.exists(root / name / "firmware_node")
+        hotplugged = index in in_regions or fs.exists(os.path.join(root, name, "firmware_node"))
         blocks.append(MemoryBlock(index, state, zone, hotplugged))
     return blocks
 
 
 def read_hotplug_report(fs: KernelFS) -> HotplugReport | None:
     """None when the kernel has no memory hotplug (no block_size_bytes)."""
-    if fs.read_optional(memory_root(fs) / "block_size_bytes") is None:
+    if fs.read_optional(os.path.join(memory_root(fs), "block_size_bytes")) is None:
         return None
     regions = read_virtio_mem_regions(fs)
     return hotplug_report(block_size_bytes(fs), read_memory_blocks(fs, regions), regions)
@@ -217,7 +219,7 @@ class HotplugReportCache:
     """
 
     def __init__(self) -> None:
-        self._last: tuple[tuple[Path, int, int], HotplugReport | None] | None = None
+        self._last: tuple[tuple[str, int, int], HotplugReport | None] | None = None
 
     def report(self, fs: KernelFS, mem_total: int) -> HotplugReport | None:
         root = memory_root(fs)

@@ -6,9 +6,9 @@ assemble a file name."""
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable
 from dataclasses import fields
-from pathlib import Path
 from typing import TypeVar
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, quoted
@@ -147,11 +147,11 @@ class MemoryCgroup:
     """A handle on one cgroup directory's memory controller."""
 
     fs: KernelFS
-    directory: Path
+    directory: str
     name: str  # As the caller named it (relative to the mount), for errors and reports.
 
-    def _path(self, file: str) -> Path:
-        return self.directory / file
+    def _path(self, file: str) -> str:
+        return os.path.join(self.directory, file)
 
     def _read(self, file: str, parse: Callable[[str], Parsed]) -> Parsed:
         return self.fs.read_parsed(self._path(file), parse)
@@ -214,7 +214,7 @@ class MemoryCgroup:
         return self._read("memory.stat", lambda text: memory_stat_from(parse_flat_keyed(text)))
 
     @property
-    def events_file(self) -> Path:
+    def events_file(self) -> str:
         """memory.events, which the kernel notifies (inotify IN_MODIFY) when it changes."""
         return self._path("memory.events")
 

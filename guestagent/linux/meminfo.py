@@ -7,9 +7,9 @@ feature that is off (PSI, swap accounting) is reported as None, never as zero.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, NotFound
 from guestagent.linux.delayacct import DelayStallMeter
@@ -108,11 +108,11 @@ def read_system_pressure(fs: KernelFS) -> Pressure | None:
 
 def read_present_cgroups(
     fs: KernelFS, cgroups: tuple[str, ...]
-) -> tuple[list[tuple[CgroupMemory, Path]], tuple[str, ...]]:
+) -> tuple[list[tuple[CgroupMemory, str]], tuple[str, ...]]:
     """The cgroups that exist, read, with their directories, and the names of those that do
     not: missing, or removed while their files were read (rmdir takes them all at once, so a
     directory that is gone afterwards is what tells the two apart from a missing file)."""
-    found: list[tuple[CgroupMemory, Path]] = []
+    found: list[tuple[CgroupMemory, str]] = []
     removed: list[str] = []
     for name in cgroups:
         try:
@@ -121,7 +121,7 @@ def read_present_cgroups(
         except NotFound:
             removed.append(name)
         except AgentError:
-            if fs.is_dir(fs.cgroup_root / name):
+            if fs.is_dir(os.path.join(fs.cgroup_root, name)):
                 raise
             removed.append(name)
     return found, tuple(removed)

@@ -4,7 +4,7 @@ process's own footprint."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, KernelFormat, NotFound
 from guestagent.linux.features import read_lru_gen_enabled
@@ -76,7 +76,7 @@ def read_compaction_counters(fs: KernelFS) -> dict[str, int]:
     return fs.read_parsed(fs.proc("vmstat"), lambda text: parse_flat_keyed(text, "compact_"))
 
 
-def compaction_trigger(fs: KernelFS, node: int | None) -> Path:
+def compaction_trigger(fs: KernelFS, node: int | None) -> str:
     """The file whose write compacts all memory, or one NUMA node's."""
     if node is None:
         path = fs.proc("sys", "vm", "compact_memory")
@@ -88,7 +88,7 @@ def compaction_trigger(fs: KernelFS, node: int | None) -> Path:
             raise NotFound(
                 f"NUMA node {node} does not exist", "NODE_NOT_FOUND", metadata={"node": node}
             )
-        path = directory / "compact"
+        path = os.path.join(directory, "compact")
     if not fs.exists(path):
         raise FailedPrecondition(
             f"{path} is missing: the kernel has no CONFIG_COMPACTION",
@@ -98,7 +98,7 @@ def compaction_trigger(fs: KernelFS, node: int | None) -> Path:
     return path
 
 
-def trigger_compaction(fs: KernelFS, trigger: Path) -> None:
+def trigger_compaction(fs: KernelFS, trigger: str) -> None:
     """Compact; the write returns when the kernel has done."""
     fs.write(trigger, "1")
 

@@ -3,8 +3,6 @@ one format, parsed here."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from guestagent.errors import KernelFormat
 from guestagent.linux.fs import KernelFS, parsed
 from guestagent.records import record
@@ -48,7 +46,7 @@ def parse_pressure(text: str) -> Pressure:
     return Pressure(some=lines["some"], full=lines.get("full", PressureLine(0.0, 0.0, 0.0, 0)))
 
 
-def read_pressure(fs: KernelFS, path: Path) -> Pressure | None:
+def read_pressure(fs: KernelFS, path: str) -> Pressure | None:
     """A PSI file, None where the kernel has none (no CONFIG_PSI, or cgroup.pressure 0)."""
     text = fs.read_optional(path)
     return parsed(path, text, parse_pressure) if text is not None else None

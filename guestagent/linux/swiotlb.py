@@ -109,7 +109,7 @@ def _read_debugfs(fs: KernelFS) -> Swiotlb | None:
     with debugfs(fs, directory):
         if not fs.is_dir(directory):
             return None
-        text = fs.read_optional(directory / "io_tlb_nslabs")
+        text = fs.read_optional(os.path.join(directory, "io_tlb_nslabs"))
         # No file in a directory still there is no pool; with the directory gone, another
         # user of debugfs (the idle ages) unmounted it meanwhile, and that says nothing.
         if text is None and not fs.is_dir(directory):

@@ -114,6 +114,29 @@ def name_thread(name: str) -> None:
         _check(_libc().prctl(PR_SET_NAME, os.fsencode(name)[:15], 0, 0, 0), "prctl(PR_SET_NAME)")
 
 
+# <asm-generic/resource.h>, which x86_64 and arm64 use.
+RLIMIT_NOFILE = 7
+
+
+class _Rlimit(ctypes.Structure):
+    # rlim_t is an unsigned long on both 64-bit ABIs the agent runs on.
+    _fields_ = [("soft", ctypes.c_ulong), ("hard", ctypes.c_ulong)]
+
+
+def nofile_limits() -> tuple[int, int]:
+    """RLIMIT_NOFILE's (soft, hard), as resource.getrlimit gives them (never infinite: the
+    kernel caps it at fs.nr_open). Through the ctypes the agent loads anyway: resource is an
+    extension module, 32 KiB of every guest's RSS for two calls at start."""
+    limit = _Rlimit()
+    _check(_libc().getrlimit(RLIMIT_NOFILE, ctypes.byref(limit)), "getrlimit(RLIMIT_NOFILE)")
+    return limit.soft, limit.hard
+
+
+def set_nofile_limits(soft: int, hard: int) -> None:
+    limit = _Rlimit(soft, hard)
+    _check(_libc().setrlimit(RLIMIT_NOFILE, ctypes.byref(limit)), "setrlimit(RLIMIT_NOFILE)")
+
+
 # <malloc.h>: mallopt's parameter for the number of malloc arenas.
 M_ARENA_MAX = -8
 

@@ -15,7 +15,6 @@ import errno
 import os
 import select
 import struct
-from pathlib import Path
 
 from guestagent.errors import (
     AgentError,
@@ -110,7 +109,7 @@ class _Inotify:
         except OSError as e:
             raise kernel_error("open", "inotify instance", None, e) from None
 
-    def add_watch(self, path: Path, mask: int = syscalls.IN_MODIFY) -> int:
+    def add_watch(self, path: str, mask: int = syscalls.IN_MODIFY) -> int:
         try:
             return syscalls.inotify_add_watch(self.fd, path, mask)
         except OSError as e:
@@ -176,7 +175,7 @@ class SignalHub:
         self._triggers: dict[PressureTriggerSpec, _Trigger] = {}
 
     def subscribe(
-        self, memory_events: dict[str, Path], trigger: PressureTriggerSpec | None
+        self, memory_events: dict[str, str], trigger: PressureTriggerSpec | None
     ) -> KernelSignals:
         """A stream's signals; ResourceExhausted names the cap a stream would go over."""
         wanted = len(memory_events)
@@ -207,7 +206,7 @@ class SignalHub:
             raise
         return signals
 
-    def watch(self, signals: KernelSignals, name: str, path: Path) -> None:
+    def watch(self, signals: KernelSignals, name: str, path: str) -> None:
         """Watch one of a stream's cgroups (again, once a removed one is back), through its
         memory.events (`path`), and its parent directory for its rmdir, mkdir and renames: the
         kernel sends a removed cgroupfs file's watch nothing. A cgroup that is gone meanwhile stays
@@ -216,7 +215,7 @@ class SignalHub:
             self._inotify = _Inotify()
             asyncio.get_running_loop().add_reader(self._inotify.fd, self._on_inotify)
         if name not in signals.parent_watched():
-            self._watch_parent(self._inotify, signals, name, path.parent)
+            self._watch_parent(self._inotify, signals, name, os.path.dirname(path))
         try:
             wd = self._inotify.add_watch(path)
         except AgentError as e:
@@ -227,17 +226,17 @@ class SignalHub:
         signals.names_by_wd[wd] = name
 
     def _watch_parent(
-        self, inotify: _Inotify, signals: KernelSignals, name: str, cgroup: Path
+        self, inotify: _Inotify, signals: KernelSignals, name: str, cgroup: str
     ) -> None:
         mask = PARENT_EVENTS | syscalls.IN_ONLYDIR
         try:
-            wd = inotify.add_watch(cgroup.parent, mask)
+            wd = inotify.add_watch(os.path.dirname(cgroup), mask)
         except AgentError as e:
             if e.errno == errno.ENOENT:  # The parent is gone too: the interval finds it back.
                 return
             raise
         self._parents_by_wd.setdefault(wd, set()).add(signals)
-        signals.children_by_wd.setdefault(wd, {})[cgroup.name] = name
+        signals.children_by_wd.setdefault(wd, {})[os.path.basename(cgroup)] = name
 
     def _subscribe_trigger(self, signals: KernelSignals, spec: PressureTriggerSpec) -> None:
         armed = self._triggers.get(spec)
@@ -250,7 +249,7 @@ class SignalHub:
         armed.subscribers.add(signals)
         signals.trigger = spec
 
-    def _arm(self, path: Path, trigger: PressureTriggerSpec) -> _Trigger | None:
+    def _arm(self, path: str, trigger: PressureTriggerSpec) -> _Trigger | None:
         try:
             fd = self.fs.open(path, os.O_RDWR | os.O_NONBLOCK)
         except AgentError as e:

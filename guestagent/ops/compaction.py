@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from pathlib import Path
 
 from guestagent.errors import DeadlineExceeded
 from guestagent.jsonlog import EventLog
@@ -56,7 +55,7 @@ class Compactor:
         self.page_size = page_size or PAGE_SIZE
         self._running: dict[int | None, asyncio.Task[CompactResult]] = {}
 
-    def _compact(self, node: int | None, path: Path) -> CompactResult:
+    def _compact(self, node: int | None, path: str) -> CompactResult:
         buddy_before = read_free_blocks(self.kernel, node)
         counters_before = read_compaction_counters(self.kernel)
         started = time.monotonic()

@@ -9,6 +9,7 @@ the first change. One rollback serves a call that fails and an agent that died i
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -396,7 +397,7 @@ def _plan(
     if not memory.has_limits():
         raise FailedPrecondition(
             f"cgroup {quoted(cgroup)} has no {MEMORY_MAX}: the memory controller is not enabled in "
-            f"{memory.directory.parent / SUBTREE_CONTROL}",
+            f"{os.path.join(os.path.dirname(memory.directory), SUBTREE_CONTROL)}",
             "MEMORY_CONTROLLER_OFF",
             metadata={"cgroup": cgroup},
         )

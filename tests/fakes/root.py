@@ -67,14 +67,15 @@ class FakeKernelFS(Kernel):
 
     kernel: FakeKernel = field(default_factory=FakeKernel, compare=False)
 
-    def write(self, path: Path, value: str) -> None:
-        self.kernel.run("write", path, value, lambda v: KernelFS.write(self, path, v))
+    # KernelFS deals in str paths; handlers get a Path, as the tests build theirs.
+    def write(self, path: str, value: str) -> None:
+        self.kernel.run("write", Path(path), value, lambda v: KernelFS.write(self, path, v))
 
-    def mkdir(self, path: Path, mode: int = 0o755) -> None:
-        self.kernel.run("mkdir", path, "", lambda _: KernelFS.mkdir(self, path, mode))
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        self.kernel.run("mkdir", Path(path), "", lambda _: KernelFS.mkdir(self, path, mode))
 
-    def rmdir(self, path: Path) -> None:
-        self.kernel.run("rmdir", path, "", lambda _: KernelFS.rmdir(self, path))
+    def rmdir(self, path: str) -> None:
+        self.kernel.run("rmdir", Path(path), "", lambda _: KernelFS.rmdir(self, path))
 
 
 MEMINFO = """\

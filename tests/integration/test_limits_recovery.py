@@ -37,7 +37,7 @@ def test_a_leftover_journal_is_rolled_back_before_serving(
     finally:
         process.kill()
     assert reported.max.unlimited and reported.swap_max.unlimited and reported.low_bytes == 0
-    assert not limits_journal.store(fake_root.fs).path.exists()
+    assert not limits_journal.store(fake_root.fs).exists()
     events = [e for e in process.log_events() if e["event"] == "limits_rolled_back"]
     assert len(events) == 1
     assert events[0]["restored"] == [

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 from guestagent.errors import AgentError, FailedPrecondition, quoted
 from guestagent.jsonlog import EventLog
@@ -234,7 +233,7 @@ class Reclaimer:
         mglru = read_mglru_absence(self.kernel)
         return source, (mglru,) if mglru is not None else ()
 
-    def _stall_source(self, directory: Path) -> str:
+    def _stall_source(self, directory: str) -> str:
         """PSI where the cgroup has it (unless delay accounting is preferred), else delay
         accounting; neither is refused: without its stall budget the reclaimer slowed a hot
         set past the bound (docs/design-reclaimer.md: Without PSI)."""

@@ -51,7 +51,7 @@ def aged_servicer(fake_root: FakeRoot) -> MemoryAgentServicer:
     aging: list[str] = []
 
     def kernel(path: Path, value: str, proceed: Any) -> None:
-        if path == lru_gen_path(fake_root.fs):
+        if path == Path(lru_gen_path(fake_root.fs)):
             aging.append(value)  # The fake kernel does not age: the reading stays as written.
         else:
             proceed(value)

@@ -88,8 +88,8 @@ def test_missing_cgroup(fake_root: FakeRoot) -> None:
         cgroup_dir(fake_root.fs, "nope")
 
 
-def cgroup_path(fake_root: FakeRoot, name: str) -> Path:
-    return fake_root.root / "sys/fs/cgroup" / name
+def cgroup_path(fake_root: FakeRoot, name: str) -> str:
+    return os.path.join(fake_root.root, "sys/fs/cgroup", name)
 
 
 def test_errno_text_names_the_errno_and_its_words() -> None:
@@ -107,11 +107,11 @@ def test_create_makes_each_level_and_enables_memory_top_down(
     pod, ctr = cgroup_path(fake_root, "pod"), cgroup_path(fake_root, "pod/ctr")
     assert created.made == (pod, ctr)
     root_control = fake_root.root / "sys/fs/cgroup/cgroup.subtree_control"
-    assert created.enabled == (root_control, pod / "cgroup.subtree_control")
+    assert created.enabled == (str(root_control), os.path.join(pod, "cgroup.subtree_control"))
     # On the fake tree the control files just receive the text the kernel would parse.
     assert root_control.read_text() == "+memory"
-    assert (pod / "cgroup.subtree_control").read_text() == "+memory"
-    assert (ctr / "memory.max").read_text() == "max\n"
+    assert Path(pod, "cgroup.subtree_control").read_text() == "+memory"
+    assert Path(ctr, "memory.max").read_text() == "max\n"
 
 
 def test_create_skips_parents_that_already_list_memory(
@@ -120,7 +120,7 @@ def test_create_skips_parents_that_already_list_memory(
     created = create_cgroup(fake_root.fs, "pod")
     assert created.enabled == ()
     assert (fake_root.root / "sys/fs/cgroup/cgroup.subtree_control").read_text() == "memory\n"
-    assert (cgroup_path(fake_root, "pod") / "memory.max").is_file()
+    assert os.path.isfile(os.path.join(cgroup_path(fake_root, "pod"), "memory.max"))
 
 
 def test_create_leaves_an_existing_cgroup_alone(
@@ -137,8 +137,8 @@ def test_create_under_an_existing_parent(fake_root: FakeRoot, kernel: FakeCgroup
     pod = cgroup_path(fake_root, "pod")
     fake_root.fs.mkdir(pod)  # Through the fake kernel, which adds the interface files.
     created = create_cgroup(fake_root.fs, "pod/ctr")
-    assert created.made == (pod / "ctr",)
-    assert (pod / "cgroup.subtree_control").read_text() == "+memory"
+    assert created.made == (os.path.join(pod, "ctr"),)
+    assert Path(pod, "cgroup.subtree_control").read_text() == "+memory"
 
 
 def test_create_failing_midway_removes_what_it_made(
@@ -148,7 +148,7 @@ def test_create_failing_midway_removes_what_it_made(
     kernel.fail_mkdir = "ctr"
     with pytest.raises(Aborted, match=r"make directory .*ctr: ENOSPC") as raised:
         create_cgroup(fake_root.fs, "pod/ctr")
-    assert not cgroup_path(fake_root, "pod").exists()
+    assert not os.path.exists(cgroup_path(fake_root, "pod"))
     assert "removed" in str(raised.value)
     # The root's "+memory" was taken back; pod's went with pod.
     assert (fake_root.root / "sys/fs/cgroup/cgroup.subtree_control").read_text() == "-memory"
@@ -163,7 +163,7 @@ def test_create_failing_to_enable_names_the_control_file(
         create_cgroup(fake_root.fs, "pod/ctr")
     assert "EBUSY" in str(e.value)
     assert "removed" in str(e.value)
-    assert not cgroup_path(fake_root, "pod").exists()
+    assert not os.path.exists(cgroup_path(fake_root, "pod"))
 
 
 def test_create_refuses_a_file_in_the_path(fake_root: FakeRoot, kernel: FakeCgroupKernel) -> None:
@@ -178,7 +178,7 @@ def test_create_refuses_a_parent_that_is_not_cgroup_v2(
     os.mkdir(cgroup_path(fake_root, "plain"))  # Not through the fake kernel: no control file.
     with pytest.raises(FailedPrecondition, match=r"no cgroup\.subtree_control"):
         create_cgroup(fake_root.fs, "plain/ctr")
-    assert not cgroup_path(fake_root, "plain/ctr").exists()
+    assert not os.path.exists(cgroup_path(fake_root, "plain/ctr"))
 
 
 @pytest.mark.parametrize("name", ["..", "/pod", "pod/../../x", ""])
@@ -203,11 +203,11 @@ def test_create_refuses_even_a_symlink_inside_the_mount(
 ) -> None:
     # cgroupfs cannot hold a symlink, so one in the path is someone else's doing.
     real = cgroup_path(fake_root, "real")
-    real.mkdir()
+    os.mkdir(real)
     os.symlink(real, cgroup_path(fake_root, "alias"))
     with pytest.raises(InvalidArgument, match="alias"):
         create_cgroup(fake_root.fs, "alias/ctr")
-    assert not (real / "ctr").exists()
+    assert not os.path.exists(os.path.join(real, "ctr"))
 
 
 def test_undo_of_nothing(fake_root: FakeRoot) -> None:
@@ -217,7 +217,7 @@ def test_undo_of_nothing(fake_root: FakeRoot) -> None:
 
 def test_undo_says_what_it_could_not_remove(fake_root: FakeRoot) -> None:
     pod = fake_root.add_cgroup("pod")  # Holds files, so a plain rmdir fails.
-    created = cgroups.CreatedCgroup(pod, made=(pod,))
+    created = cgroups.CreatedCgroup(str(pod), made=(str(pod),))
     assert "could not remove" in undo_create(fake_root.fs, created)
     assert "ENOTEMPTY" in undo_create(fake_root.fs, created)
 

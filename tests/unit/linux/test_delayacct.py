@@ -80,9 +80,9 @@ def test_a_subtree_holds_the_processes_of_every_descendant(tmp_path: Path) -> No
     put_procs(root / "pod/a/b", 13)
     (root / "pod/memory.max").write_text("max\n")  # Files are not children.
     fs = KernelFS(tmp_path)
-    assert sorted(read_subtree_tgids(fs, root / "pod")) == [10, 11, 12, 13]
+    assert sorted(read_subtree_tgids(fs, str(root / "pod"))) == [10, 11, 12, 13]
     with pytest.raises(AgentError):
-        read_subtree_tgids(fs, root / "gone")
+        read_subtree_tgids(fs, str(root / "gone"))
 
 
 class Clock:
@@ -105,7 +105,7 @@ def tree(tmp_path: Path) -> Path:
 def test_the_meter_keeps_a_monotonic_total_per_cgroup(tree: Path) -> None:
     kernel, clock = FakeTaskstats({10: 4 * MS, 11: 0, 20: 50 * MS}), Clock()
     meter = DelayStallMeter(KernelFS(tree), kernel, clock)
-    pod = tree / "sys/fs/cgroup/pod"
+    pod = str(tree / "sys/fs/cgroup/pod")
     assert meter.total_us(pod) == 4000  # First read: what its processes hold.
     clock.now += 1
     kernel.stall(10, 1500)
@@ -114,7 +114,7 @@ def test_the_meter_keeps_a_monotonic_total_per_cgroup(tree: Path) -> None:
     assert meter.total_us(pod) == 6000
     # Process 10 exits; 12 is born (younger than the interval) having stalled 700 us; 13 moves
     # in with an old history.
-    put_procs(pod, 11, 12, 13)
+    put_procs(Path(pod), 11, 12, 13)
     kernel.memory_ns.update({12: 700_000, 13: 90 * MS})
     kernel.elapsed_us.update({12: 200_000})
     del kernel.memory_ns[10]
@@ -127,10 +127,10 @@ def test_the_meter_keeps_a_monotonic_total_per_cgroup(tree: Path) -> None:
 
 def test_a_removed_cgroup_is_an_error_and_forgotten(tree: Path) -> None:
     meter = DelayStallMeter(KernelFS(tree), FakeTaskstats({10: 0, 11: 0}), Clock())
-    pod = tree / "sys/fs/cgroup/pod"
+    pod = str(tree / "sys/fs/cgroup/pod")
     meter.total_us(pod)
-    (pod / "cgroup.procs").unlink()
-    pod.rmdir()
+    os.unlink(os.path.join(pod, "cgroup.procs"))
+    os.rmdir(pod)
     with pytest.raises(AgentError):
         meter.total_us(pod)
 
@@ -206,7 +206,7 @@ def test_the_agents_own_reclaim_is_no_stall_of_the_guest(tmp_path: Path) -> None
     put_procs(tmp_path / "sys/fs/cgroup/guestagent", own)
     kernel, clock = FakeTaskstats({1: 0, own: 0}), Clock()
     meter = DelayStallMeter(KernelFS(tmp_path), kernel, clock)
-    root = tmp_path / "sys/fs/cgroup"
+    root = str(tmp_path / "sys/fs/cgroup")
     assert meter.total_us(root) == 0
     kernel.stall(own, 80_000)
     kernel.stall(1, 300)

@@ -100,6 +100,6 @@ def test_a_cgroup_without_memory_pressure_under_a_kernel_with_psi(fake_root: Fak
     fs = KernelFS(fake_root.root)
     with_psi = fake_root.add_cgroup("a")
     without = fake_root.add_cgroup("b", psi=False)
-    assert read_cgroup_psi_absence(fs, with_psi) is None
-    absent = read_cgroup_psi_absence(fs, without)
+    assert read_cgroup_psi_absence(fs, str(with_psi)) is None
+    absent = read_cgroup_psi_absence(fs, str(without))
     assert absent is not None and "cgroup.pressure is 0" in absent.reason

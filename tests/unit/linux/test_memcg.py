@@ -1,4 +1,5 @@
 import errno
+import os
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_protection_reads_max_as_none(
 
 def test_a_missing_protection_file_protects_nothing(fake_root: FakeRoot) -> None:
     memory = handle(fake_root, memory_low="100\n")
-    (memory.directory / "memory.min").unlink()
+    os.unlink(os.path.join(memory.directory, "memory.min"))
     assert memory.protection() == 100
 
 

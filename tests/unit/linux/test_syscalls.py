@@ -1,4 +1,5 @@
-"""The malloc arena cap, seen through glibc's own malloc_stats() in a fresh interpreter."""
+"""The system calls through ctypes, each in a fresh interpreter: the malloc arena cap seen through
+glibc's own malloc_stats(), heap trimming, huge pages refused, the open file limits."""
 
 from __future__ import annotations
 
@@ -73,6 +74,13 @@ def test_giving_heap_back_returns_what_free_kept() -> None:
     assert int(done.stdout) > 24 * 1024
 
 
+def child_output(program: str) -> str:
+    """What a fresh interpreter running program printed; it must exit 0."""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def test_huge_pages_refused_in_this_process_and_its_children() -> None:
     # In a child, so the test process keeps the kernel's default; the grandchild inherits it.
     program = (
@@ -85,6 +93,24 @@ def test_huge_pages_refused_in_this_process_and_its_children() -> None:
         "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True,"
         " check=True).stdout.strip())\n"
     )
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "True"
+    assert child_output(program) == "True"
+
+
+def test_the_open_file_limits_read_and_set_as_the_kernel_holds_them() -> None:
+    # In a child: it lowers its own soft limit, reads it back through resource, and is refused
+    # a soft limit over the hard one, as setrlimit(2) refuses it.
+    program = (
+        "import errno, resource\n"
+        "from guestagent.linux.syscalls import nofile_limits, set_nofile_limits\n"
+        "soft, hard = nofile_limits()\n"
+        "assert (soft, hard) == resource.getrlimit(resource.RLIMIT_NOFILE), (soft, hard)\n"
+        "set_nofile_limits(64, hard)\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE) == (64, hard)\n"
+        "assert nofile_limits() == (64, hard)\n"
+        "try:\n"
+        "    set_nofile_limits(hard + 1, hard)\n"
+        "except OSError as e:\n"
+        "    print(errno.errorcode[e.errno], e)\n"
+    )
+    expected = "EINVAL [Errno 22] setrlimit(RLIMIT_NOFILE): Invalid argument"
+    assert child_output(program) == expected

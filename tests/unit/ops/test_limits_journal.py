@@ -51,7 +51,7 @@ class SimulatedKill(BaseException):
 
 
 def journal_path(fake_root: FakeRoot) -> Path:
-    return limits_journal.store(fake_root.fs).path
+    return Path(limits_journal.store(fake_root.fs).path)
 
 
 def limit_files(directory: Path) -> dict[str, str]:

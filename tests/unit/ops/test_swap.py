@@ -77,7 +77,7 @@ def test_an_active_area_is_reported_and_left_alone(fake_root: FakeRoot) -> None:
     assert (area.device, area.priority, area.size_bytes) == ("/dev/vdb", 10, 1048572 * 1024)
     assert area.rotational is False and area.discard_supported
     assert area.discard is None  # Not enabled by this agent: the policy is unknown.
-    assert not fake_root.fs.run("guestagent", "swaps.json").exists()
+    assert not os.path.exists(fake_root.fs.run("guestagent", "swaps.json"))
 
 
 def test_enable_refuses_a_regular_file_before_touching_it(fake_root: FakeRoot) -> None:

@@ -55,7 +55,7 @@ class KernelReclaim:
     refaults: Callable[[int], int] = lambda pages: 0  # Pages refaulted meanwhile, per write.
 
     def __call__(self, memory: MemoryCgroup, request: str) -> bool:
-        directory = memory.directory
+        directory = Path(memory.directory)
         self.writes.append(request)
         (directory / "memory.reclaim").write_text(request)
         stat_path = directory / "memory.stat"
@@ -234,7 +234,7 @@ def test_a_kernel_without_the_swappiness_argument_gets_the_plain_size(
     def before_6_12(memory: MemoryCgroup, request: str) -> bool:
         writes.append(request)
         if " " in request:
-            control = memory.directory / "memory.reclaim"
+            control = Path(memory.directory, "memory.reclaim")
             raise kernel_error("write", control, request, OSError(errno.EINVAL, "Invalid argument"))
         return False  # EAGAIN: the kernel got less than asked.
 
