@@ -221,9 +221,8 @@ def read_mount_facts(fs: KernelFS) -> tuple[str | None, bool]:
     """The mount's cgroup.controllers (None: not cgroup2), and whether it has cgroup.type,
     which the kernel gives every cgroup but the real root."""
     mount = fs.cgroup_root
-    return fs.read_optional(os.path.join(mount, "cgroup.controllers")), fs.exists(
-        os.path.join(mount, "cgroup.type")
-    )
+    controllers = fs.read_optional(os.path.join(mount, "cgroup.controllers"))
+    return controllers, fs.exists(os.path.join(mount, "cgroup.type"))
 
 
 def move_process(fs: KernelFS, name: str, pid: int) -> None:
