@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from guestagent.host.client import AgentClient
 from guestagent.host.ctl import main as ctl_main
-from guestagent.host.qemu import Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.sizes import MIB
 from guestagent.vm.qemu import GuestVM
 

@@ -1,8 +1,10 @@
 """Boot the guest image under QEMU and give tests a handle on it.
 
-The boot itself, with VMConfig and its devices, is guestagent/host/qemu.py's. Here the kernel
-command line also sets guestagent.testexec=1, which starts a test-only command channel on a
-virtio-serial port (image/testexec.py), and the handle adds what tests ask of the guest and QEMU.
+The boot itself, with VMConfig and its devices, is guestagent/host/sizing/boot.py's; the
+images are this checkout's (image/build), unless GUESTAGENT_IMAGE_DIR says otherwise. Here the
+kernel command line also sets guestagent.testexec=1, which starts a test-only command channel
+on a virtio-serial port (image/testexec.py), and the handle adds what tests ask of the guest
+and QEMU.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guestagent.host.qemu import Disk, GuestVMError, QemuGuest
-from guestagent.host.vmm_memory import read_rss, read_vmm_memory
+from guestagent.host.sizing.boot import Disk, GuestVMError, QemuGuest, VMConfig, image_dir_for
+from guestagent.host.vmm.rss import read_rss, read_vmm_memory
 from guestagent.sizes import MIB
 
+# `make image` writes the guest images here; the harness runs from a checkout.
+DEFAULT_IMAGE_DIR = Path(__file__).resolve().parents[2] / "image" / "build"
 TESTEXEC_PORT_NAME = "guestagent.testexec"
 # How much longer than the command's own timeout the host waits: TCG guests are slow to answer.
 EXEC_GRACE_SECONDS = 30.0
@@ -98,6 +102,16 @@ class _TestexecChannel:
 
 class GuestVM(QemuGuest):
     """A QemuGuest with the test-only command channel; use as a context manager."""
+
+    def __init__(
+        self,
+        config: VMConfig = VMConfig(),
+        image_dir: Path | None = None,
+        workdir: Path | None = None,
+        boot_timeout: float = 240.0,
+    ) -> None:
+        image_dir = image_dir or image_dir_for(config.arch, DEFAULT_IMAGE_DIR)
+        super().__init__(config, image_dir, workdir, boot_timeout)
 
     @functools.cached_property
     def _testexec(self) -> _TestexecChannel:

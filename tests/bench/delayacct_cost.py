@@ -10,7 +10,7 @@ import statistics
 import time
 from typing import Any
 
-from guestagent.host.qemu import VMConfig
+from guestagent.host.sizing.boot import VMConfig
 from guestagent.vm.qemu import GuestVM
 from tests.bench.vm import booted
 from tests.workloads.reclaim import iteration_log, start_workload, stop_workload

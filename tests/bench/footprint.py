@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from guestagent.build.runtime import INTERPRETER_FLAGS
-from guestagent.host.qemu import VMConfig
+from guestagent.host.sizing.boot import VMConfig
 from guestagent.vm.qemu import GuestCommandError, GuestVM
 from tests.bench.figures import (
     elapsed,

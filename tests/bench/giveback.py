@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.bench import alone

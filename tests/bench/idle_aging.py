@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from guestagent.host.qemu import Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, THREAD_NAME
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM

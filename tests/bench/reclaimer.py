@@ -10,7 +10,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from guestagent.host.qemu import VMConfig
+from guestagent.host.sizing.boot import VMConfig
 from tests.bench import alone
 from tests.bench.plotting import NOT_DRAWN, pyplot, save
 from tests.bench.vm import booted

@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from guestagent.host.qemu import VMConfig
+from guestagent.host.sizing.boot import VMConfig
 from guestagent.vm.qemu import GuestVM
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import VirtioMem, VMConfig
+from guestagent.host.sizing.boot import VirtioMem, VMConfig
 from guestagent.sizes import MIB
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import meminfo_bytes

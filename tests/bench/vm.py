@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import DEFAULT_IMAGE_DIR, Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import GuestCommandError, GuestVM
+from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, GuestCommandError, GuestVM
 from tests.bench.figures import footprint, load_sample, mib_verdict, ratios
 from tests.bench.floor_server import METHOD as FLOOR_METHOD
 from tests.vm.guest import allocate_free_and_compact, fill_and_release

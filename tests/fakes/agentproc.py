@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import free_tcp_port
+from guestagent.host.sizing.boot import free_tcp_port
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from guestagent.host.qemu import VMConfig
+from guestagent.host.sizing.boot import VMConfig
 from guestagent.vm.qemu import GuestVM
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from guestagent.host.qemu import free_tcp_port
+from guestagent.host.sizing.boot import free_tcp_port
 from guestagent.sizes import MIB
 from tests.fakes.agentproc import AgentProcess
 from tests.fakes.root import FakeRoot

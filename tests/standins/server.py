@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from guestagent.host.qmp import QemuMonitor
+from guestagent.host.vmm.qemu import QemuMonitor
 
 
 class ApiFault(Exception):

@@ -65,12 +65,49 @@ def within(module: str, *prefixes: str) -> bool:
 SOURCES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "_pb2" not in p.name}
 
 
+# host/'s wings, each a job of its own, and the others' modules each may import (below
+# guestagent.host). host/'s shared modules at its root (the client, text, sizes, streams)
+# are open to every wing and import none.
+HOST_WINGS: dict[str, tuple[str, ...]] = {
+    "vmm": (),
+    "giveback": ("vmm", "metrics.server"),
+    "metrics": (),
+    "sizing": ("vmm.rss",),
+    "commands": ("vmm", "giveback", "metrics", "sizing"),
+    "ctl": ("commands",),
+}
+HOST = "guestagent.host"
+
+
+def host_wing(module: str) -> str | None:
+    """The wing of host/ a module is in; "" for host/'s shared root; None outside host/."""
+    if not within(module, HOST) or module == HOST:
+        return None if module != HOST else ""
+    wing = module.split(".")[2]
+    return wing if wing in HOST_WINGS else ""
+
+
+def wing_violation(module: str, target: str) -> str | None:
+    own, theirs = host_wing(module), host_wing(target)
+    if own is None or not theirs or own == theirs:
+        return None
+    if own == "":
+        return f"{module} imports {target}: host/'s shared modules import no wing"
+    allowed = tuple(f"{HOST}.{name}" for name in HOST_WINGS[own])
+    if not within(target, *allowed):
+        return f"{module} imports {target}: host/{own} does not reach into host/{theirs}"
+    return None
+
+
 def violations() -> list[str]:
     found = []
     for module, path in SOURCES.items():
         own = layer(module)
         for target in sorted(imports_of(path)):
             theirs = layer(target) if target.startswith("guestagent") else None
+            breach = wing_violation(module, target)
+            if breach is not None:
+                found.append(breach)
             if own in ("linux", "ops") and within(target, *GRPC_OR_CONTRACT):
                 found.append(f"{module} imports {target}: linux/ops never touch gRPC or v1")
             if own == "linux" and theirs in ("ops", "agent", "host", "vm"):
@@ -222,6 +259,15 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.agent.planted_fs": "from guestagent.linux import fs\n",
         "guestagent.linux.planted_store": "from guestagent import statestore\n",
         "guestagent.statestore.planted": "from guestagent.ops import swap\n",
+        "guestagent.host.vmm.planted": "from guestagent.host.giveback import plan\n",
+        "guestagent.host.metrics.planted": "from guestagent.host.giveback.follow import Change\n",
+        "guestagent.host.giveback.planted": (
+            "from guestagent.host.metrics.server import MetricsServer\n"
+            "from guestagent.host.metrics.feed import WatchFeed\n"
+            "from guestagent.host.commands import common\n"
+        ),
+        "guestagent.host.sizing.planted": "from guestagent.host.vmm.qemu import QemuVmm\n",
+        "guestagent.host.planted_root": "from guestagent.host.vmm.base import Vmm\n",
     }
     plant(planted, tmp_path, monkeypatch)
     found = "\n".join(violations())
@@ -237,8 +283,16 @@ def test_the_checker_sees_a_violation(tmp_path: Path, monkeypatch: pytest.Monkey
         "guestagent.agent.planted_fs imports guestagent.linux.fs: ops/ and agent/ hold a Kernel",
         "guestagent.linux.planted_store imports guestagent.statestore: only the agent keeps",
         "guestagent.statestore.planted imports guestagent.ops.swap: the agent's store builds",
+        "guestagent.host.vmm.planted imports guestagent.host.giveback.plan: host/vmm does not",
+        "guestagent.host.metrics.planted imports guestagent.host.giveback.follow: host/metrics",
+        "guestagent.host.giveback.planted imports guestagent.host.metrics.feed: host/giveback",
+        "guestagent.host.giveback.planted imports guestagent.host.commands.common: host/giveback",
+        "guestagent.host.sizing.planted imports guestagent.host.vmm.qemu: host/sizing does not",
+        "guestagent.host.planted_root imports guestagent.host.vmm.base: host/'s shared modules",
     ):
         assert expected in found
+    # What a wing may reach is no breach: follow's metrics serve through metrics/server.py.
+    assert "guestagent.host.metrics.server: host/giveback" not in found
 
 
 def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -313,13 +367,13 @@ def test_guestctl_loads_no_sizing_measure_or_harness_code_at_start() -> None:
     loaded = run_probe(probe).split()
     heavy = (
         "guestagent.host.sizing",
-        "guestagent.host.measure",
-        "guestagent.host.qemu",
+        "guestagent.host.sizing.measure",
+        "guestagent.host.sizing.boot",
         "guestagent.host.giveback",
-        "guestagent.host.follow",
-        "guestagent.host.qmp",
-        "guestagent.host.cloud_hypervisor",
-        "guestagent.host.firecracker",
+        "guestagent.host.giveback.follow",
+        "guestagent.host.vmm.qemu",
+        "guestagent.host.vmm.cloud_hypervisor",
+        "guestagent.host.vmm.firecracker",
         "guestagent.vm",
     )
     assert [m for m in loaded if within(m, *heavy)] == []

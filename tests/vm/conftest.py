@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import DEFAULT_IMAGE_DIR, Disk, VMConfig
-from guestagent.vm.qemu import GuestVM
+from guestagent.host.sizing.boot import Disk, VMConfig
+from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, GuestVM
 from tests.vm import pace as pacing
 from tests.vm.guest import boot
 

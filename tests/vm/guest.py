@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import VMConfig
+from guestagent.host.sizing.boot import VMConfig
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import ExecResult, GuestVM
 from tests.vm import pace

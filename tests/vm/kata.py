@@ -11,7 +11,7 @@ import pytest
 
 from guestagent.build.extension import VerityParams
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import ReadOnlyDisk, VMConfig
+from guestagent.host.sizing.boot import ReadOnlyDisk, VMConfig
 from guestagent.vm.qemu import GuestVM
 
 # The test build of the extension: components.toml and the operator unit also admit vsock

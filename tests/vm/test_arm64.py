@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import (
+from guestagent.host.sizing.boot import (
     MACHINES,
     Disk,
     VirtioMem,

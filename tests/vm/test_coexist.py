@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.build.runtime import INTERPRETER_FLAGS
-from guestagent.host.qemu import VMConfig
+from guestagent.host.sizing.boot import VMConfig
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot_and_record, read_guest

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.linux.swaps import parse_proc_swaps
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb

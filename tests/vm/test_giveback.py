@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.linux.abi import huge_order
 from guestagent.linux.mm import parse_buddyinfo
 from guestagent.ops.compaction import free_bytes_at_or_above

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.host.giveback import guest_rss
-from guestagent.host.qemu import Disk, VirtioMem, VMConfig
+from guestagent.host.sizing.boot import Disk, VirtioMem, VMConfig
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
@@ -39,6 +38,7 @@ from tests.workloads.giveback import (
     done,
     full_size,
     give_back,
+    guest_rss,
 )
 from tests.workloads.reclaim import (
     guest_time,
@@ -92,7 +92,7 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
         # Keeps working: the hot loop goes on, and the agent and a command answer, for 60 s.
         # QEMU drops each page as the guest hands it over, and the guest may still be handing
         # pages over when the command stops watching: the fall is the lowest RSS in the 60 s.
-        lowest_rss = guest_rss(result["after"])
+        lowest_rss = guest_rss(result["rss_after"])
         deadline = time.monotonic() + AFTER_SECONDS
         while time.monotonic() < deadline:
             assert agent.health() == "SERVING"
@@ -116,7 +116,7 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     after = within(log, after_from, after_until)
     # RSS without TCG's translated-code buffer, which grew by up to 550 MiB in that minute
     # whatever the guest held (2026-12-04): the guest's memory and QEMU's own.
-    before_rss, after_rss = guest_rss(result["before"]), guest_rss(result["after"])
+    before_rss, after_rss = guest_rss(result["rss_before"]), guest_rss(result["rss_after"])
     figures = {
         "step": result["step"],
         "settled": result["settled"],
@@ -124,7 +124,7 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
         "at_stop": result.get("at_stop"),
         "cold_mib_cgroup": round(cgroup_cold / MIB, 1),
         "cold_mib_guest": round(guest_cold / MIB, 1),
-        "qemu_vmrss_before_mib": round(result["before"]["qemu_rss_bytes"] / MIB, 1),
+        "qemu_vmrss_before_mib": round(result["rss_before"]["rss_bytes"] / MIB, 1),
         "qemu_vmrss_60_s_later_mib": round(rss_later / MIB, 1),
         "qemu_rss_before_mib": round(before_rss / MIB, 1),
         "qemu_rss_after_mib": round(after_rss / MIB, 1),
@@ -151,7 +151,8 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
 
 def test_a_size_below_the_safe_one_is_refused_and_nothing_changes(vm: GuestVM) -> None:
     dry = done(give_back(vm, "--safe", "--dry-run"))
-    safe = dry["step"]["value"]
+    # The step is in bytes the balloon takes; --to and the refusal speak QEMU's terms.
+    safe = dry["step"]["ram"] - dry["step"]["value"]
     actual = vm.qmp("query-balloon")["actual"]
     below = safe - 64 * MIB
     run = give_back(vm, "--to", str(below))
@@ -190,8 +191,8 @@ def test_safe_virtio_mem_keeps_the_holder(vm: GuestVM, agent: AgentClient, pace:
         "plugged_after_mib": plugged // MIB,
         "requested_after_mib": requested // MIB,
         "holder_rss_mib": holder_rss // MIB,
-        "qemu_rss_before_mib": round(guest_rss(result["before"]) / MIB, 1),
-        "qemu_rss_after_mib": round(guest_rss(result["after"]) / MIB, 1),
+        "qemu_rss_before_mib": round(guest_rss(result["rss_before"]) / MIB, 1),
+        "qemu_rss_after_mib": round(guest_rss(result["rss_after"]) / MIB, 1),
         "oom_kills": oom_kills(vm) - kills,
     }
     said = RESULTS["virtio_mem"]

@@ -20,7 +20,7 @@ import pytest
 
 from guestagent.build.extension import FIRST_PARTITION_OFFSET, PREFIX, VerityParams
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import Disk, ReadOnlyDisk, VMConfig
+from guestagent.host.sizing.boot import Disk, ReadOnlyDisk, VMConfig
 from guestagent.ops.self_cgroup import MEMORY_HIGH
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb

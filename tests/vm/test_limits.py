@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM

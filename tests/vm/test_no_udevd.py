@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.host.qemu import Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import boot, guestctl, wait_until
 from tests.vm.pace import Deadline, Pace

@@ -10,7 +10,7 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.host.ctl import main as ctl_main
-from guestagent.host.measure import measure_size, table_text
+from guestagent.host.sizing.measure import measure_size, table_text
 from guestagent.host.sizing.model import Line, OverheadSample, fit_model, model_to_dict
 from guestagent.sizes import MIB
 from guestagent.vm.qemu import GuestVM

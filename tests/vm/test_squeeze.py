@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.ops.self_cgroup import MEMORY_MIN
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb

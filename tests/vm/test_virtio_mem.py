@@ -15,7 +15,7 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.host.display import memory_info_text
-from guestagent.host.qemu import VirtioMem, VMConfig
+from guestagent.host.sizing.boot import VirtioMem, VMConfig
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from guestagent.host.client import AgentClient
-from guestagent.host.giveback import safe_balloon_taken
-from guestagent.host.vmm import Balloon
+from guestagent.host.giveback.plan import safe_balloon_taken
+from guestagent.host.vmm.base import Balloon
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
@@ -52,6 +52,12 @@ def done(run: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert run.returncode == 0, run.stderr
     result: dict[str, Any] = json.loads(run.stdout)
     return result
+
+
+def guest_rss(rss: dict[str, Any]) -> int:
+    """A give-back JSON's `rss_before` or `rss_after` without TCG's translated code: the
+    guest's memory and QEMU's own."""
+    return int(rss["rss_bytes"]) - int(rss["tcg_code_rss_bytes"])
 
 
 def cold_report(agent: AgentClient, cgroup: str) -> pb.MemoryInfo:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import Disk, VMConfig
+from guestagent.host.sizing.boot import Disk, VMConfig
 from guestagent.linux.abi import HUGE_ORDER
 from guestagent.linux.mm import parse_buddyinfo
 from guestagent.ops.compaction import free_bytes_at_or_above

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from guestagent.agent import cli as agent_cli
 from guestagent.host import ctl
+from guestagent.host.commands import common
 from guestagent.host.ctl import main as ctl_main
 from guestagent.host.sizing.model import fit_model, model_to_dict
 from guestagent.sizes import MIB
@@ -352,7 +355,7 @@ def test_the_old_reclaim_form_still_runs_and_says_it_is_deprecated(
                 current_before_bytes=2 * MIB, current_after_bytes=MIB, complete=True
             )
 
-    monkeypatch.setattr(ctl, "AgentClient", Client)
+    monkeypatch.setattr(common, "AgentClient", Client)
     argv = ["--target", "unix:///x", "reclaim", "--cgroup", "a", "--bytes", "1M"]
     assert ctl_main([*argv, "--drop-caches", "1"]) == 0
     assert (
@@ -362,3 +365,34 @@ def test_the_old_reclaim_form_still_runs_and_says_it_is_deprecated(
     captured = capsys.readouterr()
     assert captured.err.count("deprecated; use `reclaim now --cgroup C --bytes N`") == 1
     assert captured.out.count("a: memory.current 2.0 MiB -> 1.0 MiB") == 2
+
+
+def test_python_dash_m_runs_guestctl() -> None:
+    """`python -m guestagent.host.ctl` is guestctl: a script using that form must not succeed
+    silently while doing nothing."""
+    command = [sys.executable, "-m", "guestagent.host.ctl"]
+    helped = subprocess.run([*command, "--help"], capture_output=True, text=True, check=False)
+    assert helped.returncode == 0 and "give-back" in helped.stdout, helped
+    untargeted = subprocess.run([*command, "info"], capture_output=True, text=True, check=False)
+    assert untargeted.returncode == 2 and "info needs --target" in untargeted.stderr, untargeted
+
+
+def test_measure_overhead_needs_an_image_directory(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An installed guestctl has no checkout to find the images in."""
+    monkeypatch.delenv("GUESTAGENT_IMAGE_DIR", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        ctl_main(["measure-overhead", "--sizes", "306"])
+    assert exited.value.code == 2
+    assert "needs --image-dir or $GUESTAGENT_IMAGE_DIR" in capsys.readouterr().err
+
+
+def test_an_api_socket_that_is_not_there_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no" / "such.sock"
+    argv = ["--target", "unix:///nowhere", "give-back", "--vmm", "cloud-hypervisor"]
+    assert ctl_main([*argv, "--api", str(missing), "--safe"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"guestctl: give-back: {missing}: No such file or directory\n", err

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.host.qemu import FLAVOURS, VMConfig
+from guestagent.host.sizing.boot import FLAVOURS, VMConfig
 from guestagent.vm.qemu import GuestVM
 from tests.fakes.qemu_command import command_line, option
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from guestagent.host.qemu import VirtioMem, VMConfig, qemu_version
+from guestagent.host.sizing.boot import VirtioMem, VMConfig, qemu_version
 from guestagent.vm.qemu import GuestVM
 from tests.fakes.qemu_command import command_line, option
 
@@ -50,7 +50,7 @@ def test_unknown_arch_is_refused(tmp_path: Path) -> None:
 def test_virtio_mem_needs_a_qemu_that_has_it_on_virt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("guestagent.host.qemu.installed_qemu_version", lambda arch: (7, 2))
+    monkeypatch.setattr("guestagent.host.sizing.boot.installed_qemu_version", lambda arch: (7, 2))
     config = VMConfig(arch="aarch64", virtio_mem=VirtioMem(max_mib=256))
     with pytest.raises(ValueError, match="older than virtio-mem"):
         command_line(config, tmp_path)

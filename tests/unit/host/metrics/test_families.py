@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from guestagent.host.metrics import Family, Snapshot, families, limit_value
+from guestagent.host.metrics.families import Family, Snapshot, families, limit_value
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 

@@ -1,11 +1,12 @@
-"""What give-back asks of a VMM, whichever it is, and QEMU's answer over QMP.
+"""What the host's tools ask of a VMM, whichever it is: the memory devices' terms and the
+backends' interface.
 
-Every backend reports its balloon as a `Balloon` in bytes the balloon takes, whatever its
-API speaks (QEMU's `actual` is what the balloon leaves, Firecracker's `amount_mib` is MiB),
-and its virtio-mem devices as `VirtioMemDevice`s, so the sizing rules are written once
-(guestagent/host/giveback.py). The backends: guestagent/host/qmp.py (QEMU),
-guestagent/host/cloud_hypervisor.py, guestagent/host/firecracker.py; none imports another,
-so a host without qemu.qmp drives the other two.
+Every backend reports and sizes its balloon in bytes the balloon takes, whatever its API
+speaks (QEMU's `actual` is what the balloon leaves, Firecracker's `amount_mib` is MiB): the
+conversion is the backend's own, so the sizing rules are written once
+(guestagent/host/giveback/). Its virtio-mem devices are `VirtioMemDevice`s. The backends:
+`qemu.py`, `cloud_hypervisor.py`, `firecracker.py`; none imports another, so a host without
+qemu.qmp drives the other two (`connect.py` opens the one asked for).
 """
 
 from __future__ import annotations
@@ -51,10 +52,15 @@ class Vmm(Protocol):
 
     name: str
     pid: int  # The VMM's process, whose RSS is what the host gets back.
-    # QEMU sizes its balloon by what it leaves the guest; the others by what it takes.
+    # QEMU's balloon command and --to speak in what the balloon leaves the guest; the others'
+    # in what it takes. Only for what a person reads and types: every method takes bytes.
     balloon_leaves: bool
 
     def balloon(self) -> Balloon: ...
+
+    def balloon_taken(self) -> int:
+        """What the balloon holds now, in one request: a settle poll's read."""
+        ...
 
     def set_balloon(self, taken: int) -> None: ...
 

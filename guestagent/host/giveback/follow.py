@@ -27,18 +27,17 @@ import grpc
 
 from guestagent.host.client import WatchStream, describe_error
 from guestagent.host.display import mib
-from guestagent.host.feed import Reopening
-from guestagent.host.giveback import (
+from guestagent.host.giveback.oneshot import Agent, virtio_mem_device
+from guestagent.host.giveback.plan import (
     BALLOON,
     STILL_SECONDS,
-    Agent,
     pick_virtio_mem,
     safe_balloon_taken,
     safe_virtio_mem,
-    virtio_mem_device,
 )
+from guestagent.host.streams import Reopening
 from guestagent.host.units import round_down
-from guestagent.host.vmm import Vmm, VmmError
+from guestagent.host.vmm.base import Vmm, VmmError
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 

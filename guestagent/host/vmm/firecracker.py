@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from guestagent.host.unixhttp import ApiError, RestVmm
-from guestagent.host.vmm import BALLOON_PAGE, FIRECRACKER, Balloon, VirtioMemDevice, VmmError
+from guestagent.host.vmm.base import BALLOON_PAGE, FIRECRACKER, Balloon, VirtioMemDevice, VmmError
+from guestagent.host.vmm.unixhttp import ApiError, RestVmm
 from guestagent.sizes import MIB
 
 DEVICE = "hotplug"  # Firecracker has one virtio-mem device, with no id of its own.
@@ -78,6 +78,14 @@ class FirecrackerVmm(RestVmm):
         machine = self._call("GET", "/machine-config")
         plugged = int(self._hotplug().get("plugged_size_mib", 0)) * MIB
         return balloon_of(config, self._stats(), int(machine["mem_size_mib"]), plugged)
+
+    def balloon_taken(self) -> int:
+        """From the statistics alone; a balloon without them is not polled (give-back says
+        it is unobserved), so their absence here is the VMM's error."""
+        stats = self._stats()
+        if stats is None:
+            raise VmmError(f"{self.title}: no balloon statistics (stats_polling_interval_s 0)")
+        return int(stats["actual_pages"]) * BALLOON_PAGE
 
     def set_balloon(self, taken: int) -> None:
         self._call("PATCH", "/balloon", {"amount_mib": taken // MIB})

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from guestagent.host.feed import WatchFeed, backoff_delay, quiet_limit
+from guestagent.host.metrics.feed import WatchFeed
+from guestagent.host.streams import backoff_delay, quiet_limit
 from guestagent.v1 import agent_pb2 as pb
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guestagent.host.follow import (
+from guestagent.host.giveback.follow import (
     DELAYACCT,
     PSI_SOME,
     Change,
@@ -391,7 +391,7 @@ def test_stopping_leaves_the_device_where_it_is_and_says_so() -> None:
 def test_the_loops_metrics() -> None:
     from prometheus_client import generate_latest
 
-    from guestagent.host.exporter import FollowMetrics
+    from guestagent.host.giveback.follow_metrics import FollowMetrics
 
     metrics = FollowMetrics("firecracker", "balloon")
     metrics.observe(Reading(300 * MIB, None, False, MIB), 400 * MIB, 0.25)

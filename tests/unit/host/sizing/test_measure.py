@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from guestagent.host.measure import guest_ram_resident
-from guestagent.host.vmm_memory import parse_smaps
+from guestagent.host.sizing.measure import guest_ram_resident
+from guestagent.host.vmm.rss import parse_smaps
 from guestagent.sizes import MIB
 from tests.fakes.smaps import SMAPS
 

@@ -12,7 +12,7 @@ import socket
 import struct
 from typing import Any
 
-from guestagent.host.vmm import VmmError
+from guestagent.host.vmm.base import VmmError
 
 
 class ApiError(Exception):
@@ -36,10 +36,16 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 def peer_pid(path: str, timeout: float) -> int:
-    """The pid of the process listening on the unix socket at path."""
+    """The pid of the process listening on the unix socket at path; VmmError naming the path
+    when nothing answers there."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        sock.connect(path)
+        try:
+            sock.connect(path)
+        except TimeoutError:
+            raise VmmError(f"{path}: no answer within {timeout:g} s") from None
+        except OSError as e:
+            raise VmmError(f"{path}: {e.strerror or e}") from None
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid: int = struct.unpack("3i", creds)[0]
     return pid

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from qemu.qmp import QMPClient, QMPError
 
-from guestagent.host.vmm import BALLOON_PAGE, QEMU, Balloon, VirtioMemDevice, VmmError
+from guestagent.host.vmm.base import BALLOON_PAGE, QEMU, Balloon, VirtioMemDevice, VmmError
 
 
 class Monitor(Protocol):
@@ -33,9 +33,9 @@ class QemuMonitor:
         try:
             sock.connect(path)
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        except OSError:
+        except OSError as e:
             sock.close()
-            raise
+            raise VmmError(f"QEMU's monitor {path}: {e.strerror or e}") from None
         self.pid: int = struct.unpack("3i", creds)[0]
         self._loop = asyncio.new_event_loop()
         self._client = QMPClient("guestctl")
@@ -65,7 +65,8 @@ class QemuMonitor:
 
 class QemuVmm:
     """QEMU over QMP: `balloon value` and `query-balloon`'s `actual` are the guest's RAM less
-    the balloon; a virtio-mem device's `requested-size` is set with qom-set."""
+    the balloon, converted here from and to bytes taken; a virtio-mem device's
+    `requested-size` is set with qom-set."""
 
     name = QEMU
     balloon_leaves = True
@@ -73,21 +74,30 @@ class QemuVmm:
     def __init__(self, monitor: Monitor) -> None:
         self.monitor = monitor
         self.pid = monitor.pid
+        self._ram_seen: int | None = None
 
     def _ram(self) -> int:
         summary = self.monitor.cmd("query-memory-size-summary")
-        return int(summary["base-memory"] + summary.get("plugged-memory", 0))
+        self._ram_seen = int(summary["base-memory"] + summary.get("plugged-memory", 0))
+        return self._ram_seen
+
+    def _last_ram(self) -> int:
+        """The RAM the last balloon() read, which every caller makes before it sizes the
+        balloon: a poll or a resize then costs one command, not two."""
+        return self._ram() if self._ram_seen is None else self._ram_seen
 
     def balloon(self) -> Balloon:
         ram = self._ram()
-        actual = int(self.monitor.cmd("query-balloon")["actual"])
+        taken = ram - int(self.monitor.cmd("query-balloon")["actual"])
         # QMP says what the balloon holds, never what it was asked for: taken as the same.
-        taken = ram - actual
         # deflate-on-oom is a device property QMP's query-balloon does not report.
         return Balloon(ram, taken, taken, BALLOON_PAGE, None)
 
+    def balloon_taken(self) -> int:
+        return self._last_ram() - int(self.monitor.cmd("query-balloon")["actual"])
+
     def set_balloon(self, taken: int) -> None:
-        self.monitor.cmd("balloon", value=self._ram() - taken)
+        self.monitor.cmd("balloon", value=self._last_ram() - taken)
 
     def virtio_mem(self) -> list[VirtioMemDevice]:
         return [

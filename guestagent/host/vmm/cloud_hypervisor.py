@@ -17,8 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from guestagent.host.unixhttp import RestVmm
-from guestagent.host.vmm import BALLOON_PAGE, CLOUD_HYPERVISOR, Balloon, VirtioMemDevice, VmmError
+from guestagent.host.vmm.base import (
+    BALLOON_PAGE,
+    CLOUD_HYPERVISOR,
+    Balloon,
+    VirtioMemDevice,
+    VmmError,
+)
+from guestagent.host.vmm.unixhttp import RestVmm
 
 API_PREFIX = "/api/v1"
 # Cloud Hypervisor's virtio-mem block (VIRTIO_MEM_DEFAULT_BLOCK_SIZE); its API does not
@@ -125,6 +131,9 @@ class CloudHypervisorVmm(RestVmm):
 
     def balloon(self) -> Balloon:
         return balloon_of(self.info())
+
+    def balloon_taken(self) -> int:
+        return self.balloon().taken
 
     def set_balloon(self, taken: int) -> None:
         self._call("PUT", "/vm.resize", {"desired_balloon": taken})

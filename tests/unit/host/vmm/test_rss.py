@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from guestagent.host.vmm_memory import Mapping, jit_code_rss_bytes, parse_smaps, read_vmm_memory
+from guestagent.host.vmm.rss import Mapping, jit_code_rss_bytes, parse_smaps, read_vmm_memory
 from guestagent.linux.fs import KernelFS
 from guestagent.sizes import MIB
 from tests.fakes.smaps import SMAPS

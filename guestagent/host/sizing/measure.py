@@ -1,8 +1,8 @@
 """Measure what the guest costs at several VM sizes: the samples `guestctl plan --model` fits.
 
-Each size is one boot of the guest image under QEMU (guestagent.host.qemu). The agent
+Each size is one boot of the guest image under QEMU (boot.py). The agent
 says what the guest sees (GetGuestOverhead, MemFree); the host side is QEMU's VmRSS and
-/proc/PID/smaps (host/vmm_memory.py). Guest RAM is QEMU's anonymous mapping of exactly a
+/proc/PID/smaps (guestagent/host/vmm/rss.py). Guest RAM is QEMU's anonymous mapping of exactly a
 memory backend's size (query-memdev), so its resident pages are the guest pages the host
 really holds, and the rest of QEMU's RSS is the VMM's own. If that mapping cannot be told
 apart, guest pages touched are estimated from the guest as MemTotal - MemFree + the
@@ -19,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from guestagent.host.client import AgentClient
-from guestagent.host.qemu import GuestVMError, QemuGuest, VMConfig, accelerator
+from guestagent.host.sizing.boot import GuestVMError, QemuGuest, VMConfig, accelerator
 from guestagent.host.sizing.model import OverheadModel, OverheadSample, overhead_formula
-from guestagent.host.vmm_memory import Mapping, read_vmm_memory
+from guestagent.host.vmm.rss import Mapping, read_vmm_memory
 from guestagent.sizes import MIB
 
 

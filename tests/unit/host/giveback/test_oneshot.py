@@ -12,24 +12,26 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guestagent.host import ctl, giveback
-from guestagent.host.giveback import (
+from guestagent.host import ctl
+from guestagent.host.giveback import oneshot
+from guestagent.host.giveback.oneshot import Options, VmmRss, give_back
+from guestagent.host.giveback.plan import (
     BALLOON,
     VIRTIO_MEM,
     GiveBackError,
-    Options,
     Refused,
     Step,
-    give_back,
+    balloon_shown,
     pick_virtio_mem,
     plan_balloon,
     plan_virtio_mem,
     settled,
     thinned,
 )
-from guestagent.host.qmp import QemuMonitor, QemuVmm
+from guestagent.host.giveback.text import result_text
 from guestagent.host.units import round_up
-from guestagent.host.vmm import Balloon, VirtioMemDevice
+from guestagent.host.vmm.base import Balloon, VirtioMemDevice
+from guestagent.host.vmm.qemu import QemuMonitor, QemuVmm
 from guestagent.sizes import GIB, MIB
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.giveback import ADDR, FakeAgent, report
@@ -49,7 +51,8 @@ def plan_qemu_balloon(
 
 def balloon_value(guest: int, mem_total: int, actual: int, ram: int = 2 * GIB) -> int:
     """The safe balloon value in QEMU's terms for a MemTotal target of `guest`."""
-    return plan_qemu_balloon(report(mem_total, guest), actual, ram, None, False).value
+    step = plan_qemu_balloon(report(mem_total, guest), actual, ram, None, False)
+    return balloon_shown(step.value, ram, leaves=True)
 
 
 def device(size: int = GIB, block: int = 2 * MIB, addr: int = ADDR) -> VirtioMemDevice:
@@ -80,9 +83,9 @@ def test_a_balloon_value_is_a_whole_balloon_page_rounded_up() -> None:
     step = plan_qemu_balloon(
         report(safe_target=600 * MIB + 100), 1024 * MIB, 1024 * MIB, None, False
     )
-    assert step.value == 624 * MIB + 4096
+    assert step.value == 400 * MIB - 4096  # Takes a page less: leaves 624 MiB + 4 KiB.
     asked = plan_qemu_balloon(report(), 1024 * MIB, 1024 * MIB, 700 * MIB + 1, False)
-    assert asked.value == 700 * MIB + 4096
+    assert balloon_shown(asked.value, 1024 * MIB, leaves=True) == 700 * MIB + 4096
 
 
 def test_virtio_mem_never_asks_for_more_than_qemu_has_plugged() -> None:
@@ -95,19 +98,21 @@ def test_virtio_mem_never_asks_for_more_than_qemu_has_plugged() -> None:
 
 
 @pytest.mark.parametrize(
-    ("to", "force", "expected"),
+    ("to", "force", "taken", "forced"),
     [
-        (None, False, Step(BALLOON, BALLOON, 1024 * MIB, 624 * MIB, 624 * MIB, "")),
-        (700 * MIB, False, Step(BALLOON, BALLOON, 1024 * MIB, 700 * MIB, 624 * MIB, "")),
-        (624 * MIB, False, Step(BALLOON, BALLOON, 1024 * MIB, 624 * MIB, 624 * MIB, "")),
-        (500 * MIB, True, Step(BALLOON, BALLOON, 1024 * MIB, 500 * MIB, 624 * MIB, "", True)),
-        # Never above the guest's RAM.
-        (4 * GIB, False, Step(BALLOON, BALLOON, 1024 * MIB, 1024 * MIB, 624 * MIB, "")),
+        # --to in QEMU's terms (what the balloon leaves of 1024 MiB); the step in bytes taken.
+        (None, False, 400 * MIB, False),
+        (700 * MIB, False, 324 * MIB, False),
+        (624 * MIB, False, 400 * MIB, False),
+        (500 * MIB, True, 524 * MIB, True),
+        # Never leaves more than the guest's RAM: an empty balloon.
+        (4 * GIB, False, 0, False),
     ],
 )
-def test_plan_qemu_balloon(to: int | None, force: bool, expected: Step) -> None:
+def test_plan_qemu_balloon(to: int | None, force: bool, taken: int, forced: bool) -> None:
     step = plan_qemu_balloon(report(), 1024 * MIB, 1024 * MIB, to, force)
-    assert step == Step(**{**expected.__dict__, "reason": step.reason, "leaves_of": 1024 * MIB})
+    reason = step.reason
+    assert step == Step(BALLOON, BALLOON, 0, taken, 400 * MIB, reason, forced, ram=1024 * MIB)
     assert "working set" in step.reason
 
 
@@ -127,7 +132,7 @@ def test_without_the_agents_figures_safe_fails_and_to_needs_force() -> None:
     with pytest.raises(Refused, match="cannot be checked"):
         plan_qemu_balloon(old, 1024 * MIB, 1024 * MIB, 700 * MIB, False)
     forced = plan_qemu_balloon(old, 1024 * MIB, 1024 * MIB, 700 * MIB, True)
-    assert (forced.value, forced.safe, forced.forced) == (700 * MIB, None, True)
+    assert (forced.value, forced.safe, forced.forced) == (324 * MIB, None, True)
 
 
 @pytest.mark.parametrize(
@@ -217,7 +222,7 @@ def test_unforced_balloon_never_leaves_less_than_the_safe_target(
         assert to is not None
         return
     # What the guest keeps: its MemTotal less what the balloon takes beyond today's.
-    assert mem_total - (actual - step.value) >= safe_target or step.value == ram
+    assert mem_total - (step.value - ballooned) >= safe_target or step.value == 0
 
 
 def options(**changes: Any) -> Options:
@@ -247,16 +252,16 @@ def test_give_back_compacts_balloons_waits_and_compacts_again(qemu: FakeQemu) ->
     assert qmp.pid == os.getpid()  # The QMP peer: here, this process.
     assert agent.calls == ["report", "compact", "compact", "report"]
     assert qemu.writes() == ["balloon"] and qemu.actual == 624 * MIB
-    assert result["settled"]["how"] == "reached"
-    assert result["before"]["qemu_rss_bytes"] > 0 and result["after"]["qemu_rss_bytes"] > 0
-    assert 0 <= result["after"]["qemu_tcg_code_rss_bytes"] <= result["after"]["qemu_rss_bytes"]
-    text = giveback.result_text(result)
+    assert result.settled is not None and result.settled.how == "reached"
+    assert result.rss_after is not None and result.rss_before.rss_bytes > 0
+    assert 0 <= result.rss_after.tcg_code_rss_bytes <= result.rss_after.rss_bytes
+    text = result_text(result)
     assert (
         "qemu balloon (what it leaves the guest): 1,024.0 MiB -> 624.0 MiB; safe 624.0 MiB" in text
     )
     assert "reached at 624.0 MiB" in text
     # The second compaction, after the balloon settled, so the freed pages can be reported.
-    assert "compact_after" in result and "compacted again: free in 2 MiB blocks" in text
+    assert result.compact_after is not None and "compacted again: free in 2 MiB blocks" in text
 
 
 class SwappingAgent(FakeAgent):
@@ -282,16 +287,17 @@ def test_a_balloon_that_stops_short_has_settled(qemu: FakeQemu) -> None:
         result = give_back(agent, qmp, options(still_seconds=1.0), None)
     finally:
         qmp.close()
-    assert result["settled"]["how"] == "stopped"
-    assert result["settled"]["device_bytes"] == 632 * MIB
+    assert result.settled is not None and result.settled.how == "stopped"
+    assert result.settled.device_bytes == 392 * MIB  # QEMU left 632 MiB of 1024.
     # Then asked for what it reached, so the guest's driver stops pressing.
     assert [a["value"] for n, a in qemu.commands if n == "balloon"] == [624 * MIB, 632 * MIB]
     # The guest as it stood still, read before it was let off, and how the balloon moved.
     assert agent.calls == ["report", "compact", "report", "compact", "report"]
-    assert result["at_stop"]["vmstat"]["pswpout"] == 200
-    assert result["settled"]["trace"][0][0] == 0.0
-    assert result["settled"]["trace"][-1] == (result["settled"]["seconds"], 632 * MIB)
-    text = giveback.result_text(result)
+    assert result.at_stop is not None and result.at_stop.vmstat["pswpout"] == 200
+    assert result.settled.trace[0][0] == 0.0
+    assert result.settled.trace[-1] == (result.settled.seconds, 392 * MIB)
+    text = result_text(result)
+    assert "stopped at 632.0 MiB" in text  # In QEMU's terms again.
     assert "not pressed further" in text
     assert (
         "guest when it stood still: free 2.0 MiB, swap free 500.0 MiB, cold 200.0 MiB; since "
@@ -342,7 +348,9 @@ def test_past_the_settle_timeout_qemu_is_left_asking_for_where_it_stood(qemu: Fa
     qmp = monitor(qemu)
     try:
         with pytest.raises(
-            GiveBackError, match=r"still moving after 0\.5 s: .* asks for 632\.0 MiB"
+            GiveBackError,
+            match=r"balloon still moving after 0\.5 s: holds 392\.0 MiB of the 400\.0 MiB asked; "
+            r"qemu now asks for 392\.0 MiB",
         ):
             give_back(
                 FakeAgent(report()), qmp, options(still_seconds=5.0, settle_timeout=0.5), None
@@ -361,7 +369,7 @@ def test_dry_run_and_refusal_change_nothing(qemu: FakeQemu) -> None:
             give_back(agent, qmp, options(to=500 * MIB), None)
     finally:
         qmp.close()
-    assert "dry run: nothing compacted" in giveback.result_text(result)
+    assert "dry run: nothing compacted" in result_text(result)
     assert agent.calls == ["report", "report"] and qemu.writes() == []
 
 
@@ -373,13 +381,14 @@ def test_virtio_mem_through_the_monitor(qemu: FakeQemu) -> None:
     finally:
         qmp.close()
     assert qemu.writes() == ["qom-set"] and qemu.vmem_requested == 402 * MIB
-    assert result["step"]["device"] == "vmem0" and result["settled"]["how"] == "reached"
+    assert result.step.device == "vmem0"
+    assert result.settled is not None and result.settled.how == "reached"
 
 
 def test_the_command_refuses_with_exit_2_and_says_both_numbers(
     qemu: FakeQemu, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(giveback, "ClientAgent", lambda client, cold: FakeAgent(report()))
+    monkeypatch.setattr(oneshot, "ClientAgent", lambda client, cold: FakeAgent(report()))
     argv = ["--target", "unix:///nowhere", "give-back", "--qmp", str(qemu.path), "--to", "500M"]
     assert ctl.main(argv) == 2
     err = capsys.readouterr().err
@@ -390,11 +399,15 @@ def test_the_command_refuses_with_exit_2_and_says_both_numbers(
 def test_the_command_prints_json(
     qemu: FakeQemu, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(giveback, "ClientAgent", lambda client, cold: FakeAgent(report()))
+    monkeypatch.setattr(oneshot, "ClientAgent", lambda client, cold: FakeAgent(report()))
     argv = ["--target", "unix:///nowhere", "--json", "give-back", "--qmp", str(qemu.path)]
     assert ctl.main([*argv, "--safe"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["step"]["value"] == 624 * MIB and result["settled"]["how"] == "reached"
+    # Bytes the balloon takes, and the RAM QEMU's terms count from.
+    assert (result["step"]["value"], result["step"]["ram"]) == (400 * MIB, 1024 * MIB)
+    assert result["vmm"] == "qemu" and result["vmm_pid"] == os.getpid()
+    assert result["settled"]["how"] == "reached" and result["rss_after"]["rss_bytes"] > 0
+    assert "at_stop" not in result  # Unset parts are left out.
 
 
 @pytest.mark.parametrize(
@@ -418,12 +431,11 @@ def test_an_unreachable_monitor_is_one_line_and_exit_1(
     assert ctl.main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("guestctl: give-back:") and err.count("\n") == 1
+    assert f"{tmp_path / 'none'}: No such file or directory" in err, err
 
 
 def test_given_back_is_counted_without_tcg_code() -> None:
     # Under TCG the translated-code buffer grew 550 MiB in the minute after one give-back
     # (2026-12-04) while the guest held still: counted in, it hides what came back.
-    before = {"qemu_rss_bytes": 1490 * MIB, "qemu_tcg_code_rss_bytes": 500 * MIB}
-    after = {"qemu_rss_bytes": 1600 * MIB, "qemu_tcg_code_rss_bytes": 1024 * MIB}
-    assert giveback.guest_rss(before) - giveback.guest_rss(after) == 414 * MIB
-    assert giveback.guest_rss({"qemu_rss_bytes": 7}) == 7  # Before the field existed.
+    before, after = VmmRss(1490 * MIB, 500 * MIB), VmmRss(1600 * MIB, 1024 * MIB)
+    assert before.guest_bytes - after.guest_bytes == 414 * MIB

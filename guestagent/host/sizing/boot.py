@@ -1,7 +1,8 @@
 """Boot the guest image under QEMU, wait for its agent and stop it: what guestctl
 measure-overhead does to measure a guest, and what the VM test harness (guestagent/vm/qemu.py)
 builds on with its command channel into the guest. Only the standard library is needed, plus
-qemu.qmp for the QMP methods.
+qemu.qmp for the QMP methods. The images are where the caller says, or GUESTAGENT_IMAGE_DIR:
+an installed package has no checkout to find them in.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Self
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
 
 GUEST_AGENT_PORT = DEFAULT_VSOCK_PORT
-DEFAULT_IMAGE_DIR = Path(__file__).resolve().parents[2] / "image" / "build"
+IMAGE_DIR_VARIABLE = "GUESTAGENT_IMAGE_DIR"
 # HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its SETTINGS.
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 HTTP2_SETTINGS_FRAME_TYPE = 4
@@ -85,11 +86,16 @@ def installed_qemu_version(arch: str) -> tuple[int, int]:
     return qemu_version(subprocess.run(command, capture_output=True, text=True).stdout)
 
 
-def image_dir_for(arch: str) -> Path:
-    """The image directory of arch's guest: GUESTAGENT_IMAGE_DIR (x86_64's), or image/build,
-    and the architecture's own subdirectory below it."""
-    base = Path(os.environ.get("GUESTAGENT_IMAGE_DIR", DEFAULT_IMAGE_DIR))
-    return base / MACHINES[arch].image_subdir
+def image_dir_for(arch: str, base: Path | None = None) -> Path:
+    """The image directory of arch's guest: GUESTAGENT_IMAGE_DIR's (x86_64's image), else
+    `base`'s, and the architecture's own subdirectory below it."""
+    chosen = os.environ.get(IMAGE_DIR_VARIABLE) or base
+    if chosen is None:
+        raise GuestVMError(
+            f"no guest image directory: give one or set {IMAGE_DIR_VARIABLE} "
+            "(`make image` writes image/build)"
+        )
+    return Path(chosen) / MACHINES[arch].image_subdir
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,17 @@ from typing import Any
 
 import pytest
 
-from guestagent.host import cloud_hypervisor, ctl, firecracker, giveback
-from guestagent.host.cloud_hypervisor import CloudHypervisorVmm
-from guestagent.host.firecracker import FirecrackerVmm
-from guestagent.host.follow import knob_for
-from guestagent.host.giveback import BALLOON, VIRTIO_MEM, Options, Refused, give_back, plan_balloon
-from guestagent.host.unixhttp import UnixHttpClient
-from guestagent.host.vmm import Balloon, VmmError
+from guestagent.host import ctl
+from guestagent.host.giveback import oneshot
+from guestagent.host.giveback.follow import knob_for
+from guestagent.host.giveback.oneshot import Options, Settled, give_back
+from guestagent.host.giveback.plan import BALLOON, VIRTIO_MEM, Refused, plan_balloon
+from guestagent.host.giveback.text import result_text
+from guestagent.host.vmm import cloud_hypervisor, firecracker
+from guestagent.host.vmm.base import Balloon, VmmError
+from guestagent.host.vmm.cloud_hypervisor import CloudHypervisorVmm
+from guestagent.host.vmm.firecracker import FirecrackerVmm
+from guestagent.host.vmm.unixhttp import UnixHttpClient
 from guestagent.sizes import GIB, MIB
 from tests.fakes.giveback import FakeAgent, report
 from tests.fakes.qmp import FakeQemu
@@ -148,7 +152,7 @@ def test_firecrackers_balloon_is_in_mib_and_read_from_statistics() -> None:
 def test_a_balloon_sized_by_what_it_takes(unit: int, to: int | None, value: int) -> None:
     balloon = Balloon(GIB, 0, 0, unit, False)
     step = plan_balloon(report(), balloon, False, to, False)
-    assert (step.value, step.safe, step.leaves_of) == (value, 400 * MIB, 0)
+    assert (step.value, step.safe, step.ram) == (value, 400 * MIB, GIB)
 
 
 def test_taking_more_than_the_safe_size_is_refused_naming_both() -> None:
@@ -172,8 +176,9 @@ def test_the_safe_size_is_the_same_with_deflate_on_oom_on_or_off(deflate_on_oom:
 def test_give_back_through_cloud_hypervisor(ch: CloudHypervisorStandIn, qemu: FakeQemu) -> None:
     vmm = CloudHypervisorVmm(str(ch.api_path), 5.0)
     result = give_back(FakeAgent(report()), vmm, options(), None)
-    assert result["vmm"] == "cloud-hypervisor" and result["settled"]["how"] == "reached"
-    assert result["step"]["value"] == 400 * MIB  # desired_balloon: what it takes
+    assert result.vmm == "cloud-hypervisor"
+    assert result.settled is not None and result.settled.how == "reached"
+    assert result.step.value == 400 * MIB  # desired_balloon: what it takes
     assert qemu.actual == GIB - 400 * MIB
     assert [r.body for r in ch.received if r.method == "PUT"] == [{"desired_balloon": 400 * MIB}]
     answers_conform(schema.CLOUD_HYPERVISOR, ch.api_path)
@@ -182,7 +187,7 @@ def test_give_back_through_cloud_hypervisor(ch: CloudHypervisorStandIn, qemu: Fa
 def test_virtio_mem_through_cloud_hypervisor(ch: CloudHypervisorStandIn, qemu: FakeQemu) -> None:
     vmm = CloudHypervisorVmm(str(ch.api_path), 5.0)
     result = give_back(FakeAgent(report(vmem_safe=401 * MIB)), vmm, options(via=VIRTIO_MEM), None)
-    assert result["step"]["device"] == "mem0" and qemu.vmem_requested == 402 * MIB
+    assert result.step.device == "mem0" and qemu.vmem_requested == 402 * MIB
     assert {"desired_ram": GIB + 402 * MIB} in [r.body for r in ch.received]
 
 
@@ -190,9 +195,14 @@ def test_give_back_through_firecracker(fc: FirecrackerStandIn, qemu: FakeQemu) -
     vmm = FirecrackerVmm(str(fc.api_path), 5.0)
     result = give_back(FakeAgent(report(mem_total=1000 * MIB + 5)), vmm, options(), None)
     # 400 MiB and 5 bytes may go: amount_mib rounds down to 400.
-    assert result["step"]["value"] == 400 * MIB and result["settled"]["how"] == "reached"
+    assert result.step.value == 400 * MIB
+    assert result.settled is not None and result.settled.how == "reached"
     assert qemu.actual == GIB - 400 * MIB
     assert [r.body for r in fc.received if r.method == "PATCH"] == [{"amount_mib": 400}]
+    # Each settle poll is one read of what the balloon holds, not four.
+    requests = [f"{r.method} {r.path}" for r in fc.received]
+    polls = requests[requests.index("PATCH /balloon") + 1 :]
+    assert polls and set(polls) == {"GET /balloon/statistics"}, requests
     answers_conform(schema.FIRECRACKER, fc.api_path)
 
 
@@ -202,10 +212,9 @@ def test_without_balloon_statistics_give_back_says_it_did_not_see_the_balloon_se
     fc.statistics_enabled = False
     vmm = FirecrackerVmm(str(fc.api_path), 5.0)
     result = give_back(FakeAgent(report(mem_total=1000 * MIB + 5)), vmm, options(), None)
-    unseen = {"how": "unobserved", "seconds": 0.0, "device_bytes": 400 * MIB, "trace": []}
-    assert result["settled"] == unseen
+    assert result.settled == Settled("unobserved", 0.0, 400 * MIB, [])
     assert [r.body for r in fc.received if r.method == "PATCH"] == [{"amount_mib": 400}]
-    text = giveback.result_text(result)
+    text = result_text(result)
     assert "balloon asked for 400.0 MiB, not seen to settle" in text, text
     assert "reached" not in text, text
 
@@ -220,7 +229,7 @@ def test_virtio_mem_through_firecracker(fc: FirecrackerStandIn, qemu: FakeQemu) 
 def test_a_vmm_refusal_is_one_line_naming_the_request_and_its_fault(
     fc: FirecrackerStandIn, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(giveback, "ClientAgent", lambda client, cold: FakeAgent(report()))
+    monkeypatch.setattr(oneshot, "ClientAgent", lambda client, cold: FakeAgent(report()))
     argv = ["--target", "unix:///nowhere", "give-back", "--vmm", "firecracker"]
     argv += ["--api", str(fc.api_path), "--to", "2G", "--force"]
     assert ctl.main(argv) == 1
