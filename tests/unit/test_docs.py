@@ -63,3 +63,55 @@ def test_kata_extension_md_shows_the_components_toml_the_build_writes() -> None:
     written = components_toml([agent_process()]).splitlines()[1:]  # past the comment
     shown = "\n".join(f"      {line}" if line else "" for line in written)
     assert shown + "\n\n" in doc
+
+
+def readme_map(readme: str) -> dict[str, set[str]]:
+    """The README's map of the tree: each folder it names, from the root, with the modules
+    listed on its lines (a folder's line, and the lines under it that start with a module)."""
+    block = readme[readme.index("## Map of the tree") :].split("```")[1]
+    folders: dict[str, set[str]] = {}
+    open_folders: list[tuple[int, str]] = []  # (indent, path), outermost first
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        first = line.split()[0]
+        if first.endswith("/"):
+            while open_folders and open_folders[-1][0] >= indent:
+                open_folders.pop()
+            parent = open_folders[-1][1] if open_folders else ""
+            open_folders.append((indent, parent + first))
+        folder = open_folders[-1][1]
+        folders.setdefault(folder, set()).update(re.findall(r"[\w]+\.py\b", line))
+    return folders
+
+
+def tree_modules() -> dict[str, set[str]]:
+    """Every folder of guestagent/ with its modules (packages' __init__.py and the generated
+    protobuf modules aside)."""
+    folders: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "guestagent").rglob("*.py")):
+        if path.name == "__init__.py" or "_pb2" in path.name:
+            folders.setdefault(f"{path.parent.relative_to(ROOT)}/", set())
+            continue
+        folders.setdefault(f"{path.parent.relative_to(ROOT)}/", set()).add(path.name)
+    return folders
+
+
+def test_the_readme_map_names_every_module_and_no_other() -> None:
+    folders = readme_map((ROOT / "README.md").read_text())
+    named = {folder: names for folder, names in folders.items() if folder.startswith("guestagent/")}
+    assert named == tree_modules()
+
+
+def test_the_map_reader_sees_a_missing_and_a_stale_module() -> None:
+    text = (
+        "## Map of the tree\n```\nguestagent/     a.py: x\n  linux/        one.py\n"
+        "                two.py gone.py\n    sub/        three.py\n  ops/          four.py\n```\n"
+    )
+    assert readme_map(text) == {
+        "guestagent/": {"a.py"},
+        "guestagent/linux/": {"one.py", "two.py", "gone.py"},
+        "guestagent/linux/sub/": {"three.py"},
+        "guestagent/ops/": {"four.py"},
+    }
