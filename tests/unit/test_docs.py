@@ -1,11 +1,13 @@
 """The docs against the tree: every repository path they name exists, the README's `serve`
-synopsis names every option `guestagent serve` takes, and kata-extension.md shows the
-components.toml the build writes."""
+synopsis names every option `guestagent serve` takes, kata-extension.md shows the
+components.toml the build writes, and measurements.md stays a set of current tables, each row
+dated with a commit that exists."""
 
 from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,97 @@ def test_the_map_reader_sees_a_missing_and_a_stale_module() -> None:
         "guestagent/linux/sub/": {"three.py"},
         "guestagent/ops/": {"four.py"},
     }
+
+
+# A run cell: the day of the run and the commit of the tree it measured (or that recorded it).
+RUN_DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def undated_rows(text: str) -> list[str]:
+    """Every table row of a measurements doc whose table has no last `run` column, or whose run
+    cell lacks a date or a commit; the separator rows aside."""
+    bad: list[str] = []
+    header: list[str] | None = None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        if header is None:
+            header = cells(line)
+            continue
+        if set(line) <= set("|- "):
+            continue
+        run = cells(line)[-1]
+        if header[-1] != "run" or not RUN_DATE.search(run) or not COMMIT.search(run):
+            bad.append(line)
+    return bad
+
+
+# Elsewhere (the history, the prose) a commit is told from a figure by a letter in it.
+LETTERED_COMMIT = re.compile(r"\b(?=[0-9]*[a-f])[0-9a-f]{7,12}\b")
+
+
+def named_commits(text: str) -> set[str]:
+    """Every commit in a run cell, and every lettered hash anywhere."""
+    in_runs = {
+        commit
+        for line in text.splitlines()
+        if line.startswith("|")
+        for commit in COMMIT.findall(cells(line)[-1])
+    }
+    return in_runs | set(LETTERED_COMMIT.findall(text))
+
+
+def test_every_measurement_row_is_dated_with_a_commit() -> None:
+    assert undated_rows((ROOT / "docs/measurements.md").read_text()) == []
+
+
+def test_commits_are_told_from_figures() -> None:
+    text = (
+        "| a | 33554432 B, sha256 0d0a4f76aa957fce05768f | 2026-12-07, 1423560 |\n"
+        "- a cut (c21142a): 1040187392 B\n"
+    )
+    assert named_commits(text) == {"1423560", "c21142a"}
+
+
+def test_the_row_check_finds_an_undated_row_and_a_table_without_runs() -> None:
+    text = (
+        "| figure | value | run |\n| --- | --- | --- |\n"
+        "| dated | 1 s | 2026-12-07, 387ec82 |\n| no commit | 2 s | by 2026-12-03 |\n\n"
+        "| figure | value |\n| --- | --- |\n| no run column | 3 s, 2026-12-07, 387ec82 |\n"
+    )
+    assert undated_rows(text) == [
+        "| no commit | 2 s | by 2026-12-03 |",
+        "| no run column | 3 s, 2026-12-07, 387ec82 |",
+    ]
+
+
+def test_every_commit_a_measurement_names_exists() -> None:
+    """A shallow clone or a tree outside git cannot say; everywhere else a hash that names no
+    commit is a typo or a rewritten history."""
+    git = ["git", "-C", str(ROOT)]
+    shallow = subprocess.run(
+        [*git, "rev-parse", "--is-shallow-repository"], capture_output=True, text=True
+    )
+    if shallow.returncode != 0 or shallow.stdout.strip() != "false":
+        pytest.skip("not a full git checkout")
+    commits = sorted(named_commits((ROOT / "docs/measurements.md").read_text()))
+    found = subprocess.run(
+        [*git, "cat-file", "--batch-check"],
+        input="".join(f"{commit}^{{commit}}\n" for commit in commits),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # "<sha> commit <size>" for a commit; "<name> missing" or "<name> ambiguous" otherwise.
+    missing = [
+        line.split()[0].removesuffix("^{commit}")
+        for line in found.stdout.splitlines()
+        if line.split()[1] != "commit"
+    ]
+    assert commits and missing == []
