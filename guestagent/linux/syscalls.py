@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 IN_MODIFY = 0x00000002
+IN_CLOSE_WRITE = 0x00000008  # A file opened for writing was closed: written whole.
 # A directory's entry came or went: a cgroup's mkdir, rmdir or rename, seen on its parent.
 IN_MOVED_FROM = 0x00000040
 IN_MOVED_TO = 0x00000080

@@ -25,6 +25,7 @@ from guestagent.host.commands.common import (
     share,
     size,
 )
+from guestagent.host.streams import Watchdog, quiet_limit
 from guestagent.host.units import SIZE_HELP
 from guestagent.host.vmm.connect import KINDS
 
@@ -108,11 +109,18 @@ def _give_back_arguments(parser: argparse.ArgumentParser) -> None:
     follow.add_argument(
         "--metrics", type=listen_address, metavar="HOST:PORT", help="serve Prometheus metrics here"
     )
+    follow.add_argument(
+        "--gone-after",
+        type=seconds,
+        default=30.0,
+        metavar="S",
+        help="end, exit 3, once the agent or the VMM has not answered this long (default 30)",
+    )
 
 
 def _give_back(args: argparse.Namespace) -> int:
     """Exit 0 when done (or a dry run, or a follow loop stopped), 2 on a refused size or bad
-    flags, 1 when a call fails."""
+    flags, 1 when a call fails, 3 when a follow loop's agent or VMM is gone."""
     if not (args.to is not None or args.safe or args.follow):
         raise UsageError("give-back needs one of --to, --safe, --follow")
     if args.qmp is not None and args.vmm != "qemu":
@@ -180,8 +188,13 @@ def _follow(args: argparse.Namespace, client: AgentClient, agent: Agent, vmm: Vm
 
         metrics = FollowMetrics(vmm.name, knob.what)
         server = serve_in_background(args.metrics, metrics.registry)
-    options = follow.FollowOptions(json=args.json)
-    follower = follow.Follower(watch, agent, vmm.name, knob, policy, options, metrics)
+    options = follow.FollowOptions(
+        json=args.json, gone_seconds=args.gone_after, quiet_seconds=quiet_limit(interval_ms)
+    )
+    watchdog = Watchdog()
+    follower = follow.Follower(
+        watch, agent, vmm.name, knob, policy, options, metrics, watchdog=watchdog
+    )
 
     def stop(signum: int, frame: FrameType | None) -> None:
         follower.stop()
@@ -190,6 +203,7 @@ def _follow(args: argparse.Namespace, client: AgentClient, agent: Agent, vmm: Vm
     try:
         return follower.run()
     finally:
+        watchdog.stop()
         for number, handler in previous.items():
             signal.signal(number, handler)
         if server is not None:

@@ -35,7 +35,7 @@ from guestagent.host.giveback.plan import (
     safe_balloon_taken,
     safe_virtio_mem,
 )
-from guestagent.host.streams import Reopening
+from guestagent.host.streams import Reopening, Watchdog
 from guestagent.host.units import round_down
 from guestagent.host.vmm.base import Vmm, VmmError
 from guestagent.sizes import MIB
@@ -301,11 +301,28 @@ class Metrics(Protocol):
 @dataclass(frozen=True)
 class FollowOptions:
     json: bool = False  # A JSON object per line instead of text.
+    # An agent or a VMM that has not answered this long is gone (its VM was shut down): the
+    # loop ends, with GONE, rather than retry forever.
+    gone_seconds: float = 30.0
+    # A stream that says nothing this long is broken (the agent sends a report at least every
+    # interval): cancelled by the watchdog and opened again.
+    quiet_seconds: float = 6.0
+
+
+# run()'s exit status: stopped (SIGTERM), or its agent or VMM gone.
+STOPPED, GONE = 0, 3
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 class Follower:
     """The loop: one WatchMemory stream (`watch` opens it), a decision per report, one line
-    per change."""
+    per change. It never skips a deflate because a read failed: a VMM that does not answer
+    the read is still asked to let a stalling guest out (from the last size it reported), and
+    while the agent says nothing the balloon is let out a step each time its stream breaks.
+    An agent or VMM silent for gone_seconds ends the loop."""
 
     def __init__(
         self,
@@ -318,12 +335,15 @@ class Follower:
         metrics: Metrics | None = None,
         out: Callable[[str], None] = lambda line: print(line, flush=True),
         clock: Callable[[], float] = time.monotonic,
+        watchdog: Watchdog | None = None,
+        err: Callable[[str], None] = _stderr,
     ) -> None:
         self.watch, self.agent, self.vmm_name, self.knob = watch, agent, vmm_name, knob
         self.policy, self.options = policy, options
         self.metrics = metrics
-        self.out, self.clock = out, clock
-        self._reports = Reopening(watch, self._broken)
+        self.out, self.clock, self.err = out, clock, err
+        self.watchdog = watchdog
+        self._reports = Reopening(watch, self._broken, clock)
         self._asked = 0
         self._hold: Hold | None = None
         self._stall: StallSample | None = None
@@ -334,6 +354,12 @@ class Follower:
         self._last_step_at: float | None = None
         # An inflation not yet reached: once it is, compact (as the one-shot command does).
         self._inflating = False
+        # The last reading the VMM gave: a failed read decides from it.
+        self._last_reading: Reading | None = None
+        # Since when the VMM, or the agent, has not answered; None while it does.
+        self._vmm_silent_since: float | None = None
+        self._agent_silent_since: float | None = None
+        self.gone: str | None = None  # Why the loop ended on its own.
 
     def stop(self) -> None:
         """From a signal handler or another thread: the loop ends after the report in hand."""
@@ -346,14 +372,51 @@ class Follower:
         detail = "; ".join(f"{k} {v}" for k, v in fields.items())
         self.out(f"give-back --follow: {event}: {detail}")
 
-    @staticmethod
-    def _broken(error: str, delay: float) -> None:
-        print(f"guestctl: give-back --follow: {error}; again in {delay:.1f} s", file=sys.stderr)
+    def _ended(self, why: str) -> None:
+        self.gone = why
+        self._reports.stop()
+
+    def _broken(self, error: str, delay: float) -> None:
+        """The stream broke (or went quiet): the agent is silent. Let the guest out a step,
+        as a silent agent may be one whose guest thrashes; past gone_seconds, end."""
+        self.err(f"guestctl: give-back --follow: {error}; again in {delay:.1f} s")
+        now = self.clock()
+        if self._agent_silent_since is None:
+            self._agent_silent_since = now
+        if now - self._agent_silent_since >= self.options.gone_seconds:
+            self._ended(f"the agent has not answered for {now - self._agent_silent_since:.0f} s")
+            return
+        if self._asked > 0:
+            in_run = steps_in_run(self._run_steps, self._last_step_at, now, self.policy)
+            to = round_down(max(0, self._asked - step_back(in_run, self.policy)), self._unit())
+            self._run_steps, self._last_step_at = in_run + 1, now
+            self._change(Change(to, "silent", f"the agent is silent: {error}"), None, None, now)
+
+    def _unit(self) -> int:
+        return self._last_reading.unit if self._last_reading is not None else 4096
+
+    def _read(self, info: pb.MemoryInfo, now: float) -> Reading:
+        """The device's reading; when the VMM does not answer, the last one it gave, with no
+        figure (the figure needs the device's size now) but this report's free memory and
+        saturation, so a stall still lets the guest out."""
+        try:
+            reading = self.knob.read(info)
+        except VmmError:
+            if self._vmm_silent_since is None:
+                self._vmm_silent_since = now
+            if self._last_reading is None:
+                raise
+            last = self._last_reading
+            return Reading(last.taken, None, _saturated(info), last.unit, _free(info))
+        self._vmm_silent_since = None
+        self._last_reading = reading
+        return reading
 
     def step(self, info: pb.MemoryInfo) -> Change | None:
         """One report: read, decide, act. Returns the change made."""
         now = self.clock()
-        reading = self.knob.read(info)
+        self._agent_silent_since = None
+        reading = self._read(info, now)
         if self._inflating and reading.taken >= self._asked:
             # The guest swapped and freed pages where they lay to make room; free page
             # reporting hands over only whole blocks.
@@ -389,6 +452,12 @@ class Follower:
             self.metrics.observe(reading, self._asked, stall)
         if change is None or change.to == self._asked:
             return None
+        return self._change(change, reading, stall, now)
+
+    def _change(
+        self, change: Change, reading: Reading | None, stall: float | None, now: float
+    ) -> Change | None:
+        """Ask the device for change.to and say so."""
         direction = "inflate" if change.to > self._asked else "deflate"
         if direction == "inflate":
             self.agent.compact()  # As the one-shot command: the pages given up lie together.
@@ -398,10 +467,10 @@ class Follower:
             device=self.knob.what,
             cause=change.cause,
             why=change.detail,
-            taken_before=reading.taken,
+            taken_before=None if reading is None else reading.taken,
             asked_before=self._asked,
             asked=change.to,
-            safe=reading.safe,
+            safe=None if reading is None else reading.safe,
             stall=None if stall is None else round(stall, 4),
         )
         if self.metrics is not None:
@@ -412,8 +481,20 @@ class Follower:
         self._inflating = direction == "inflate" or change.cause == "stopped"
         return change
 
+    def _vmm_gone(self, error: VmmError) -> None:
+        """A VMM that did not answer: past gone_seconds of it, the loop ends."""
+        now = self.clock()
+        if self._vmm_silent_since is None:
+            self._vmm_silent_since = now
+        self.err(f"guestctl: give-back --follow: {describe_error(error)}")
+        if now - self._vmm_silent_since >= self.options.gone_seconds:
+            self._ended(
+                f"{self.vmm_name} has not answered for {now - self._vmm_silent_since:.0f} s"
+            )
+
     def run(self) -> int:
-        """Until stop(): exit 0, the device left where it is, and said so."""
+        """Until stop() (STOPPED) or its agent or VMM is gone (GONE): the device is left
+        where it is, and the last line says so."""
         self._asked = self.knob.asked()
         self.say(
             "following",
@@ -422,25 +503,32 @@ class Follower:
             asked=self._asked,
             policy=asdict(self.policy),
         )
-        for info in self._reports:
-            if self._reports.stopping.is_set():
-                break
-            try:
-                self.step(info)
-            except (VmmError, grpc.RpcError) as e:
-                print(f"guestctl: give-back --follow: {describe_error(e)}", file=sys.stderr)
+        if self.watchdog is not None:
+            self.watchdog.guard(self._reports, self.options.quiet_seconds)
+        try:
+            for info in self._reports:
+                if self._reports.stopping.is_set():
+                    break
+                try:
+                    self.step(info)
+                except VmmError as e:
+                    self._vmm_gone(e)
+                except grpc.RpcError as e:  # A compaction the agent refused or timed out.
+                    self.err(f"guestctl: give-back --follow: {describe_error(e)}")
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.forget(self._reports)
         try:
             taken: int | None = self.knob.read(pb.MemoryInfo()).taken
         except VmmError:
             taken = None
-        self.say(
-            "stopped",
-            device=self.knob.what,
-            left_asked=self._asked,
-            left_taken=taken,
-            note="the device is left where it is",
-        )
-        return 0
+        left = {"left_asked": self._asked, "left_taken": taken}
+        note = "the device is left where it is"
+        if self.gone is not None:
+            self.say("gone", device=self.knob.what, why=self.gone, **left, note=note)
+            return GONE
+        self.say("stopped", device=self.knob.what, **left, note=note)
+        return STOPPED
 
 
 def knob_for(vmm: Vmm, via: str, device: str | None) -> Knob:

@@ -1,4 +1,5 @@
-"""JSON over HTTP/1.1 on a unix socket, as Cloud Hypervisor's and Firecracker's APIs speak it.
+"""HTTP/1.1 on a unix socket, as Cloud Hypervisor's and Firecracker's APIs speak it (JSON) and
+Kata's shims serve their monitor (text).
 
 The standard library's http.client with its connect pointed at the socket; the peer's pid
 comes from the socket's credentials, as for QEMU's monitor, so the VMM's RSS can be read.
@@ -60,8 +61,9 @@ class UnixHttpClient:
         self.timeout = timeout
         self.prefix = prefix
 
-    def request(self, method: str, endpoint: str, body: dict[str, Any] | None = None) -> Any:
-        """The decoded JSON answer (None for an empty one); ApiError on a status >= 300."""
+    def text(self, method: str, endpoint: str, body: dict[str, Any] | None = None) -> str:
+        """The answer's body as text; ApiError on a status >= 300, quoting the body (a Kata
+        shim's error text is all it says)."""
         url = self.prefix + endpoint
         what = f"{method} {url}" + (f" {json.dumps(body)}" if body is not None else "")
         connection = _UnixConnection(self.path, self.timeout)
@@ -82,11 +84,17 @@ class UnixHttpClient:
             connection.close()
         if response.status >= 300:
             raise ApiError(f"{what}: HTTP {response.status} {response.reason}: {text.strip()}")
+        return text
+
+    def request(self, method: str, endpoint: str, body: dict[str, Any] | None = None) -> Any:
+        """The decoded JSON answer (None for an empty one); ApiError on a status >= 300."""
+        text = self.text(method, endpoint, body)
         if not text.strip():
             return None
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
+            what = f"{method} {self.prefix}{endpoint}"
             raise ApiError(f"{what}: not JSON ({e}): {text[:200]!r}") from None
 
 

@@ -4,15 +4,18 @@ steps against a fake knob."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from guestagent.host.giveback.follow import (
     DELAYACCT,
+    GONE,
     PSI_SOME,
     Change,
     Follower,
@@ -30,6 +33,8 @@ from guestagent.host.giveback.follow import (
     stopped_short,
     sustained_stall,
 )
+from guestagent.host.streams import Reopening, Watchdog
+from guestagent.host.vmm.base import VmmError
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.giveback import FakeAgent, report
@@ -409,3 +414,185 @@ def test_a_guest_with_no_stall_to_read_is_let_out_on_the_target_alone() -> None:
     saturated = reading(400 * MIB, 400 * MIB, saturated=True)
     change, _ = decide(saturated, 400 * MIB, None, 0, None, POLICY, stall_source=False)
     assert change is not None and (change.to, change.cause) == (272 * MIB, "saturated")
+
+
+class Broken(grpc.RpcError):
+    """A stream the agent does not answer."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "failed to connect to all addresses"
+
+
+class DeadStream:
+    def __iter__(self) -> Any:
+        return self
+
+    def __next__(self) -> pb.MemoryInfo:
+        raise Broken()
+
+    def cancel(self) -> bool:
+        return True
+
+
+def ticking(step: float) -> Any:
+    """A clock that moves `step` seconds each time it is read."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += step
+        return now[0]
+
+    return clock
+
+
+def test_a_silent_agent_is_let_out_a_step_at_a_time_then_the_loop_ends() -> None:
+    """A guest whose agent does not answer may be one that thrashes: each broken stream lets a
+    step out of the balloon; past gone_seconds the loop ends with GONE, leaving the device."""
+    lines: list[str] = []
+    knob = FakeKnob()
+    knob.taken = 600 * MIB
+    options = FollowOptions(json=True, gone_seconds=10.0)
+    follower = Follower(
+        DeadStream,
+        FakeAgent(report()),
+        "qemu",
+        knob,
+        POLICY,
+        options,
+        out=lines.append,
+        clock=ticking(1.0),
+        err=lambda line: None,
+    )
+    assert follower.run() == GONE
+    events = [json.loads(line) for line in lines]
+    silent = [e for e in events if e["event"] == "deflate"]
+    assert [e["cause"] for e in silent] == ["silent"] * len(silent) and len(silent) >= 2, events
+    # A step, then doubled steps while the run lasts: never below nothing.
+    assert [e["asked"] for e in silent][:2] == [472 * MIB, 216 * MIB], events
+    assert knob.taken == silent[-1]["asked"] >= 0
+    assert events[-1]["event"] == "gone" and "has not answered" in events[-1]["why"]
+
+
+class FailingKnob(FakeKnob):
+    """A VMM whose reads fail from some point on; its resizes still answer or not."""
+
+    def __init__(self, sets_fail: bool = False) -> None:
+        super().__init__()
+        self.failing = False
+        self.sets_fail = sets_fail
+
+    def read(self, info: pb.MemoryInfo) -> Reading:
+        if self.failing:
+            raise VmmError("Cloud Hypervisor: GET /api/v1/vm.info: no answer within 5 s")
+        return super().read(info)
+
+    def set(self, taken: int) -> None:
+        if self.failing and self.sets_fail:
+            raise VmmError("Cloud Hypervisor: PUT /api/v1/vm.resize: No such file or directory")
+        super().set(taken)
+
+
+def test_a_failed_read_never_skips_letting_a_stalling_guest_out() -> None:
+    knob = FailingKnob()
+    knob.taken = 400 * MIB
+    follower = Follower(
+        no_stream,
+        FakeAgent(report()),
+        "cloud-hypervisor",
+        knob,
+        POLICY,
+        FollowOptions(),
+        out=lambda _: None,
+        clock=ticking(1.0),
+        err=lambda _: None,
+    )
+    follower._asked = 400 * MIB
+    follower.step(stalled(0))  # Read: the last good reading is kept.
+    knob.failing = True
+    follower.step(stalled(500))  # 50 % of 1 s stalled: a step back, from the last size read.
+    follower.step(stalled(1000))
+    assert knob.sets and knob.sets[0] == 272 * MIB, knob.sets
+
+
+def test_a_vmm_gone_for_gone_seconds_ends_the_loop() -> None:
+    knob = FailingKnob(sets_fail=True)
+    knob.failing = True
+    reports = iter([report()] * 100)
+
+    class Stream:
+        def __iter__(self) -> Any:
+            return self
+
+        def __next__(self) -> pb.MemoryInfo:
+            return next(reports)
+
+        def cancel(self) -> bool:
+            return True
+
+    lines: list[str] = []
+    errors: list[str] = []
+    knob.failing = False
+    options = FollowOptions(json=True, gone_seconds=5.0)
+    follower = Follower(
+        Stream,
+        FakeAgent(report()),
+        "cloud-hypervisor",
+        knob,
+        POLICY,
+        options,
+        out=lines.append,
+        clock=ticking(1.0),
+        err=errors.append,
+    )
+    knob.failing = True
+    assert follower.run() == GONE
+    last = json.loads(lines[-1])
+    assert last["event"] == "gone" and "cloud-hypervisor has not answered for" in last["why"]
+    assert "vm.info: no answer within 5 s" in errors[0], errors
+
+
+def test_the_watchdog_breaks_a_stream_gone_quiet() -> None:
+    now = [0.0]
+    opened: list[Any] = []
+
+    class Quiet:
+        """A stream that delivers one report, then nothing until cancelled."""
+
+        def __init__(self) -> None:
+            self.cancelled = threading.Event()
+            self.first = True
+            opened.append(self)
+
+        def __iter__(self) -> Any:
+            return self
+
+        def __next__(self) -> pb.MemoryInfo:
+            if self.first:
+                self.first = False
+                return report()
+            self.cancelled.wait(5)
+            raise Broken()
+
+        def cancel(self) -> bool:
+            self.cancelled.set()
+            return True
+
+    broken: list[str] = []
+    reports = Reopening(Quiet, lambda error, delay: broken.append(error), clock=lambda: now[0])
+    watchdog = Watchdog(period=3600, clock=lambda: now[0])
+    watchdog.guard(reports, 6.0)
+    iterator = iter(reports)
+    next(iterator)
+    now[0] = 5.0
+    watchdog.check()
+    assert not opened[0].cancelled.is_set()  # Within the limit.
+    now[0] = 7.0
+    watchdog.check()
+    assert opened[0].cancelled.is_set()
+    next(iterator)  # The second stream's first report, after the first one broke.
+    assert broken == ["the stream went quiet"] and len(opened) == 2
+    reports.stop()
+    watchdog.stop()
