@@ -103,7 +103,15 @@ def tree_modules() -> dict[str, set[str]]:
 def test_the_readme_map_names_every_module_and_no_other() -> None:
     folders = readme_map((ROOT / "README.md").read_text())
     named = {folder: names for folder, names in folders.items() if folder.startswith("guestagent/")}
-    assert named == tree_modules()
+    tree = tree_modules()
+    missing = sorted(
+        f"{folder}{name}" for folder in tree for name in tree[folder] - named.get(folder, set())
+    )
+    stale = sorted(
+        f"{folder}{name}" for folder in named for name in named[folder] - tree.get(folder, set())
+    )
+    assert (missing, stale) == ([], [])
+    assert set(named) == set(tree)
 
 
 def test_the_map_reader_sees_a_missing_and_a_stale_module() -> None:

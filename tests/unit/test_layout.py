@@ -73,7 +73,8 @@ HOST_WINGS: dict[str, tuple[str, ...]] = {
     "giveback": ("vmm", "metrics.server"),
     "metrics": (),
     "sizing": ("vmm.rss",),
-    "commands": ("vmm", "giveback", "metrics", "sizing"),
+    "node": ("vmm", "giveback", "metrics"),
+    "commands": ("vmm", "giveback", "metrics", "sizing", "node"),
     "ctl": ("commands",),
 }
 HOST = "guestagent.host"
