@@ -131,7 +131,7 @@ def measure_follow(plot_path: Path | None) -> dict[str, Any]:
             return {"step": result["step"], "settled": result["settled"]}
 
         def start_follow() -> str:
-            follow.append(FollowProcess.start(vm, *qmp))
+            follow.append(FollowProcess.start(vm.agent_target, *qmp))
             return "started"
 
         def stop_follow() -> dict[str, Any]:

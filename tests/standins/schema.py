@@ -10,11 +10,14 @@ not declare; that strictness is this project's, not the documents'.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft4Validator  # type: ignore[import-untyped]
+
+from tests.standins.server import Received
 
 HERE = Path(__file__).parent / "openapi"
 CLOUD_HYPERVISOR, FIRECRACKER = "cloud-hypervisor", "firecracker"
@@ -78,3 +81,8 @@ def request_errors(vmm: str, method: str, path: str, body: Any) -> list[str]:
     if name is None:
         return [] if body is None else [f"{method} {path} takes no body, got {body!r}"]
     return [f"{method} {path}: {e}" for e in errors(vmm, name, body)]
+
+
+def received_errors(vmm: str, received: Iterable[Received]) -> list[str]:
+    """request_errors of every request a stand-in received; [] when all conform."""
+    return [e for r in received for e in request_errors(vmm, r.method, r.path, r.body)]

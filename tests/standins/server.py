@@ -100,7 +100,10 @@ class StandIn:
                     self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                # Not even an empty write after a 204: the client may have gone once it had
+                # the headers, and a write to it fails with EPIPE.
+                if payload:
+                    self.wfile.write(payload)
 
             do_GET = do_PUT = do_PATCH = _serve
 
@@ -127,7 +130,7 @@ class StandIn:
 
 
 def serve_until_sigterm(kind: type[StandIn], doc: str | None) -> None:
-    """A stand-in as a process of its own (the bench runs them so): --api SOCKET --qmp SOCKET."""
+    """A stand-in as a process of its own, beside a running guest: --api SOCKET --qmp SOCKET."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
     parser.add_argument("--api", type=Path, required=True)
     parser.add_argument("--qmp", type=Path, required=True)

@@ -6,6 +6,13 @@ The test image boots `psi=0` and `guestagent.mglru=0` (the init leaves lru_gen o
 for them: on "kata-fc" the agent turns the multi-gen LRU on as it starts, on "apple" it runs
 with --mglru keep, so the classic LRU, as on a kernel without one. Both have delay accounting,
 which the agent turns on: the reclaimer's stall signal there.
+
+The scenarios every runtime kernel must pass (RuntimeKernelScenarios) run on one boot, the
+"apple" one: delay accounting is read by the same code on both, and the multi-gen LRU's reclaim
+is the PSI boot's (tests/vm/test_reclaimer.py), so the classic LRU is the part no other test
+runs, and the harder one (probing a hot set costs the workload more there:
+docs/kernel-features.md). make bench's reclaimer section still runs them on every
+configuration.
 """
 
 from __future__ import annotations
@@ -126,9 +133,9 @@ def check_trigger_fires_under_pressure(
 
 
 class RuntimeKernelScenarios:
-    """The reclaimer's two scenarios on delay accounting and an explicit pressure trigger,
-    which every runtime kernel's test module runs: it subclasses this with its RESULTS, and
-    its own `vm` fixture boots its kernel's guest."""
+    """The reclaimer's two scenarios on delay accounting and an explicit pressure trigger: a
+    runtime kernel's test module subclasses this with its RESULTS, and its own `vm` fixture
+    boots its kernel's guest (test_apple.py; the module docstring says why only it)."""
 
     results: ClassVar[dict[str, Any]]
 

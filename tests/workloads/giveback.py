@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,9 +146,12 @@ class FollowProcess:
     _thread: threading.Thread | None = None
 
     @classmethod
-    def start(cls, vm: GuestVM, *vmm_args: str) -> FollowProcess:
-        command = [str(GUESTCTL), "--target", vm.agent_target, "--timeout", "300", "--json"]
-        command += ["give-back", *vmm_args, "--cold-after-ms", str(COLD_AFTER_MS), *FOLLOW_ARGS]
+    def start(
+        cls, target: str, *vmm_args: str, follow_args: Sequence[str] = FOLLOW_ARGS
+    ) -> FollowProcess:
+        """Against the agent at target, through the VMM vmm_args name."""
+        command = [str(GUESTCTL), "--target", target, "--timeout", "300", "--json"]
+        command += ["give-back", *vmm_args, "--cold-after-ms", str(COLD_AFTER_MS), *follow_args]
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -215,7 +218,7 @@ def grow_after_give_back(
     baseline_until = guest_time(vm)
     rss_before = vm.qemu_guest_rss_bytes()
     started = time.monotonic()
-    follow = FollowProcess.start(vm, *vmm_args)
+    follow = FollowProcess.start(vm.agent_target, *vmm_args)
     figures: dict[str, Any] = {"cold_mib_cgroup": round(cold[1] / MIB, 1)}
     grower = ""
     try:
