@@ -219,3 +219,39 @@ def test_every_commit_a_measurement_names_exists() -> None:
         if line.split()[1] != "commit"
     ]
     assert commits and missing == []
+
+
+def anchor(heading: str) -> str:
+    """A Markdown heading's anchor, as GitHub makes it."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def broken_anchors(docs: list[Path]) -> list[str]:
+    anchors = {
+        doc.name: {anchor(h) for h in re.findall(r"^#+ (.*)$", doc.read_text(), re.MULTILINE)}
+        for doc in docs
+    }
+    broken = []
+    for doc in docs:
+        for target, fragment in re.findall(
+            r"\]\((?:docs/)?([\w-]*\.md)?#([\w-]+)\)", doc.read_text()
+        ):
+            name = target or doc.name
+            if name in anchors and fragment not in anchors[name]:
+                broken.append(f"{doc.name}: {name}#{fragment}")
+    return broken
+
+
+def test_every_link_into_a_doc_names_a_heading_it_has() -> None:
+    assert broken_anchors(DOCS) == []
+
+
+def test_the_anchor_check_sees_a_broken_link(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text(
+        "## Giving memory back\n[x](b.md#gone) [y](#giving-memory-back)\n"
+    )
+    (tmp_path / "b.md").write_text("# The node's daemon (issue 55)\n[z](a.md#giving-memory-back)\n")
+    docs = [tmp_path / "a.md", tmp_path / "b.md"]
+    assert broken_anchors(docs) == ["a.md: b.md#gone"]
+    assert anchor("The node's daemon (issue 55)") == "the-nodes-daemon-issue-55"
