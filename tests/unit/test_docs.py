@@ -255,3 +255,9 @@ def test_the_anchor_check_sees_a_broken_link(tmp_path: Path) -> None:
     docs = [tmp_path / "a.md", tmp_path / "b.md"]
     assert broken_anchors(docs) == ["a.md: b.md#gone"]
     assert anchor("The node's daemon (issue 55)") == "the-nodes-daemon-issue-55"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda doc: doc.name)
+def test_no_merge_conflict_is_left_in_a_doc(doc: Path) -> None:
+    markers = re.findall(r"^(?:<{7} |={7}$|>{7} ).*", doc.read_text(), re.MULTILINE)
+    assert markers == []
