@@ -12,7 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from guestagent.host.commands import agent, giveback, metrics, sizing
+from guestagent.host.commands import agent, giveback, metrics, node, sizing
 from guestagent.host.commands.common import Command, Run, UsageError, seconds
 from guestagent.host.units import SIZE_HELP
 
@@ -23,6 +23,7 @@ COMMANDS: dict[str, Command] = {
     **sizing.COMMANDS,
     **giveback.COMMANDS,
     **metrics.COMMANDS,
+    **node.COMMANDS,
 }
 
 

@@ -7,13 +7,13 @@ the command runs. The figures come from families.py over the feed's latest repor
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from guestagent.host.client import AgentClient
-from guestagent.host.metrics.families import Family, Snapshot, families
+from guestagent.host.metrics.families import Family, families
 from guestagent.host.metrics.feed import WatchFeed
 from guestagent.host.metrics.server import MetricsServer
 from guestagent.transport.address import TcpAddress
@@ -33,14 +33,15 @@ def to_prometheus(family: Family) -> Metric:
     return metric
 
 
-class FeedCollector(Collector):
-    """Builds the families at each scrape from what the feed holds then."""
+class FamiliesCollector(Collector):
+    """Builds the families at each scrape from what `build` says then: never a call to a
+    guest during a scrape, so a slow one delays none."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
-        self._snapshot = snapshot
+    def __init__(self, build: Callable[[], Iterable[Family]]) -> None:
+        self._build = build
 
     def collect(self) -> Iterator[Metric]:
-        for family in families(self._snapshot()):
+        for family in self._build():
             yield to_prometheus(family)
 
 
@@ -49,7 +50,7 @@ def serve_metrics(target: str, listen: TcpAddress, cgroups: Sequence[str], inter
     with AgentClient(target) as client:
         registry = CollectorRegistry(auto_describe=False)
         feed = WatchFeed(client, cgroups, interval_ms)
-        registry.register(FeedCollector(feed.snapshot))
+        registry.register(FamiliesCollector(lambda: families(feed.snapshot())))
         server = MetricsServer(listen, registry, f"metrics of {target}")
         # SIGTERM as SIGINT: KeyboardInterrupt in the main thread leaves serve_forever.
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)

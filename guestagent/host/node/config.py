@@ -162,7 +162,11 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
 
 def _listen(value: Any) -> str:
     text: str = _exact(str)(value)
-    if text and not isinstance(parse_address(f"tcp://{text}"), TcpAddress):
+    try:
+        tcp = not text or isinstance(parse_address(f"tcp://{text}"), TcpAddress)
+    except AgentError as e:
+        raise ValueError(f"{text!r} is not HOST:PORT: {e}") from None
+    if not tcp:
         raise ValueError(f"{text!r} is not HOST:PORT")
     return text
 
