@@ -247,7 +247,8 @@ class GuestLoop:
         assert self.sandbox.shim is not None  # A sandbox has one or the other.
         self._update(phase=Phase.FINDING)
         timeout = self.policy.timeouts.call_seconds
-        return ask_agent_address(self.sandbox.shim, self.policy.discovery.agent_port, timeout)
+        discovery = self.policy.discovery
+        return ask_agent_address(self.sandbox.shim, discovery.agent_port, timeout, discovery.root)
 
     def _serve_once(self) -> bool:
         """Find, connect, set up, serve; True when it served until stopped or gone."""

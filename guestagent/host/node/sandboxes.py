@@ -74,10 +74,11 @@ class AgentUrlError(AgentError):
     """A shim's agent URL this daemon cannot use; the text quotes it."""
 
 
-def agent_address(agent_url: str, port: int = DEFAULT_VSOCK_PORT) -> str:
+def agent_address(agent_url: str, port: int = DEFAULT_VSOCK_PORT, root: str = "/") -> str:
     """The address of this agent beside the init agent a shim's /agent-url names: the same
     CID or hybrid-vsock socket, this agent's port (as `kata-runtime exec` swaps the port for
-    its console's). runtime-rs answers an empty body on error; remote:// and mock:// VMs
+    its console's). A hybrid vsock's path is the host's, so it is found under `root` as every
+    runtime path is. runtime-rs answers an empty body on error; remote:// and mock:// VMs
     have no vsock this daemon can reach."""
     url = agent_url.strip()
     if not url:
@@ -89,7 +90,7 @@ def agent_address(agent_url: str, port: int = DEFAULT_VSOCK_PORT) -> str:
     if isinstance(address, VsockAddress):
         return f"vsock://{address.cid}:{port}"
     if isinstance(address, HybridVsockAddress):
-        return f"hvsock://{address.path}:{port}"
+        return f"hvsock://{os.path.join(root, address.path.lstrip('/'))}:{port}"
     raise AgentUrlError(f"agent URL {url!r} is not vsock:// or hvsock://")
 
 

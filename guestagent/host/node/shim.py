@@ -9,10 +9,11 @@ from guestagent.host.node.sandboxes import AgentUrlError, agent_address
 from guestagent.host.vmm.unixhttp import ApiError, UnixHttpClient
 
 
-def ask_agent_address(shim_socket: str, port: int, timeout: float) -> str:
-    """This agent's address in the shim's VM: its init agent's, with this agent's port."""
+def ask_agent_address(shim_socket: str, port: int, timeout: float, root: str = "/") -> str:
+    """This agent's address in the shim's VM: its init agent's, with this agent's port, a
+    hybrid vsock's path under `root`."""
     try:
         url = UnixHttpClient(shim_socket, timeout).text("GET", "/agent-url")
     except ApiError as e:
         raise AgentUrlError(f"the shim: {e}") from None
-    return agent_address(url, port)
+    return agent_address(url, port, root)

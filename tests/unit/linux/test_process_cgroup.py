@@ -50,3 +50,20 @@ def test_a_process_gone_or_in_the_root_has_none(fake_root: FakeRoot) -> None:
     assert read_cgroup_memory(fake_root.fs, 99999) is None
     fake_root.write("proc/1/cgroup", "0::/\n")
     assert read_cgroup_memory(fake_root.fs, 1) is None
+
+
+def test_a_hybrid_hosts_v1_memory_controller(fake_root: FakeRoot) -> None:
+    """The v2 mount holds no memory controller there (this CI host's layout): v1's files."""
+    fake_root.write("proc/77/cgroup", "9:name=systemd:/\n4:memory:/pods/vm1\n0::/\n")
+    fake_root.write("sys/fs/cgroup/memory/pods/vm1/memory.usage_in_bytes", "536870912\n")
+    fake_root.write("sys/fs/cgroup/memory/pods/vm1/memory.limit_in_bytes", "1073741824\n")
+    assert read_cgroup_memory(fake_root.fs, 77) == CgroupMemoryUse(
+        "/pods/vm1", 536870912, 1073741824
+    )
+    fake_root.write("sys/fs/cgroup/memory/pods/vm1/memory.limit_in_bytes", "9223372036854771712\n")
+    assert read_cgroup_memory(fake_root.fs, 77) == CgroupMemoryUse("/pods/vm1", 536870912, None)
+
+
+def test_a_garbled_cgroup_file_is_a_format_error() -> None:
+    with pytest.raises(KernelFormat, match="is not ID:CONTROLLERS:PATH"):
+        parse_unified_cgroup("garbage\n")

@@ -42,6 +42,13 @@ def test_the_agent_is_the_init_agents_vsock_on_its_own_port(url: str, address: s
     assert agent_address(url) == address
 
 
+def test_a_hybrid_vsocks_host_path_is_found_under_the_root() -> None:
+    """A container with the host's /run under /host reaches the shim's host path there."""
+    url = "hvsock:///run/vc/vm/abc/clh.sock:1024"
+    assert agent_address(url, 6464, "/host") == "hvsock:///host/run/vc/vm/abc/clh.sock:6464"
+    assert agent_address("vsock://3:1024", 6464, "/host") == "vsock://3:6464"
+
+
 @pytest.mark.parametrize(
     ("url", "said"),
     [
