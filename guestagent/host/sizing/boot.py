@@ -12,6 +12,7 @@ import functools
 import os
 import platform
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -172,6 +173,11 @@ class VMConfig:
     virtio_mem: VirtioMem | None = None
     readonly_disks: tuple[ReadOnlyDisk, ...] = ()
     arch: str = "x86_64"
+    # TCG's translation cache, in MiB (QEMU's default is 1 GiB): capped where QEMU's own RSS
+    # must stay small beside the guest's (a host cgroup's limit that should weigh the guest).
+    tcg_tb_mib: int | None = None
+    # A host cgroup directory QEMU starts in (its cgroup.procs), as a VMM in a pod's cgroup.
+    host_cgroup: str | None = None
 
 
 def machine_of(config: VMConfig) -> Machine:
@@ -315,9 +321,15 @@ class QemuGuest:
                 backing.truncate(disk.size_bytes)
         started = time.monotonic()
         # Popen keeps its own copy of the log's descriptor.
+        command = self._command_line()
+        if self.config.host_cgroup is not None:
+            # The shell moves itself into the cgroup, then becomes QEMU: every page QEMU
+            # touches is charged there from the first.
+            procs = os.path.join(self.config.host_cgroup, "cgroup.procs")
+            command = ["sh", "-c", f'echo $$ > {shlex.quote(procs)} && exec "$@"', "qemu", *command]
         with open(self.workdir / "qemu.log", "wb") as qemu_log:
             self._process = subprocess.Popen(
-                self._command_line(),
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=qemu_log,
                 stderr=subprocess.STDOUT,
@@ -357,6 +369,8 @@ class QemuGuest:
             memory += f",slots={config.slots},maxmem={maxmem}M"
         hostfwd = f"tcp:127.0.0.1:{self.host_port}-:{GUEST_AGENT_PORT}"
         rootfs = self.image_dir / self.flavour.rootfs
+        if accel == "tcg" and config.tcg_tb_mib is not None:
+            accel = f"tcg,tb-size={config.tcg_tb_mib}"
         options = [
             ("-accel", accel),
             ("-cpu", cpu),

@@ -65,3 +65,34 @@ def test_virtio_mem_needs_a_qemu_that_has_it_on_virt(
 )
 def test_qemu_version(text: str, version: tuple[int, int]) -> None:
     assert qemu_version(text) == version
+
+
+def test_tcgs_translation_cache_can_be_capped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GUESTAGENT_ACCEL", "tcg")
+    argv = command_line(VMConfig(tcg_tb_mib=64), tmp_path)
+    assert option(argv, "-accel") == ["tcg,tb-size=64"]
+    assert option(command_line(VMConfig(), tmp_path), "-accel") == ["tcg"]
+
+
+def test_qemu_starts_in_the_host_cgroup_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell moves itself into the cgroup and becomes QEMU: every page is charged there."""
+    cgroup = tmp_path / "pod"
+    cgroup.mkdir()
+    for directory in ("image", "vm"):
+        (tmp_path / directory).mkdir()
+    config = VMConfig(host_cgroup=str(cgroup))
+    vm = GuestVM(config, image_dir=tmp_path / "image", workdir=tmp_path / "vm")
+    started: list[list[str]] = []
+
+    def popen(argv: list[str], **options: object) -> None:
+        started.append(argv)
+
+    monkeypatch.setattr("subprocess.Popen", popen)
+    vm.start(wait=False)
+    (argv,) = started
+    assert argv[:2] == ["sh", "-c"] and f"echo $$ > {cgroup}/cgroup.procs" in argv[2]
+    assert argv[3] == "qemu" and argv[4].startswith("qemu-system")
