@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from guestagent import errors, statestore
+from guestagent import errors
 from guestagent.agent import health, reflection
 from guestagent.agent.audit import audit_kernel_switch
 from guestagent.agent.first_call import ServiceOnFirstCall, recorded_handlers
@@ -25,15 +25,16 @@ from guestagent.agent.listen import (
     open_vsock_listener,
     private_directory,
 )
+from guestagent.agent.on_first_use import OnFirstUse
 from guestagent.agent.peers import NamedRelay, PeerTable, vsock_admitter
 from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.undecodable import UndecodableRequests
 from guestagent.jsonlog import EventLog
+from guestagent.linux import statestore
 from guestagent.linux.confidential import Confidential, decide, read_facts
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import give_heap_back, nofile_limits, set_nofile_limits
-from guestagent.on_first_use import OnFirstUse
 from guestagent.ops import kernel_switches, limits_journal, swap_area
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, IdleAger

@@ -11,8 +11,8 @@ from typing import Any
 
 import grpc
 
+from guestagent.agent.on_first_use import OnFirstUse
 from guestagent.jsonlog import EventLog
-from guestagent.on_first_use import OnFirstUse
 
 log = EventLog("guestagent.first_call")
 

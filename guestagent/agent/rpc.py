@@ -102,8 +102,8 @@ Value = TypeVar("Value")
 if TYPE_CHECKING:  # grpc.aio.ServicerContext is generic only in its type stubs.
     Context: TypeAlias = grpc.aio.ServicerContext[Req, Resp]
 
+    from guestagent.agent.on_first_use import OnFirstUse
     from guestagent.linux.confidential import Confidential
-    from guestagent.on_first_use import OnFirstUse
     from guestagent.ops.swap import SwapManager
     from guestagent.ops.workingset.reclaimer import Reclaimer
 
@@ -220,7 +220,11 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         self.peers = peers
         # One report for GetMemoryInfo and every stream (its hotplug section cached for all).
         self.reporter = Reporter(
-            kernel, confidential=confidential, reclaimer=reclaimer, ager=ager, stall=stall
+            kernel,
+            confidential=confidential,
+            built_reclaimer=lambda: reclaimer.built,
+            ager=ager,
+            stall=stall,
         )
         self.signals = SignalHub(
             kernel, max_watches

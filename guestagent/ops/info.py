@@ -4,6 +4,7 @@ the cgroups it acts on among those asked about, and what kind of guest this is."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import field
 from typing import TYPE_CHECKING
 
@@ -13,15 +14,14 @@ from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import HotplugReportCache
 from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.linux.statestore import state_unavailable
 from guestagent.ops.giveback_figures import GiveBackFigures, giveback_figures
 from guestagent.ops.idle import IdleAger, IdleSpec
 from guestagent.ops.limits import BEING_MADE, CgroupsBeingMade
 from guestagent.ops.workingset.status import TargetStatus
 from guestagent.records import record
-from guestagent.statestore import state_unavailable
 
 if TYPE_CHECKING:
-    from guestagent.on_first_use import OnFirstUse
     from guestagent.ops.workingset.reclaimer import Reclaimer
 
 
@@ -54,8 +54,9 @@ class Reporter:
     kernel: Kernel
     hotplug: HotplugReportCache = field(default_factory=HotplugReportCache)
     confidential: Confidential = NOT_CONFIDENTIAL
-    # Asked only once built: until something sets or asks for a policy, there are none.
-    reclaimer: OnFirstUse[Reclaimer] | None = None
+    # The reclaimer if it is built: until something sets or asks for a policy, there is none
+    # (the agent builds it at first use: agent/on_first_use.py).
+    built_reclaimer: Callable[[], Reclaimer | None] | None = None
     ager: IdleAger | None = None  # Its state as of each report.
     stall: DelayStallMeter | None = None
     # A cgroup SetMemoryLimits is making is read once its limits are written.
@@ -80,5 +81,5 @@ class Reporter:
         )
 
     def _reclaim_statuses(self, cgroups: tuple[str, ...]) -> tuple[TargetStatus, ...]:
-        reclaimer = self.reclaimer.built if self.reclaimer is not None else None
+        reclaimer = self.built_reclaimer() if self.built_reclaimer is not None else None
         return reclaimer.known(cgroups) if reclaimer is not None else ()

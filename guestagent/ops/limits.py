@@ -34,10 +34,10 @@ from guestagent.linux.cgroups import (
 )
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import MEMORY_LOW, MEMORY_MAX, SWAP_MAX, MemoryCgroup, same_limit
+from guestagent.linux.statestore import StateFileError
 from guestagent.ops import limits_journal
 from guestagent.ops.limits_journal import FileChange, Journal
 from guestagent.records import record
-from guestagent.statestore import StateFileError
 
 log = EventLog("guestagent.ops.limits")
 

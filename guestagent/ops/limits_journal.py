@@ -19,8 +19,8 @@ from guestagent.errors import InvalidArgument, quoted
 from guestagent.linux.cgroups import validate_cgroup_name
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import LIMIT_FILES
+from guestagent.linux.statestore import LIMITS_JOURNAL, StateFile, StateFileError, state_file
 from guestagent.records import record
-from guestagent.statestore import LIMITS_JOURNAL, StateFile, StateFileError, state_file
 
 FORMAT_VERSION = 1
 

@@ -59,6 +59,7 @@ from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.dm import DeviceMapper, crypt_table, has_crypt_target
 from guestagent.linux.dm_mappings import Mapping, mapping_named
 from guestagent.linux.kernel import Kernel
+from guestagent.linux.statestore import SWAPS, StateFileError, state_file
 from guestagent.linux.swaps import (
     ActiveSwap,
     SwapHeader,
@@ -76,7 +77,6 @@ from guestagent.ops.swap_area import (
     decode_swap_state,
     our_mappings,
 )
-from guestagent.statestore import SWAPS, StateFileError, state_file
 
 log = EventLog("guestagent.ops.swap")
 

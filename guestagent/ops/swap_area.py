@@ -13,8 +13,8 @@ from guestagent.linux.abi import SWAP_FLAG_PRIO_MASK
 from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.dm_mappings import Mapping, read_mappings
 from guestagent.linux.kernel import Kernel
+from guestagent.linux.statestore import SWAPS, state_file
 from guestagent.records import record
-from guestagent.statestore import SWAPS, state_file
 
 DEFAULT_LABEL = "guestagent-swap"
 # A mapping's name is this and its disk's kernel name; a restarted agent finds its own by it.

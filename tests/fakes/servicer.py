@@ -8,11 +8,11 @@ from typing import NoReturn
 
 import grpc
 
+from guestagent.agent.on_first_use import OnFirstUse
 from guestagent.agent.peers import PeerTable
 from guestagent.agent.rpc import MemoryAgentServicer
 from guestagent.host.refusal import refusal_from
 from guestagent.linux.confidential import decide, read_facts
-from guestagent.on_first_use import OnFirstUse
 from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import IdleAger
 from guestagent.ops.swap import SwapManager

@@ -16,9 +16,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from guestagent.agent.cli import PARSE_ONLY_MODULES
+from guestagent.linux.statestore import RECLAIM_POLICIES, SWAPS, check_directory, state_file
 from guestagent.ops.swap_area import MAPPING_PREFIX
 from guestagent.ops.workingset.policy import ReclaimPolicy
-from guestagent.statestore import RECLAIM_POLICIES, SWAPS, check_directory, state_file
 from tests.fakes.root import FakeRoot
 from tests.sitelessprobe import siteless_command
 

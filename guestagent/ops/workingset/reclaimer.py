@@ -27,6 +27,7 @@ from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglr
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.mm import read_lru_gen
+from guestagent.linux.statestore import RECLAIM_POLICIES, StateFileError, state_file
 from guestagent.linux.swaps import active_swaps
 from guestagent.linux.syscalls import name_thread
 from guestagent.ops.workingset.compaction_trigger import (
@@ -52,7 +53,6 @@ from guestagent.ops.workingset.status import (
 )
 from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
 from guestagent.records import record
-from guestagent.statestore import RECLAIM_POLICIES, StateFileError, state_file
 
 log = EventLog("guestagent.ops.workingset")
 

@@ -12,11 +12,11 @@ import pytest
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, kernel_error
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.memcg import MemoryCgroup
+from guestagent.linux.statestore import RECLAIM_POLICIES, check_directory, state_file
 from guestagent.ops.workingset.policy import CHUNK_BYTES, Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import Reclaimer
 from guestagent.ops.workingset.status import ReclaimPolicyRequest, overview_without_policies
 from guestagent.sizes import MIB
-from guestagent.statestore import RECLAIM_POLICIES, check_directory, state_file
 from tests.fakes.root import FakeRoot
 from tests.fakes.taskstats import FakeTaskstats, put_procs
 

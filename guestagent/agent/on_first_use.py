@@ -33,7 +33,8 @@ class OnFirstUse(Generic[T]):
                     if self._closed:
                         raise Unavailable(
                             f"the agent is stopping: {self._what} was not in use and is not "
-                            "started now; call again once the agent serves"
+                            "started now; call again once the agent serves",
+                            "AGENT_STOPPING",
                         )
                     self._part = self._build()
                 part = self._part

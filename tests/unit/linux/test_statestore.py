@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.errors import FailedPrecondition
-from guestagent.statestore import MAX_BYTES, StateFile, StateFileError, state_file
+from guestagent.linux.statestore import MAX_BYTES, StateFile, StateFileError, state_file
 from tests.fakes.root import FakeRoot
 
 

@@ -4,8 +4,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from guestagent.agent.on_first_use import OnFirstUse
 from guestagent.errors import Unavailable
-from guestagent.on_first_use import OnFirstUse
 
 
 def test_nothing_is_built_until_the_first_call() -> None:
