@@ -24,13 +24,13 @@ from guestagent.agent.watch_stream import (
     watch_spec,
 )
 from guestagent.errors import InvalidArgument
-from guestagent.linux.cgroups import canonical_cgroup_name
+from guestagent.linux.cgroup.memory import CgroupMemory, MemoryEvents
+from guestagent.linux.cgroup.name import canonical_cgroup_name
 from guestagent.linux.confidential import Confidential
 from guestagent.linux.delayacct import DELAYACCT_STALL
 from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import HotplugReport, RegionBlocks
-from guestagent.linux.memcg import CgroupMemory, MemoryEvents
 from guestagent.linux.meminfo import MemoryReport, SystemMemory
 from guestagent.linux.psi import Pressure, PressureLine
 from guestagent.linux.swiotlb import Swiotlb

@@ -10,9 +10,9 @@ from collections.abc import Iterable
 
 from guestagent.errors import AgentError
 from guestagent.linux.abi import PAGE_SIZE, reporting_order
+from guestagent.linux.cgroup.memory import MemoryCgroup
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReport
-from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.meminfo import SystemMemory
 from guestagent.linux.mm import read_free_blocks_optional, zoneinfo_sum
 from guestagent.records import record
@@ -65,7 +65,7 @@ class GiveBackSources:
 
 
 def protected_of(current: int, protection: int | None) -> int:
-    """What a cgroup's protection (memcg.MemoryCgroup.protection; None is "max") covers of
+    """What a cgroup's protection (MemoryCgroup.protection; None is "max") covers of
     what it uses."""
     return current if protection is None else min(current, protection)
 

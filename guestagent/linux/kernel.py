@@ -5,8 +5,8 @@ never import linux/fs.py, so no file name is assembled outside linux/ (tests/uni
 
 from __future__ import annotations
 
+from guestagent.linux.cgroup.memory import MemoryCgroup, memory_cgroup
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.memcg import MemoryCgroup, memory_cgroup
 from guestagent.records import record
 
 

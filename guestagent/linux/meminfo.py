@@ -12,11 +12,11 @@ import time
 from dataclasses import replace
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, NotFound
+from guestagent.linux.cgroup.memory import CgroupMemory, memory_cgroup
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import Absent, read_absent
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.memblocks import HotplugReport, HotplugReportCache, read_hotplug_report
-from guestagent.linux.memcg import CgroupMemory, memory_cgroup
 from guestagent.linux.psi import Pressure, read_pressure
 from guestagent.linux.vmstat import VmStat, read_vmstat
 from guestagent.records import record

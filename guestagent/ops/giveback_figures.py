@@ -16,10 +16,10 @@ the reason it is what it is (docs/giveback.md).
 
 from __future__ import annotations
 
+from guestagent.linux.cgroup.memory import CgroupSwap
 from guestagent.linux.features import Absent
 from guestagent.linux.giveback_sources import GiveBackSources, read_giveback_sources
 from guestagent.linux.kernel import Kernel
-from guestagent.linux.memcg import CgroupSwap
 from guestagent.linux.meminfo import MemoryReport
 from guestagent.ops.idle import IdleHistogram, IdleSpec, IdleState, IdleView
 from guestagent.records import record

@@ -24,16 +24,22 @@ from guestagent.errors import (
 )
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import LONG_MAX, PAGE_SIZE
-from guestagent.linux.cgroups import (
+from guestagent.linux.cgroup.memory import (
+    MEMORY_LOW,
+    MEMORY_MAX,
+    SWAP_MAX,
+    MemoryCgroup,
+    same_limit,
+)
+from guestagent.linux.cgroup.name import canonical_cgroup_name
+from guestagent.linux.cgroup.tree import (
     SUBTREE_CONTROL,
-    canonical_cgroup_name,
     create_cgroup,
     creation_plan,
     planned_creation,
     undo_create,
 )
 from guestagent.linux.kernel import Kernel
-from guestagent.linux.memcg import MEMORY_LOW, MEMORY_MAX, SWAP_MAX, MemoryCgroup, same_limit
 from guestagent.linux.statestore import StateFileError
 from guestagent.ops import limits_journal
 from guestagent.ops.limits_journal import FileChange, Journal

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from guestagent.errors import InvalidArgument, quoted
-from guestagent.linux.cgroups import validate_cgroup_name
+from guestagent.linux.cgroup.memory import LIMIT_FILES
+from guestagent.linux.cgroup.name import validate_cgroup_name
 from guestagent.linux.kernel import Kernel
-from guestagent.linux.memcg import LIMIT_FILES
 from guestagent.linux.statestore import LIMITS_JOURNAL, StateFile, StateFileError, state_file
 from guestagent.records import record
 

@@ -15,14 +15,9 @@ from enum import Enum
 
 from guestagent.errors import AgentError, errno_text
 from guestagent.jsonlog import EventLog
-from guestagent.linux import memcg
-from guestagent.linux.cgroups import (
-    create_cgroup,
-    move_process,
-    read_cgroup_procs,
-    read_mount_facts,
-    read_own_cgroup,
-)
+from guestagent.linux.cgroup import memory
+from guestagent.linux.cgroup.procs import move_process, read_cgroup_procs, read_own_cgroup
+from guestagent.linux.cgroup.tree import create_cgroup, read_mount_facts
 from guestagent.linux.kernel import Kernel
 from guestagent.records import record
 from guestagent.sizes import MIB
@@ -121,9 +116,9 @@ def protect_self(kernel: Kernel, pid: int | None = None, euid: int | None = None
     try:
         create_cgroup(kernel, AGENT_CGROUP)
         move_process(kernel, AGENT_CGROUP, pid)
-        memory = kernel.cgroup(AGENT_CGROUP)
-        memory.set_limit(memcg.MEMORY_MIN, MEMORY_MIN)
-        memory.set_limit(memcg.MEMORY_HIGH, MEMORY_HIGH)
+        cgroup = kernel.cgroup(AGENT_CGROUP)
+        cgroup.set_limit(memory.MEMORY_MIN, MEMORY_MIN)
+        cgroup.set_limit(memory.MEMORY_HIGH, MEMORY_HIGH)
     except (AgentError, OSError) as e:
         error = errno_text(e) if isinstance(e, OSError) else str(e)
         log.warning("self_cgroup_failed", reason=decision.reason, error=error)

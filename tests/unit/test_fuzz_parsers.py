@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from guestagent.errors import AgentError
 from guestagent.linux.blockdev import parse_mountinfo, probe_signatures
-from guestagent.linux.cgroups import validate_cgroup_name
+from guestagent.linux.cgroup.memory import parse_limit
+from guestagent.linux.cgroup.name import validate_cgroup_name
 from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.keyed import parse_flat_keyed
-from guestagent.linux.memcg import parse_limit
 from guestagent.linux.meminfo import parse_meminfo
 from guestagent.linux.mm import parse_buddyinfo, parse_zoneinfo_present, rss_bytes
 from guestagent.linux.psi import parse_pressure

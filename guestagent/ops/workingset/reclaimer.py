@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass, field, replace
 from guestagent.errors import AgentError, FailedPrecondition, quoted
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
-from guestagent.linux.cgroups import canonical_cgroup_name
+from guestagent.linux.cgroup.memory import MemoryCgroup
+from guestagent.linux.cgroup.name import canonical_cgroup_name
 from guestagent.linux.delayacct import DELAYACCT_STALL, PSI_STALL, DelayStallMeter
 from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
 from guestagent.linux.kernel import Kernel
-from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.mm import read_lru_gen
 from guestagent.linux.statestore import RECLAIM_POLICIES, StateFileError, state_file
 from guestagent.linux.swaps import active_swaps

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from guestagent.errors import AgentError
 from guestagent.jsonlog import EventLog
-from guestagent.linux.memcg import MemoryCgroup
+from guestagent.linux.cgroup.memory import MemoryCgroup
 from guestagent.ops.workingset.policy import CHUNK_BYTES, ReclaimPolicy, stop_step_after_chunk
 from guestagent.records import record
 

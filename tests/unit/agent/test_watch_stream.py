@@ -19,10 +19,10 @@ from guestagent.agent.watch_stream import (
 )
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux import meminfo
+from guestagent.linux.cgroup.memory import CgroupMemory, MemoryCgroup
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import DELAYACCT, PSI, Absent
 from guestagent.linux.kernel import Kernel
-from guestagent.linux.memcg import CgroupMemory, MemoryCgroup
 from guestagent.linux.watch import PressureTriggerSpec, Signal, SignalHub
 from tests.fakes.root import MEMORY_EVENTS, FakeRoot, make_fake_root
 from tests.fakes.taskstats import FakeTaskstats, put_procs

@@ -1,7 +1,7 @@
 import pytest
 
 from guestagent.errors import FailedPrecondition, KernelFormat, NotFound
-from guestagent.linux.memcg import parse_limit
+from guestagent.linux.cgroup.memory import parse_limit
 from guestagent.linux.meminfo import parse_meminfo, read_report, system_memory_from
 from guestagent.linux.psi import PressureLine, parse_pressure
 from tests.fakes.root import MEMINFO, FakeRoot, make_fake_root

@@ -9,8 +9,8 @@ import pytest
 
 from guestagent.linux.abi import huge_order, page_shift, reporting_order
 from guestagent.linux.blockdev import blank_check_plan, probe_signatures
+from guestagent.linux.cgroup.memory import kernel_pages, same_limit
 from guestagent.linux.memblocks import block_size_bytes
-from guestagent.linux.memcg import kernel_pages, same_limit
 from guestagent.linux.mm import parse_buddyinfo
 from guestagent.linux.swaps import parse_swap_header
 from guestagent.ops.compaction import free_bytes_at_or_above

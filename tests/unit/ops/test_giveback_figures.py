@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from guestagent.linux.cgroup.memory import CgroupSwap
 from guestagent.linux.giveback_sources import DeviceBlocks, GiveBackSources, Protection
-from guestagent.linux.memcg import CgroupSwap
 from guestagent.ops.giveback_figures import (
     cgroup_giveback,
     cgroup_swap_room,

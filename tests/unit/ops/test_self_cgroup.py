@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.agent import cli
-from guestagent.linux.cgroups import own_cgroup
+from guestagent.linux.cgroup.procs import own_cgroup
 from guestagent.ops import self_cgroup
 from guestagent.ops.self_cgroup import (
     MEMORY_HIGH,

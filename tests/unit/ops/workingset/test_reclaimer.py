@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, kernel_error
+from guestagent.linux.cgroup.memory import MemoryCgroup
 from guestagent.linux.delayacct import DelayStallMeter
-from guestagent.linux.memcg import MemoryCgroup
 from guestagent.linux.statestore import RECLAIM_POLICIES, check_directory, state_file
 from guestagent.ops.workingset.policy import CHUNK_BYTES, Mode, ReclaimPolicy
 from guestagent.ops.workingset.reclaimer import Reclaimer

@@ -1,9 +1,9 @@
-"""Naming and creating cgroups safely: callers give paths relative to the cgroup2 mount.
+"""The cgroup2 tree: an existing cgroup's directory, a cgroup made on request and unmade, and
+what the mount is.
 
-A container must not be able to make the agent read or write outside the mount, so '..',
-empty and absolute names are refused before any file is touched, and every lookup is made
-beneath the mount by KernelFS (a symlink anywhere in cgroupfs is refused). A cgroup
-made on request is made whole (its controller enabled in every ancestor) or not at all.
+A cgroup made on request is made whole (its controller enabled in every ancestor) or not at
+all, and what was made can be undone, by the call that failed or, from its journal, by the
+agent that starts after one died inside it (ops/limits.py).
 """
 
 from __future__ import annotations
@@ -16,66 +16,17 @@ from guestagent.errors import (
     Aborted,
     AgentError,
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
     caused_by,
     quoted,
 )
+from guestagent.linux.cgroup.name import validate_cgroup_name
 from guestagent.linux.fs import KernelFS
 from guestagent.records import record
 
 SUBTREE_CONTROL = "cgroup.subtree_control"
 # The controller a cgroup made on request is made for: this agent acts on memory alone.
 CONTROLLER = "memory"
-# The kernel's limits (ENAMETOOLONG past them), checked up front to name the culprit.
-NAME_MAX = 255
-PATH_MAX = 4096
-
-
-def validate_cgroup_name(name: str) -> tuple[str, ...]:
-    """Split a relative cgroup path into components, refusing anything that could escape.
-
-    Doubled and trailing slashes name the same cgroup as the path without them, so they are
-    dropped here (canonical_cgroup_name joins what is left): 'pod/ctr/' is 'pod/ctr'.
-    """
-    if not name:
-        raise InvalidArgument(
-            "cgroup path is empty; name a cgroup below the cgroup2 mount", "CGROUP_PATH_INVALID"
-        )
-    if "\x00" in name:
-        raise InvalidArgument(
-            f"cgroup path {quoted(name)} contains a NUL byte", "CGROUP_PATH_INVALID"
-        )
-    if len(name.encode(errors="surrogatepass")) > PATH_MAX:
-        raise InvalidArgument(
-            f"cgroup path of {len(name.encode(errors='surrogatepass'))} bytes is over {PATH_MAX}",
-            "CGROUP_PATH_INVALID",
-        )
-    if name.startswith("/"):
-        raise InvalidArgument(
-            f"cgroup path {quoted(name)} is absolute; give it relative to the mount",
-            "CGROUP_PATH_INVALID",
-        )
-    parts = tuple(part for part in name.split("/") if part)
-    if not parts:
-        raise InvalidArgument(f"cgroup path {quoted(name)} names no cgroup", "CGROUP_PATH_INVALID")
-    for part in parts:
-        if part in (".", ".."):
-            raise InvalidArgument(
-                f"cgroup path {quoted(name)} has a {part!r} component", "CGROUP_PATH_INVALID"
-            )
-        if len(part.encode(errors="surrogatepass")) > NAME_MAX:
-            raise InvalidArgument(
-                f"cgroup path component {quoted(part)} is "
-                f"{len(part.encode(errors='surrogatepass'))} bytes, over {NAME_MAX}",
-                "CGROUP_PATH_INVALID",
-            )
-    return parts
-
-
-def canonical_cgroup_name(name: str) -> str:
-    """The one form of a cgroup name used for keys, persistence and answers: 'pod/ctr'."""
-    return "/".join(validate_cgroup_name(name))
 
 
 def cgroup_dir(fs: KernelFS, name: str) -> str:
@@ -207,34 +158,9 @@ def _has_controller(fs: KernelFS, name: str) -> bool:
         return False  # Not a cgroup (create_cgroup refuses it), or gone with one that was made.
 
 
-def own_cgroup(proc_self_cgroup: str) -> str | None:
-    """The cgroup2 path in /proc/self/cgroup ("0::/x" -> "/x"); None without cgroup2."""
-    for line in proc_self_cgroup.splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and controllers == "":
-            return path
-    return None
-
-
 def read_mount_facts(fs: KernelFS) -> tuple[str | None, bool]:
     """The mount's cgroup.controllers (None: not cgroup2), and whether it has cgroup.type,
     which the kernel gives every cgroup but the real root."""
     mount = fs.cgroup_root
     controllers = fs.read_optional(os.path.join(mount, "cgroup.controllers"))
     return controllers, fs.exists(os.path.join(mount, "cgroup.type"))
-
-
-def move_process(fs: KernelFS, name: str, pid: int) -> None:
-    fs.write(os.path.join(fs.cgroup_root, *validate_cgroup_name(name), "cgroup.procs"), str(pid))
-
-
-def read_cgroup_procs(fs: KernelFS, path: str) -> tuple[int, ...]:
-    """The processes in a cgroup named as /proc/self/cgroup names it ("/a/b"); () if gone."""
-    text = fs.read_optional(os.path.join(fs.cgroup_root, path.lstrip("/"), "cgroup.procs"))
-    return tuple(int(line) for line in (text or "").split())
-
-
-def read_own_cgroup(fs: KernelFS) -> str | None:
-    """The cgroup2 cgroup this process runs in, None without cgroup2 (or without /proc)."""
-    return own_cgroup(fs.read_optional(fs.proc("self", "cgroup")) or "")

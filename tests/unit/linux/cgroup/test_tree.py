@@ -7,21 +7,18 @@ from pathlib import Path
 import pytest
 
 from guestagent.errors import (
-    QUOTE_MAX,
     Aborted,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     errno_text,
 )
-from guestagent.linux import cgroups
-from guestagent.linux.cgroups import (
+from guestagent.linux.cgroup import tree
+from guestagent.linux.cgroup.tree import (
     cgroup_dir,
     create_cgroup,
     creation_plan,
-    own_cgroup,
     undo_create,
-    validate_cgroup_name,
 )
 from tests.fakes.cgroups import FakeCgroupKernel
 from tests.fakes.root import FakeRoot
@@ -30,49 +27,6 @@ from tests.fakes.root import FakeRoot
 @pytest.fixture
 def kernel(fake_root: FakeRoot) -> FakeCgroupKernel:
     return FakeCgroupKernel(fake_root).install()
-
-
-@pytest.mark.parametrize(
-    ("name", "parts"),
-    [
-        ("pod", ("pod",)),
-        ("pod/ctr", ("pod", "ctr")),
-        ("pod/ctr/", ("pod", "ctr")),
-        ("pod//ctr//", ("pod", "ctr")),
-    ],
-)
-def test_valid_names(name: str, parts: tuple[str, ...]) -> None:
-    assert validate_cgroup_name(name) == parts
-
-
-@pytest.mark.parametrize(
-    ("name", "reason"),
-    [
-        ("", "empty"),
-        ("/pod", "absolute"),
-        ("..", "'..'"),
-        ("pod/../../etc", "'..'"),
-        ("pod/..//", "'..'"),
-        ("./pod", "'.'"),
-        ("pod\x00x", "NUL"),
-    ],
-)
-def test_refused_names(name: str, reason: str) -> None:
-    with pytest.raises(InvalidArgument, match=reason):
-        validate_cgroup_name(name)
-
-
-def test_a_long_component_is_quoted_to_the_contracts_length() -> None:
-    """docs/contract.md: a quoted value is cut to QUOTE_MAX characters, this one too."""
-    part = "c" * 300
-    with pytest.raises(InvalidArgument, match="300 bytes, over 255") as refused:
-        validate_cgroup_name(f"pod/{part}")
-    assert f"'{'c' * QUOTE_MAX}'... (300 characters)" in str(refused.value)
-
-
-def test_the_contract_states_the_quote_length_the_code_uses() -> None:
-    contract = (Path(__file__).parents[3] / "docs/contract.md").read_text()
-    assert f"is cut to {QUOTE_MAX} characters" in " ".join(contract.split())
 
 
 def test_symlink_out_of_mount_is_refused(fake_root: FakeRoot) -> None:
@@ -211,29 +165,15 @@ def test_create_refuses_even_a_symlink_inside_the_mount(
 
 
 def test_undo_of_nothing(fake_root: FakeRoot) -> None:
-    created = cgroups.CreatedCgroup(cgroup_path(fake_root, "pod"))
+    created = tree.CreatedCgroup(cgroup_path(fake_root, "pod"))
     assert undo_create(fake_root.fs, created) == "nothing had been created"
 
 
 def test_undo_says_what_it_could_not_remove(fake_root: FakeRoot) -> None:
     pod = fake_root.add_cgroup("pod")  # Holds files, so a plain rmdir fails.
-    created = cgroups.CreatedCgroup(str(pod), made=(str(pod),))
+    created = tree.CreatedCgroup(str(pod), made=(str(pod),))
     assert "could not remove" in undo_create(fake_root.fs, created)
     assert "ENOTEMPTY" in undo_create(fake_root.fs, created)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("0::/\n", "/"),
-        ("0::/system.slice/guestagent.service\n", "/system.slice/guestagent.service"),
-        ("9:name=systemd:/\n4:memory:/x\n0::/guestagent\n", "/guestagent"),
-        ("4:memory:/x\n1:cpu:/\n", None),  # cgroup v1 only
-        ("", None),
-    ],
-)
-def test_own_cgroup(text: str, expected: str | None) -> None:
-    assert own_cgroup(text) == expected
 
 
 def test_creation_plan(fake_root: FakeRoot) -> None:

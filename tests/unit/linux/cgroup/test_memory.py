@@ -5,9 +5,7 @@ import pytest
 
 from guestagent.errors import FailedPrecondition, KernelFormat
 from guestagent.linux.abi import PAGE_SIZE
-from guestagent.linux.kernel import Kernel
-from guestagent.linux.keyed import parse_flat_keyed
-from guestagent.linux.memcg import (
+from guestagent.linux.cgroup.memory import (
     MEMORY_HIGH,
     MEMORY_MAX,
     CgroupSwap,
@@ -15,6 +13,8 @@ from guestagent.linux.memcg import (
     memory_stat_from,
     same_limit,
 )
+from guestagent.linux.kernel import Kernel
+from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.vmstat import vmstat_from
 from guestagent.sizes import MIB
 from tests.fakes.root import FakeRoot

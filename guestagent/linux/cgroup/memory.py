@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, quoted
 from guestagent.linux.abi import LONG_MAX, PAGE_SIZE
-from guestagent.linux.cgroups import cgroup_dir
+from guestagent.linux.cgroup.tree import cgroup_dir
 from guestagent.linux.fs import KernelFS, parsed
 from guestagent.linux.keyed import parse_flat_keyed, workingset_refaults
 from guestagent.linux.psi import Pressure, parse_pressure, read_pressure
