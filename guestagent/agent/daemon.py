@@ -31,6 +31,7 @@ from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.undecodable import UndecodableRequests
 from guestagent.jsonlog import EventLog
 from guestagent.linux import statestore
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.confidential import Confidential, decide, read_facts
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
@@ -210,7 +211,7 @@ class Agent:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health.SERVING if serving else health.NOT_SERVING)
 
-    def reclaim_overview(self, cgroups: tuple[str, ...]) -> ReclaimOverview:
+    def reclaim_overview(self, cgroups: tuple[CgroupName, ...]) -> ReclaimOverview:
         """GetReclaimStatus. A reclaimer not built yet that has no work from start has no
         policy at all (SetReclaimPolicy builds it), so the answer is a new one's, without
         loading its modules (0.14 MiB on this host, 2026-12-06) for a host that only asks."""

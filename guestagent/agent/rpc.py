@@ -25,6 +25,7 @@ from guestagent.agent.status import details_metadata
 from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
 from guestagent.jsonlog import EventLog
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.kernel import Kernel
@@ -194,7 +195,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         swaps: OnFirstUse[SwapManager],
         hotplug: HotplugWatcher,
         reclaimer: OnFirstUse[Reclaimer],
-        reclaim_overview: Callable[[tuple[str, ...]], ReclaimOverview],
+        reclaim_overview: Callable[[tuple[CgroupName, ...]], ReclaimOverview],
         peers: PeerTable,
         ager: IdleAger,
         stall: DelayStallMeter | None,
@@ -277,7 +278,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     @unary(wire.cgroups_from_pb, wire.reclaim_status_pb)
     async def GetReclaimStatus(
         self,
-        cgroups: tuple[str, ...],
+        cgroups: tuple[CgroupName, ...],
         context: Context[pb.GetReclaimStatusRequest, pb.ReclaimStatus],
     ) -> ReclaimOverview:
         return await self._read(lambda: self.reclaim_overview(cgroups))
@@ -332,7 +333,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     @unary(wire.workloads_from_pb, wire.overhead_pb)
     async def GetGuestOverhead(
         self,
-        workloads: tuple[str, ...],
+        workloads: tuple[CgroupName, ...],
         context: Context[pb.GetGuestOverheadRequest, pb.GuestOverhead],
     ) -> GuestOverhead:
         return await self._read(guest_overhead, self.kernel, workloads)

@@ -15,6 +15,7 @@ from dataclasses import field
 
 from guestagent import errors
 from guestagent.jsonlog import EventLog, Repeats
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.delayacct import DelayStallMeter, StallWindow
 from guestagent.linux.features import DELAYACCT, Absent, read_psi_absence
 from guestagent.linux.kernel import Kernel
@@ -44,7 +45,7 @@ class WatchReason(enum.Enum):
 
 @record
 class WatchSpec:
-    cgroups: tuple[str, ...] = ()
+    cgroups: tuple[CgroupName, ...] = ()
     interval_s: float = DEFAULT_WATCH_INTERVAL_MS / 1000
     trigger: PressureTriggerSpec = field(default_factory=PressureTriggerSpec)
     trigger_asked: bool = False  # The caller set pressure_trigger (else it is the default).
@@ -115,7 +116,7 @@ def triggers_to_arm(spec: WatchSpec, psi: Absent | None, delay: Absent | None) -
 
 
 def watch_spec(
-    cgroups: tuple[str, ...],
+    cgroups: tuple[CgroupName, ...],
     interval_ms: int,
     trigger: PressureTriggerSpec,
     trigger_asked: bool = False,

@@ -25,7 +25,7 @@ from guestagent.agent.watch_stream import (
 )
 from guestagent.errors import InvalidArgument
 from guestagent.linux.cgroup.memory import CgroupMemory, MemoryEvents
-from guestagent.linux.cgroup.name import canonical_cgroup_name
+from guestagent.linux.cgroup.name import CgroupName, cgroup_name
 from guestagent.linux.confidential import Confidential
 from guestagent.linux.delayacct import DELAYACCT_STALL
 from guestagent.linux.device_selector import DeviceSelector
@@ -94,8 +94,8 @@ def no_arguments(
 MAX_NAMES_PER_REQUEST = 1024
 
 
-def cgroup_names(names: Sequence[str], field: str = "cgroups") -> tuple[str, ...]:
-    """Names in their canonical form, each once, in the order given; bounded in number."""
+def cgroup_names(names: Sequence[str], field: str = "cgroups") -> tuple[CgroupName, ...]:
+    """Names checked, each once, in the order given; bounded in number."""
     if len(names) > MAX_NAMES_PER_REQUEST:
         raise InvalidArgument(
             f"{field} has {len(names)} names, over the bound of {MAX_NAMES_PER_REQUEST} "
@@ -104,12 +104,12 @@ def cgroup_names(names: Sequence[str], field: str = "cgroups") -> tuple[str, ...
             field=field,
             metadata={"bound": MAX_NAMES_PER_REQUEST},
         )
-    return tuple(dict.fromkeys(canonical_cgroup_name(name) for name in names))
+    return tuple(dict.fromkeys(cgroup_name(name) for name in names))
 
 
 def cgroups_from_pb(
     request: pb.GetMemoryInfoRequest | pb.GetReclaimStatusRequest,
-) -> tuple[str, ...]:
+) -> tuple[CgroupName, ...]:
     return cgroup_names(request.cgroups)
 
 
@@ -121,7 +121,7 @@ def memory_info_from_pb(request: pb.GetMemoryInfoRequest) -> InfoSpec:
     return InfoSpec(cgroup_names(request.cgroups), idle_spec_from_pb(request))
 
 
-def workloads_from_pb(request: pb.GetGuestOverheadRequest) -> tuple[str, ...]:
+def workloads_from_pb(request: pb.GetGuestOverheadRequest) -> tuple[CgroupName, ...]:
     return cgroup_names(request.workload_cgroups, "workload_cgroups")
 
 
@@ -149,7 +149,7 @@ def compact_node_from_pb(request: pb.CompactRequest) -> int | None:
 
 
 def reclaim_spec_from_pb(request: pb.ReclaimRequest) -> ReclaimSpec:
-    return ReclaimSpec(canonical_cgroup_name(request.cgroup), request.bytes, request.drop_caches)
+    return ReclaimSpec(cgroup_name(request.cgroup), request.bytes, request.drop_caches)
 
 
 def limit_pb(value: int | None) -> pb.Limit:
@@ -329,7 +329,7 @@ def memory_spec_from_pb(memory: pb.LinuxMemory) -> MemorySpec:
 
 def set_limits_spec_from_pb(request: pb.SetMemoryLimitsRequest) -> SetLimitsSpec:
     return SetLimitsSpec(
-        canonical_cgroup_name(request.cgroup), memory_spec_from_pb(request.memory), request.create
+        cgroup_name(request.cgroup), memory_spec_from_pb(request.memory), request.create
     )
 
 
@@ -340,7 +340,7 @@ def reclaim_policy_from_pb(message: pb.ReclaimPolicy) -> ReclaimPolicy:
 
 def reclaim_policy_request_from_pb(request: pb.SetReclaimPolicyRequest) -> ReclaimPolicyRequest:
     return ReclaimPolicyRequest(
-        canonical_cgroup_name(request.cgroup),
+        cgroup_name(request.cgroup),
         request.enabled,
         reclaim_policy_from_pb(request.policy),
     )

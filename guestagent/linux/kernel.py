@@ -6,12 +6,13 @@ never import linux/fs.py, so no file name is assembled outside linux/ (tests/uni
 from __future__ import annotations
 
 from guestagent.linux.cgroup.memory import MemoryCgroup, memory_cgroup
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.fs import KernelFS
 from guestagent.records import record
 
 
 @record
 class Kernel(KernelFS):
-    def cgroup(self, name: str) -> MemoryCgroup:
-        """The memory controller of an existing cgroup, named relative to the mount."""
+    def cgroup(self, name: CgroupName) -> MemoryCgroup:
+        """The memory controller of an existing cgroup (linux/cgroup/memory.py)."""
         return memory_cgroup(self, name)

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, NotFound
 from guestagent.linux.cgroup.memory import CgroupMemory, memory_cgroup
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import Absent, read_absent
 from guestagent.linux.fs import KernelFS
@@ -107,7 +108,7 @@ def read_system_pressure(fs: KernelFS) -> Pressure | None:
 
 
 def read_present_cgroups(
-    fs: KernelFS, cgroups: tuple[str, ...]
+    fs: KernelFS, cgroups: tuple[CgroupName, ...]
 ) -> tuple[list[tuple[CgroupMemory, str]], tuple[str, ...]]:
     """The cgroups that exist, read, with their directories, and the names of those that do
     not: missing, or removed while their files were read (rmdir takes them all at once, so a
@@ -129,7 +130,7 @@ def read_present_cgroups(
 
 def read_report(
     fs: KernelFS,
-    cgroups: tuple[str, ...] = (),
+    cgroups: tuple[CgroupName, ...] = (),
     hotplug: HotplugReportCache | None = None,
     stall: DelayStallMeter | None = None,
     removed_ok: bool = False,
@@ -140,7 +141,7 @@ def read_report(
     if removed_ok:
         present, removed = read_present_cgroups(fs, cgroups)
     else:
-        named = [memory_cgroup(fs, name) for name in cgroups]  # Refuse bad names first.
+        named = [memory_cgroup(fs, name) for name in cgroups]  # Each found before any is read.
         present, removed = [(cgroup.read(), cgroup.directory) for cgroup in named], ()
     found = [cgroup for cgroup, _ in present]
     system = read_system_memory(fs)

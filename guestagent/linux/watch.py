@@ -25,6 +25,7 @@ from guestagent.errors import (
 )
 from guestagent.jsonlog import EventLog, Repeats
 from guestagent.linux import syscalls
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.fs import KernelFS
 from guestagent.records import record
 
@@ -175,7 +176,7 @@ class SignalHub:
         self._triggers: dict[PressureTriggerSpec, _Trigger] = {}
 
     def subscribe(
-        self, memory_events: dict[str, str], trigger: PressureTriggerSpec | None
+        self, memory_events: dict[CgroupName, str], trigger: PressureTriggerSpec | None
     ) -> KernelSignals:
         """A stream's signals; ResourceExhausted names the cap a stream would go over."""
         wanted = len(memory_events)
@@ -206,7 +207,7 @@ class SignalHub:
             raise
         return signals
 
-    def watch(self, signals: KernelSignals, name: str, path: str) -> None:
+    def watch(self, signals: KernelSignals, name: CgroupName, path: str) -> None:
         """Watch one of a stream's cgroups (again, once a removed one is back), through its
         memory.events (`path`), and its parent directory for its rmdir, mkdir and renames: the
         kernel sends a removed cgroupfs file's watch nothing. A cgroup that is gone meanwhile stays
@@ -226,7 +227,7 @@ class SignalHub:
         signals.names_by_wd[wd] = name
 
     def _watch_parent(
-        self, inotify: _Inotify, signals: KernelSignals, name: str, cgroup: str
+        self, inotify: _Inotify, signals: KernelSignals, name: CgroupName, cgroup: str
     ) -> None:
         mask = PARENT_EVENTS | syscalls.IN_ONLYDIR
         try:
@@ -350,13 +351,13 @@ class SignalHub:
 class KernelSignals:
     """One stream's share of the hub: (Signal, cgroup name) on its own queue."""
 
-    def __init__(self, hub: SignalHub, names: tuple[str, ...] = ()) -> None:
+    def __init__(self, hub: SignalHub, names: tuple[CgroupName, ...] = ()) -> None:
         self.hub = hub
         self.names = names  # The cgroups it watches, each counted against the caps.
         self.queue: asyncio.Queue[tuple[Signal, str | None]] = asyncio.Queue()
-        self.names_by_wd: dict[int, str] = {}  # Those with a live watch.
+        self.names_by_wd: dict[int, CgroupName] = {}  # Those with a live watch.
         # Parent directory watch -> a cgroup's directory name in it -> the cgroup's name.
-        self.children_by_wd: dict[int, dict[str, str]] = {}
+        self.children_by_wd: dict[int, dict[str, CgroupName]] = {}
         self.trigger: PressureTriggerSpec | None = None
         self._closed = False
 
@@ -364,7 +365,7 @@ class KernelSignals:
         """Its cgroups whose parent directory it watches."""
         return {name for children in self.children_by_wd.values() for name in children.values()}
 
-    def unwatched(self) -> tuple[str, ...]:
+    def unwatched(self) -> tuple[CgroupName, ...]:
         """Its cgroups without a live watch: removed, and perhaps created again since."""
         live = set(self.names_by_wd.values())
         return tuple(name for name in self.names if name not in live)

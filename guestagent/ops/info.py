@@ -9,6 +9,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING
 
 from guestagent.jsonlog import EventLog
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.confidential import NONE, Confidential
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 @record
 class InfoSpec:
-    cgroups: tuple[str, ...] = ()
+    cgroups: tuple[CgroupName, ...] = ()
     idle: IdleSpec = field(default_factory=IdleSpec)
 
 
@@ -80,6 +81,6 @@ class Reporter:
             ),
         )
 
-    def _reclaim_statuses(self, cgroups: tuple[str, ...]) -> tuple[TargetStatus, ...]:
+    def _reclaim_statuses(self, cgroups: tuple[CgroupName, ...]) -> tuple[TargetStatus, ...]:
         reclaimer = self.built_reclaimer() if self.built_reclaimer is not None else None
         return reclaimer.known(cgroups) if reclaimer is not None else ()

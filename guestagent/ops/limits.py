@@ -31,7 +31,7 @@ from guestagent.linux.cgroup.memory import (
     MemoryCgroup,
     same_limit,
 )
-from guestagent.linux.cgroup.name import canonical_cgroup_name
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.cgroup.tree import (
     SUBTREE_CONTROL,
     create_cgroup,
@@ -63,11 +63,11 @@ class CgroupsBeingMade:
     would show the new cgroup unlimited. Reports wait for them instead (wait_for)."""
 
     def __init__(self) -> None:
-        self._names: set[str] = set()
+        self._names: set[CgroupName] = set()
         self._changed = threading.Condition()
 
     @contextlib.contextmanager
-    def making(self, name: str) -> Iterator[None]:
+    def making(self, name: CgroupName) -> Iterator[None]:
         with self._changed:
             self._names.add(name)
         try:
@@ -77,14 +77,11 @@ class CgroupsBeingMade:
                 self._names.discard(name)
                 self._changed.notify_all()
 
-    def wait_for(self, names: Iterable[str], timeout_s: float = MAKING_WAIT_S) -> bool:
+    def wait_for(self, names: Iterable[CgroupName], timeout_s: float = MAKING_WAIT_S) -> bool:
         """Until none of `names` is being made; False when `timeout_s` passed first."""
         if not self._names:  # The common case, without the lock.
             return True
-        wanted = set()
-        for name in names:
-            with contextlib.suppress(InvalidArgument):  # The read refuses it, with its reason.
-                wanted.add(canonical_cgroup_name(name))
+        wanted = set(names)
         with self._changed:
             return self._changed.wait_for(lambda: not wanted & self._names, timeout_s)
 
@@ -193,7 +190,7 @@ def cgroup_values(spec: MemorySpec) -> CgroupMemoryValues:
 
 @record
 class SetLimitsSpec:
-    cgroup: str
+    cgroup: CgroupName
     memory: MemorySpec
     create: bool = False
 
@@ -210,10 +207,7 @@ def apply_memory_limits(kernel: Kernel, spec: SetLimitsSpec) -> AppliedLimits:
         # The journal goes down before the first change (a mkdir, or the first write), so an
         # agent killed midway is rolled back when it starts again (recover).
         made, enabled = creation_plan(kernel, cgroup) if spec.create else ((), ())
-        making = (
-            BEING_MADE.making(canonical_cgroup_name(cgroup)) if made else contextlib.nullcontext()
-        )
-        with making:
+        with BEING_MADE.making(cgroup) if made else contextlib.nullcontext():
             if made:
                 journaling.save(Journal(cgroup, (), made, enabled))
             created = bool(create_cgroup(kernel, cgroup).made) if spec.create else False

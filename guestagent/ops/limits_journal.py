@@ -17,7 +17,7 @@ from typing import Any
 
 from guestagent.errors import InvalidArgument, quoted
 from guestagent.linux.cgroup.memory import LIMIT_FILES
-from guestagent.linux.cgroup.name import validate_cgroup_name
+from guestagent.linux.cgroup.name import CgroupName, cgroup_name
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.statestore import LIMITS_JOURNAL, StateFile, StateFileError, state_file
 from guestagent.records import record
@@ -38,11 +38,11 @@ class FileChange:
 
 @record
 class Journal:
-    cgroup: str  # relative to the cgroup2 mount, as the caller named it
+    cgroup: CgroupName
     changes: tuple[FileChange, ...]  # in the order they are written
     # Cgroups the call makes, top down, and those whose cgroup.subtree_control gets
     # "+memory" ("" is the mount itself): what rolling back has to remove and disable.
-    made: tuple[str, ...] = ()
+    made: tuple[CgroupName, ...] = ()
     enabled: tuple[str, ...] = ()
 
 
@@ -66,15 +66,18 @@ def decode(body: object) -> Journal:
             FileChange(_text(c, "file"), _text(c, "old"), _text(c, "new"))
             for c in _list(body, "changes")
         )
-        journal = Journal(
-            cgroup=_text(body, "cgroup"),
-            changes=changes,
-            made=tuple(_str(v) for v in _list(body, "made")),
-            enabled=tuple(_str(v) for v in _list(body, "enabled")),
-        )
+        cgroup = _text(body, "cgroup")
+        made = tuple(_str(v) for v in _list(body, "made"))
+        enabled = tuple(_str(v) for v in _list(body, "enabled"))
     except (TypeError, KeyError) as e:
         raise JournalFormatError(f"not a limits journal: {e}") from e
-    _check_names(journal)
+    journal = Journal(
+        _name(cgroup),
+        changes,
+        tuple(_name(n) for n in made),
+        tuple(_name(n) if n else n for n in enabled),  # "" is the mount.
+    )
+    _check_changes(journal.changes)
     return journal
 
 
@@ -97,18 +100,18 @@ def _str(value: object) -> str:
     return value
 
 
-def _check_names(journal: Journal) -> None:
-    """Refuse a journal whose names could lead the rollback outside the mount or its files."""
+def _name(text: str) -> CgroupName:
+    """A name from the journal, refused as a request's is: the rollback acts on it."""
     try:
-        validate_cgroup_name(journal.cgroup)
-        for name in journal.made:
-            validate_cgroup_name(name)
-        for name in journal.enabled:
-            if name:
-                validate_cgroup_name(name)
+        return cgroup_name(text)
     except InvalidArgument as e:
         raise JournalFormatError(str(e)) from e
-    for change in journal.changes:
+
+
+def _check_changes(changes: tuple[FileChange, ...]) -> None:
+    """Refuse changes the rollback could not write back as they are: a file not a limit's, or
+    a value the kernel would not take."""
+    for change in changes:
         if change.file not in LIMIT_FILES:
             raise JournalFormatError(f"{quoted(change.file)} is not a memory limit file")
         for value in (change.old, change.new):

@@ -10,6 +10,7 @@ the swiotlb, which a confidential guest sizes with its memory, so an operator ca
 from __future__ import annotations
 
 from guestagent.linux.abi import PAGE_SIZE
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.features import Absent
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import block_size_bytes, memory_blocks
@@ -30,7 +31,7 @@ class GuestOverhead:
     swiotlb: Swiotlb | Absent  # within kernel_reserved
 
 
-def guest_overhead(kernel: Kernel, workload_cgroups: tuple[str, ...] = ()) -> GuestOverhead:
+def guest_overhead(kernel: Kernel, workload_cgroups: tuple[CgroupName, ...] = ()) -> GuestOverhead:
     workloads = sum(kernel.cgroup(name).current() for name in workload_cgroups)
     present = read_present_bytes(kernel, PAGE_SIZE)
     if present is None:

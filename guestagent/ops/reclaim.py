@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from guestagent.errors import InvalidArgument
 from guestagent.jsonlog import EventLog
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.mm import drop_caches as drop_caches_now
 from guestagent.records import record
@@ -19,7 +20,7 @@ log = EventLog("guestagent.ops.reclaim")
 
 @record
 class ReclaimSpec:
-    cgroup: str
+    cgroup: CgroupName
     bytes: int
     drop_caches: int = 0  # The drop_caches level to write first, 0 for none.
 

@@ -16,6 +16,7 @@ from enum import Enum
 from guestagent.errors import AgentError, errno_text
 from guestagent.jsonlog import EventLog
 from guestagent.linux.cgroup import memory
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.linux.cgroup.procs import move_process, read_cgroup_procs, read_own_cgroup
 from guestagent.linux.cgroup.tree import create_cgroup, read_mount_facts
 from guestagent.linux.kernel import Kernel
@@ -24,7 +25,7 @@ from guestagent.sizes import MIB
 
 log = EventLog("guestagent.ops.self_cgroup")
 
-AGENT_CGROUP = "guestagent"
+AGENT_CGROUP = cgroup_name("guestagent")
 # Covers what the serving agent uses (2026-12-04, tests/vm/test_squeeze.py: memory.current 37.7
 # MiB idle, 42.3 at the peak; about 28 MiB of it idle for 30 s or more in the give-back test),
 # so its hot pages are reclaimed after the workloads' memory. Not its whole footprint: the

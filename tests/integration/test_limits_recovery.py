@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from guestagent.host.client import AgentClient
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.ops import limits_journal
 from guestagent.ops.limits_journal import FileChange, Journal
 from guestagent.sizes import MIB
@@ -21,7 +22,7 @@ def test_a_leftover_journal_is_rolled_back_before_serving(
     limits_journal.save(
         fake_root.fs,
         Journal(
-            "pod/ctr",
+            cgroup_name("pod/ctr"),
             (
                 FileChange("memory.swap.max", "max", str(96 * MIB)),
                 FileChange("memory.max", "max", str(32 * MIB)),

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from guestagent.errors import AgentError
 from guestagent.linux.blockdev import parse_mountinfo, probe_signatures
 from guestagent.linux.cgroup.memory import parse_limit
-from guestagent.linux.cgroup.name import validate_cgroup_name
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.meminfo import parse_meminfo
@@ -57,7 +57,7 @@ TEXT_PARSERS: list[Callable[[str], Any]] = [
     parse_zoneinfo_present,
     rss_bytes,
     parse_address,
-    validate_cgroup_name,
+    cgroup_name,
 ]
 
 
@@ -97,7 +97,9 @@ def test_device_selectors_are_checked(path: str | None, serial: str | None) -> N
 @given(name=st.text(alphabet=st.sampled_from("ab./\\x00-"), max_size=20))
 def test_accepted_cgroup_names_cannot_climb(name: str) -> None:
     try:
-        parts = validate_cgroup_name(name)
+        checked = cgroup_name(name)
     except AgentError:
         return
+    parts = checked.split("/")
     assert not name.startswith("/") and ".." not in parts and "." not in parts and "" not in parts
+    assert cgroup_name(checked) == checked  # Its one form: checked again, it is the same.

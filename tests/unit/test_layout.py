@@ -213,6 +213,30 @@ def kernel_violations() -> list[str]:
     ]
 
 
+# A checked value, and the one module whose check makes it: whoever holds one never checks it
+# again, so nothing else may make one (nor claim one with cast).
+CHECKED_VALUES = {"CgroupName": "guestagent.linux.cgroup.name"}
+NOT_MAKING = {"isinstance", "issubclass"}
+
+
+def unchecked_values() -> list[str]:
+    """Checked values made, or cast to, outside their checks, each as 'module:line: what'."""
+    found = []
+    for module, path in SOURCES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if called in NOT_MAKING:
+                continue
+            named = {called, *(getattr(arg, "id", "") for arg in node.args)}
+            for value in CHECKED_VALUES.keys() & named:
+                if module != CHECKED_VALUES[value]:
+                    found.append(f"{module}:{node.lineno}: makes a {value} its check did not")
+    return found
+
+
 def test_every_module_is_in_a_layer() -> None:
     layers = {layer(m) for m in SOURCES}
     assert layers <= {
@@ -233,6 +257,10 @@ def test_import_contracts_hold() -> None:
 
 def test_only_linux_knows_the_kernel() -> None:
     assert kernel_violations() == []
+
+
+def test_checked_values_are_made_by_their_checks_alone() -> None:
+    assert unchecked_values() == []
 
 
 def plant(planted: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -339,6 +367,27 @@ def test_the_kernel_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.Mo
         assert expected in found
     assert "planted_name:3" not in found
     assert "guestagent.linux.planted" not in found
+
+
+def test_the_value_checker_sees_a_breach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    planted = {
+        "guestagent.ops.planted": (
+            "from typing import cast\n"
+            "from guestagent.linux.cgroup.name import CgroupName\n"
+            "ESCAPE = CgroupName('../etc')\n"
+            "CLAIMED = cast(CgroupName, '/sys')\n"
+            "def f(x): return isinstance(x, CgroupName)\n"
+        ),
+        "guestagent.agent.planted": (
+            "from guestagent.linux.cgroup import name\nEMPTY = name.CgroupName('')\n"
+        ),
+    }
+    plant(planted, tmp_path, monkeypatch)
+    assert sorted(unchecked_values()) == [
+        "guestagent.agent.planted:2: makes a CgroupName its check did not",
+        "guestagent.ops.planted:3: makes a CgroupName its check did not",
+        "guestagent.ops.planted:4: makes a CgroupName its check did not",
+    ]
 
 
 def run_probe(probe: str) -> str:

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, quoted
 from guestagent.linux.abi import LONG_MAX, PAGE_SIZE
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.cgroup.tree import cgroup_dir
 from guestagent.linux.fs import KernelFS, parsed
 from guestagent.linux.keyed import parse_flat_keyed, workingset_refaults
@@ -148,7 +149,7 @@ class MemoryCgroup:
 
     fs: KernelFS
     directory: str
-    name: str  # As the caller named it (relative to the mount), for errors and reports.
+    name: str  # As named relative to the mount, for errors and reports.
 
     def _path(self, file: str) -> str:
         return os.path.join(self.directory, file)
@@ -286,6 +287,6 @@ class MemoryCgroup:
         return ReclaimReading(stall, refaults, current, current if protected is None else protected)
 
 
-def memory_cgroup(fs: KernelFS, name: str) -> MemoryCgroup:
-    """The handle of an existing cgroup; the lookup refuses a name that escapes the mount."""
+def memory_cgroup(fs: KernelFS, name: CgroupName) -> MemoryCgroup:
+    """The handle of an existing cgroup; the lookup refuses a symlink out of the mount."""
     return MemoryCgroup(fs, cgroup_dir(fs, name), name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from guestagent.linux.cgroup.name import validate_cgroup_name
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.fs import KernelFS
 
 
@@ -19,8 +19,8 @@ def own_cgroup(proc_self_cgroup: str) -> str | None:
     return None
 
 
-def move_process(fs: KernelFS, name: str, pid: int) -> None:
-    fs.write(os.path.join(fs.cgroup_root, *validate_cgroup_name(name), "cgroup.procs"), str(pid))
+def move_process(fs: KernelFS, name: CgroupName, pid: int) -> None:
+    fs.write(os.path.join(fs.cgroup_root, name, "cgroup.procs"), str(pid))
 
 
 def read_cgroup_procs(fs: KernelFS, path: str) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ from guestagent.errors import (
     caused_by,
     quoted,
 )
-from guestagent.linux.cgroup.name import validate_cgroup_name
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.fs import KernelFS
 from guestagent.records import record
 
@@ -29,9 +29,9 @@ SUBTREE_CONTROL = "cgroup.subtree_control"
 CONTROLLER = "memory"
 
 
-def cgroup_dir(fs: KernelFS, name: str) -> str:
+def cgroup_dir(fs: KernelFS, name: CgroupName) -> str:
     """The directory of an existing cgroup; the lookup itself refuses an escape from the mount."""
-    path = os.path.join(fs.cgroup_root, *validate_cgroup_name(name))
+    path = os.path.join(fs.cgroup_root, name)
     if not fs.is_dir(path):
         raise NotFound(
             f"cgroup {quoted(name)} does not exist under {fs.cgroup_root}",
@@ -56,7 +56,7 @@ def subtree_controllers(fs: KernelFS, directory: str) -> tuple[str, ...]:
     return tuple(fs.read(os.path.join(directory, SUBTREE_CONTROL)).split())
 
 
-def create_cgroup(fs: KernelFS, name: str) -> CreatedCgroup:
+def create_cgroup(fs: KernelFS, name: CgroupName) -> CreatedCgroup:
     """Make each missing level of a cgroup, enabling the memory controller in every ancestor.
 
     The controller is enabled top down, where it is not listed already, since the kernel lets
@@ -64,11 +64,10 @@ def create_cgroup(fs: KernelFS, name: str) -> CreatedCgroup:
     is: enabling controllers above a cgroup someone else made is not this call's business.
     On failure, what was made is removed and what was enabled is disabled again.
     """
-    parts = validate_cgroup_name(name)
-    path = os.path.join(fs.cgroup_root, *parts)
+    path = os.path.join(fs.cgroup_root, name)
     if fs.is_dir(path):
         return CreatedCgroup(path)
-    levels = [os.path.join(fs.cgroup_root, *parts[:depth]) for depth in range(len(parts) + 1)]
+    levels = [fs.cgroup_root, *(os.path.join(fs.cgroup_root, n) for n in name.lineage)]
     for level in levels[1:]:
         if fs.exists(level) and not fs.is_dir(level):
             raise FailedPrecondition(
@@ -126,20 +125,19 @@ def undo_create(fs: KernelFS, created: CreatedCgroup) -> str:
     return "; ".join(done) or "nothing had been created"
 
 
-def creation_plan(fs: KernelFS, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def creation_plan(fs: KernelFS, name: CgroupName) -> tuple[tuple[CgroupName, ...], tuple[str, ...]]:
     """What create_cgroup will do for `name`, read before it does it: the cgroups it makes,
     top down, and the cgroups whose subtree_control it gives "+memory" ("" is the mount)."""
-    parts = validate_cgroup_name(name)
-    names = ["/".join(parts[:depth]) for depth in range(len(parts) + 1)]
-    made = tuple(n for n in names[1:] if not fs.is_dir(os.path.join(fs.cgroup_root, n)))
+    made = tuple(n for n in name.lineage if not fs.is_dir(os.path.join(fs.cgroup_root, n)))
     if not made:
         return (), ()
-    enabled = tuple(n for n in names[:-1] if n in made or not _has_controller(fs, n))
+    parents = ("", *name.lineage[:-1])
+    enabled = tuple(n for n in parents if n in made or not _has_controller(fs, n))
     return made, enabled
 
 
 def planned_creation(
-    fs: KernelFS, name: str, made: tuple[str, ...], enabled: tuple[str, ...]
+    fs: KernelFS, name: CgroupName, made: tuple[CgroupName, ...], enabled: tuple[str, ...]
 ) -> CreatedCgroup:
     """Of what a creation_plan said would be made and enabled, what is there now, as
     create_cgroup would have reported it: so undo_create can take it back."""

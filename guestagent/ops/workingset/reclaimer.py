@@ -22,7 +22,7 @@ from guestagent.errors import AgentError, FailedPrecondition, quoted
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.cgroup.memory import MemoryCgroup
-from guestagent.linux.cgroup.name import canonical_cgroup_name
+from guestagent.linux.cgroup.name import CgroupName, cgroup_name
 from guestagent.linux.delayacct import DELAYACCT_STALL, PSI_STALL, DelayStallMeter
 from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
 from guestagent.linux.kernel import Kernel
@@ -83,7 +83,7 @@ class _Baseline:
 
 @dataclass
 class _Target:
-    cgroup: str
+    cgroup: CgroupName
     memory: MemoryCgroup
     policy: ReclaimPolicy
     enabled: bool
@@ -128,13 +128,13 @@ _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def decode_policies(value: object) -> dict[str, tuple[bool, ReclaimPolicy]]:
+def decode_policies(value: object) -> dict[CgroupName, tuple[bool, ReclaimPolicy]]:
     """The saved policies by canonical cgroup name; TypeError or an AgentError for a value
     that is not what _save_locked writes (the loader then moves the file aside)."""
     if not isinstance(value, dict):
         raise TypeError(f"policies are {type(value).__name__}, not an object")
     fields = {f.name: f.type for f in dataclasses.fields(ReclaimPolicy)}
-    decoded: dict[str, tuple[bool, ReclaimPolicy]] = {}
+    decoded: dict[CgroupName, tuple[bool, ReclaimPolicy]] = {}
     for cgroup, entry in value.items():
         if not isinstance(entry, dict) or set(entry) != {"enabled", "policy"}:
             raise TypeError(f"entry for {quoted(str(cgroup))} is not enabled and policy")
@@ -151,7 +151,7 @@ def decode_policies(value: object) -> dict[str, tuple[bool, ReclaimPolicy]]:
                 text != "bool" and isinstance(given[name], bool)
             ):
                 raise TypeError(f"{name} of {quoted(str(cgroup))} is not a {text}")
-        decoded[canonical_cgroup_name(cgroup)] = (enabled, validate_policy(ReclaimPolicy(**given)))
+        decoded[cgroup_name(cgroup)] = (enabled, validate_policy(ReclaimPolicy(**given)))
     return decoded
 
 
@@ -172,7 +172,7 @@ class Reclaimer:
         self._writer = StepWriter(clock, PAGE_SIZE, write)
         self._compaction = CompactionTrigger(kernel, clock, PAGE_SIZE, compaction_rule, stall)
         self._store = state_file(kernel, RECLAIM_POLICIES)
-        self._targets: dict[str, _Target] = {}
+        self._targets: dict[CgroupName, _Target] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -252,7 +252,7 @@ class Reclaimer:
             metadata={"features": "psi,delayacct"},
         )
 
-    def status(self, cgroups: Iterable[str] = ()) -> tuple[TargetStatus, ...]:
+    def status(self, cgroups: Iterable[CgroupName] = ()) -> tuple[TargetStatus, ...]:
         names = tuple(cgroups)
         self._drop_vanished()
         with self._lock:
@@ -262,10 +262,10 @@ class Reclaimer:
             chosen = names or tuple(sorted(self._targets))
             return tuple(self._targets[name].status() for name in chosen)
 
-    def overview(self, cgroups: Iterable[str] = ()) -> ReclaimOverview:
+    def overview(self, cgroups: Iterable[CgroupName] = ()) -> ReclaimOverview:
         return ReclaimOverview(self.status(cgroups), self.compaction)
 
-    def known(self, cgroups: Iterable[str]) -> tuple[TargetStatus, ...]:
+    def known(self, cgroups: Iterable[CgroupName]) -> tuple[TargetStatus, ...]:
         """Status of those of the cgroups that are targets (for WatchMemory)."""
         self._drop_vanished()
         with self._lock:
@@ -278,15 +278,16 @@ class Reclaimer:
     # Start, stop, persistence.
 
     def start(self, initial: Iterable[str] = ()) -> None:
-        """Reload the host's policies, turn on `initial` cgroups the host has not set, run."""
+        """Reload the host's policies, turn on `initial` cgroups the host has not set, run.
+        `initial` are --reclaim's names as given: one refused is logged, and the rest run."""
         self._load()
-        for cgroup in initial:
-            if cgroup in self._targets:
-                continue
+        for given in initial:
             try:
-                self.set_policy(ReclaimPolicyRequest(cgroup, True))
+                cgroup = cgroup_name(given)
+                if cgroup not in self._targets:
+                    self.set_policy(ReclaimPolicyRequest(cgroup, True))
             except AgentError as e:
-                log.warning("reclaim_initial_refused", cgroup=cgroup, error=str(e))
+                log.warning("reclaim_initial_refused", cgroup=given, error=str(e))
         self._started = True
         if any(target.enabled for target in self._targets.values()):
             self._run_thread()

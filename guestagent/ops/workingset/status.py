@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import field
 
 from guestagent.errors import NotFound
+from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.delayacct import PSI_STALL
 from guestagent.linux.features import Absent
 from guestagent.ops.workingset.compaction_trigger import CompactionStatus
@@ -27,7 +28,7 @@ GUARDS = ("refaults", "reclaim_yield")
 class ReclaimPolicyRequest:
     """SetReclaimPolicy: turn the reclaimer on or off for a cgroup, with a policy."""
 
-    cgroup: str
+    cgroup: CgroupName
     enabled: bool
     policy: ReclaimPolicy = field(default_factory=ReclaimPolicy)
 

@@ -20,6 +20,7 @@ from guestagent.agent.watch_stream import (
 from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux import meminfo
 from guestagent.linux.cgroup.memory import CgroupMemory, MemoryCgroup
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.features import DELAYACCT, PSI, Absent
 from guestagent.linux.kernel import Kernel
@@ -70,7 +71,7 @@ async def test_without_psi_the_watch_runs_on_its_interval(tmp_path: Path) -> Non
     fake.add_cgroup("pod", psi=False)
     fs = Kernel(fake.root)
     stopping = asyncio.Event()
-    updates = watch_memory(fs, WatchSpec(("pod",), interval_s=0.05), stopping)
+    updates = watch_memory(fs, WatchSpec((cgroup_name("pod"),), interval_s=0.05), stopping)
     first = await anext(updates)
     assert first.answer.report.pressure is None and first.answer.report.cgroups[0].pressure is None
     assert [a.feature for a in first.answer.report.absent][:1] == [PSI]
@@ -116,7 +117,7 @@ def test_watch_interval() -> None:
 async def test_initial_then_interval_then_ends_on_shutdown(fake_root: FakeRoot) -> None:
     fake_root.add_cgroup("pod")
     stopping = asyncio.Event()
-    stream = watch_memory(fake_root.fs, WatchSpec(("pod",), interval_s=0.1), stopping)
+    stream = watch_memory(fake_root.fs, WatchSpec((cgroup_name("pod"),), interval_s=0.1), stopping)
     first = await anext(stream)
     assert first.reason is WatchReason.INITIAL
     assert [c.path for c in first.answer.report.cgroups] == ["pod"]
@@ -127,7 +128,7 @@ async def test_initial_then_interval_then_ends_on_shutdown(fake_root: FakeRoot) 
 
 
 async def test_a_missing_cgroup_fails_before_anything_is_sent(fake_root: FakeRoot) -> None:
-    stream = watch_memory(fake_root.fs, WatchSpec(("gone",)), asyncio.Event())
+    stream = watch_memory(fake_root.fs, WatchSpec((cgroup_name("gone"),)), asyncio.Event())
     with pytest.raises(NotFound, match="gone"):
         await anext(stream)
 
@@ -147,7 +148,9 @@ async def test_a_removed_cgroup_is_reported_and_the_stream_goes_on(fake_root: Fa
     hub = SignalHub(fake_root.fs)
     stopping = asyncio.Event()
     # A long interval: every message after the first is woken by a kernel signal.
-    stream = watch_memory(fake_root.fs, WatchSpec(("pod/a", "pod/b"), 60), stopping, hub=hub)
+    stream = watch_memory(
+        fake_root.fs, WatchSpec((cgroup_name("pod/a"), cgroup_name("pod/b")), 60), stopping, hub=hub
+    )
     first = await anext(stream)
     assert first.answer.report.removed == ()
     shutil.rmtree(cgroups / "a")  # The container exits: its parent's IN_DELETE wakes the stream.
@@ -185,7 +188,7 @@ async def test_a_cgroup_gone_between_reads_is_removed_not_an_error(
         return real(memory)
 
     monkeypatch.setattr(MemoryCgroup, "read", removed_meanwhile)
-    report = meminfo.read_report(fake_root.fs, ("pod",), removed_ok=True)
+    report = meminfo.read_report(fake_root.fs, (cgroup_name("pod"),), removed_ok=True)
     assert (report.cgroups, report.removed) == ((), ("pod",))
 
 
@@ -198,7 +201,7 @@ async def test_without_ignored_events_the_parent_directory_tells_of_the_removal(
     directory = fake_root.root / "sys/fs/cgroup/pod/a"
     hub = SignalHub(fake_root.fs)
     stopping = asyncio.Event()
-    stream = watch_memory(fake_root.fs, WatchSpec(("pod/a",), 60), stopping, hub=hub)
+    stream = watch_memory(fake_root.fs, WatchSpec((cgroup_name("pod/a"),), 60), stopping, hub=hub)
     await anext(stream)
     with (directory / "memory.events").open() as held:
         shutil.rmtree(directory)
@@ -231,7 +234,7 @@ async def test_without_psi_an_asked_trigger_is_served_by_delay_accounting(tmp_pa
     # A 500 ms window is polled every 125 ms; the interval is far off, so only the trigger
     # can wake the stream.
     trigger = PressureTriggerSpec(100_000, 500_000)
-    spec = WatchSpec(("pod",), interval_s=60, trigger=trigger, trigger_asked=True)
+    spec = WatchSpec((cgroup_name("pod"),), interval_s=60, trigger=trigger, trigger_asked=True)
     updates = watch_memory(fs, spec, stopping, stall=meter)
     first = await anext(updates)
     assert first.reason == WatchReason.INITIAL

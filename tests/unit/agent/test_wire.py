@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
 from guestagent.agent import encoding, wire
 from guestagent.agent.watch_stream import WatchReason, WatchUpdate
 from guestagent.errors import InvalidArgument
+from guestagent.linux.cgroup.name import CgroupName, cgroup_name
 from guestagent.linux.confidential import Confidential
 from guestagent.linux.device_selector import DeviceSelector
 from guestagent.linux.watch import PressureTriggerSpec
@@ -32,6 +34,49 @@ def test_memory_info_reclaim_status_and_overhead_requests_name_cgroups() -> None
     assert wire.cgroups_from_pb(pb.GetReclaimStatusRequest(cgroups=["a"])) == ("a",)
     assert wire.cgroups_from_pb(pb.GetReclaimStatusRequest()) == ()
     assert wire.workloads_from_pb(pb.GetGuestOverheadRequest(workload_cgroups=["w"])) == ("w",)
+
+
+# Every request that names cgroups: the names its decoder gives the operation for one name.
+DECODED_NAMES: dict[str, Callable[[str], tuple[str, ...]]] = {
+    "SetMemoryLimits": lambda name: (
+        wire.set_limits_spec_from_pb(
+            pb.SetMemoryLimitsRequest(cgroup=name, memory=pb.LinuxMemory(limit=1), create=True)
+        ).cgroup,
+    ),
+    "Reclaim": lambda name: (
+        wire.reclaim_spec_from_pb(pb.ReclaimRequest(cgroup=name, bytes=1)).cgroup,
+    ),
+    "SetReclaimPolicy": lambda name: (
+        wire.reclaim_policy_request_from_pb(pb.SetReclaimPolicyRequest(cgroup=name)).cgroup,
+    ),
+    "GetMemoryInfo": lambda name: (
+        wire.memory_info_from_pb(pb.GetMemoryInfoRequest(cgroups=[name])).cgroups
+    ),
+    "WatchMemory": lambda name: (
+        wire.watch_spec_from_pb(pb.WatchMemoryRequest(cgroups=[name])).cgroups
+    ),
+    "GetReclaimStatus": lambda name: wire.cgroups_from_pb(
+        pb.GetReclaimStatusRequest(cgroups=[name])
+    ),
+    "GetGuestOverhead": lambda name: wire.workloads_from_pb(
+        pb.GetGuestOverheadRequest(workload_cgroups=[name])
+    ),
+}
+
+
+@pytest.mark.parametrize("method", DECODED_NAMES)
+@pytest.mark.parametrize("name", ["..", "pod/../..", "/sys/fs/cgroup/pod", "pod/./ctr", ""])
+def test_a_bad_cgroup_name_is_refused_where_the_request_is_decoded(method: str, name: str) -> None:
+    """The one check of a name: the operations are given it checked, and check it no more."""
+    with pytest.raises(InvalidArgument) as refused:
+        DECODED_NAMES[method](name)
+    assert refused.value.reason == "CGROUP_PATH_INVALID"
+
+
+@pytest.mark.parametrize("method", DECODED_NAMES)
+def test_a_cgroup_name_is_decoded_to_its_checked_one_form(method: str) -> None:
+    (name,) = DECODED_NAMES[method]("pod//ctr/")
+    assert (type(name), name) == (CgroupName, "pod/ctr")
 
 
 def test_watch_request_defaults() -> None:
@@ -112,7 +157,7 @@ def test_set_limits_request() -> None:
             cgroup="pod/ctr", memory=pb.LinuxMemory(limit=64 << 20, swap=-1), create=True
         )
     )
-    assert spec == SetLimitsSpec("pod/ctr", MemorySpec(64 << 20, -1, None), True)
+    assert spec == SetLimitsSpec(cgroup_name("pod/ctr"), MemorySpec(64 << 20, -1, None), True)
 
 
 def test_set_limits_refuses_every_v1_knob_by_name() -> None:
@@ -127,7 +172,7 @@ def test_compact_and_reclaim_requests() -> None:
     assert wire.compact_node_from_pb(pb.CompactRequest(node=0)) == 0
     assert wire.reclaim_spec_from_pb(
         pb.ReclaimRequest(cgroup="pod", bytes=1 << 20, drop_caches=1)
-    ) == ReclaimSpec("pod", 1 << 20, 1)
+    ) == ReclaimSpec(cgroup_name("pod"), 1 << 20, 1)
 
 
 def test_requests_without_fields() -> None:
@@ -176,7 +221,9 @@ def test_watch_update_reason(
     fake_root: FakeRoot, reason: WatchReason, expected: pb.WatchReason.ValueType
 ) -> None:
     fake_root.add_cgroup("pod")
-    update = WatchUpdate(Reporter(fake_root.fs).report(InfoSpec(("pod",))), reason, ("pod",))
+    update = WatchUpdate(
+        Reporter(fake_root.fs).report(InfoSpec((cgroup_name("pod"),))), reason, ("pod",)
+    )
     message = wire.watch_update_pb(update)
     assert message.reason == expected
     assert list(message.changed_cgroups) == ["pod"]
@@ -302,7 +349,8 @@ def test_the_stream_carries_what_the_unary_call_carries(fake_root: FakeRoot) -> 
     fake_root.add_cgroup("pod")
     reporter = Reporter(fake_root.fs, confidential=Confidential("sev-snp", "sev_guest node"))
     answer = dataclasses.replace(
-        reporter.report(InfoSpec(("pod",))), state_unavailable="/run/guestagent is read-only"
+        reporter.report(InfoSpec((cgroup_name("pod"),))),
+        state_unavailable="/run/guestagent is read-only",
     )
     unary = wire.report_pb(answer)
     streamed = wire.watch_update_pb(WatchUpdate(answer, WatchReason.INTERVAL))

@@ -2,6 +2,7 @@ import pytest
 
 from guestagent.errors import FailedPrecondition, KernelFormat, NotFound
 from guestagent.linux.cgroup.memory import parse_limit
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.linux.meminfo import parse_meminfo, read_report, system_memory_from
 from guestagent.linux.psi import PressureLine, parse_pressure
 from tests.fakes.root import MEMINFO, FakeRoot, make_fake_root
@@ -61,7 +62,7 @@ def test_pressure_rejects_malformed(text: str) -> None:
 
 def test_report_reads_system_psi_and_cgroups(fake_root: FakeRoot) -> None:
     fake_root.add_cgroup("pod/ctr", current=5 << 20, max_="268435456")
-    report = read_report(fake_root.fs, ("pod/ctr",))
+    report = read_report(fake_root.fs, (cgroup_name("pod/ctr"),))
     assert report.system.mem_total == 498764 * 1024
     assert report.system.swap_total == 1048572 * 1024
     assert report.pressure is not None and report.pressure.some.avg10 == 1.5
@@ -77,7 +78,7 @@ def test_report_reads_system_psi_and_cgroups(fake_root: FakeRoot) -> None:
 def test_missing_features_are_absent_not_zero(tmp_path) -> None:  # type: ignore[no-untyped-def]
     fake = make_fake_root(tmp_path, psi=False)
     fake.add_cgroup("c", swap=False, psi=False)
-    report = read_report(fake.fs, ("c",))
+    report = read_report(fake.fs, (cgroup_name("c"),))
     assert report.pressure is None
     assert report.cgroups[0].swap is None
     assert report.cgroups[0].pressure is None
@@ -86,10 +87,10 @@ def test_missing_features_are_absent_not_zero(tmp_path) -> None:  # type: ignore
 def test_missing_cgroup_is_not_found_and_checked_before_reading(fake_root: FakeRoot) -> None:
     fake_root.add_cgroup("present")
     with pytest.raises(NotFound, match="'absent'"):
-        read_report(fake_root.fs, ("present", "absent"))
+        read_report(fake_root.fs, (cgroup_name("present"), cgroup_name("absent")))
 
 
 def test_cgroup_without_memory_controller(fake_root: FakeRoot) -> None:
     (fake_root.root / "sys/fs/cgroup/nomem").mkdir()
     with pytest.raises(FailedPrecondition, match="subtree_control"):
-        read_report(fake_root.fs, ("nomem",))
+        read_report(fake_root.fs, (cgroup_name("nomem"),))

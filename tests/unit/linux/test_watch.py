@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.errors import InvalidArgument
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.linux.watch import (
     PressureTriggerSpec,
     Signal,
@@ -43,7 +44,7 @@ def test_parse_inotify_events_walks_names() -> None:
 
 async def test_memory_events_change_is_signalled(fake_root: FakeRoot) -> None:
     events = fake_root.add_cgroup("pod") / "memory.events"
-    with SignalHub(fake_root.fs).subscribe({"pod": str(events)}, None) as signals:
+    with SignalHub(fake_root.fs).subscribe({cgroup_name("pod"): str(events)}, None) as signals:
         events.write_text("oom 1\n")
         signal = await asyncio.wait_for(signals.queue.get(), timeout=5)
     assert signal == (Signal.MEMORY_EVENTS, "pod")

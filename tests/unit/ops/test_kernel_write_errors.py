@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from guestagent.errors import Aborted, FailedPrecondition
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.ops.compaction import Compactor
 from guestagent.ops.hotplug import OnlinePolicy, online_memory
 from guestagent.ops.reclaim import ReclaimSpec, reclaim
@@ -34,7 +35,7 @@ def test_reclaim(
     control.write_text("")
     failing_os_write(monkeypatch, number)
     with pytest.raises(expected) as raised:
-        reclaim(fake_root.fs, ReclaimSpec("c", 1 << 20))
+        reclaim(fake_root.fs, ReclaimSpec(cgroup_name("c"), 1 << 20))
     assert str(raised.value).startswith(f"write '1048576' to {control}: {errno.errorcode[number]}")
 
 
@@ -43,7 +44,7 @@ def test_reclaim_drop_caches(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatc
     fake_root.write("proc/sys/vm/drop_caches", "")
     failing_os_write(monkeypatch, errno.EACCES)
     with pytest.raises(FailedPrecondition, match=r"write '3' to .*drop_caches: EACCES"):
-        reclaim(fake_root.fs, ReclaimSpec("c", 1 << 20, drop_caches=3))
+        reclaim(fake_root.fs, ReclaimSpec(cgroup_name("c"), 1 << 20, drop_caches=3))
 
 
 async def test_compaction(fake_root: FakeRoot, monkeypatch: pytest.MonkeyPatch) -> None:

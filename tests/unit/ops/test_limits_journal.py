@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.errors import Aborted, FailedPrecondition
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.ops import limits, limits_journal
 from guestagent.ops.limits import (
     MemorySpec,
@@ -37,7 +38,7 @@ NEW = {
     "memory.low": str(16 * MIB),
 }
 JOURNAL = Journal(
-    "pod/ctr",
+    cgroup_name("pod/ctr"),
     (
         FileChange("memory.swap.max", "max", NEW["memory.swap.max"]),
         FileChange("memory.max", "max", NEW["memory.max"]),
@@ -74,8 +75,13 @@ def ctr(fake_root: FakeRoot) -> Path:
     "journal",
     [
         JOURNAL,
-        Journal("ctr", ()),
-        Journal("pod/new", (FileChange("memory.max", "max", "4096"),), ("pod", "pod/new"), ("",)),
+        Journal(cgroup_name("ctr"), ()),
+        Journal(
+            cgroup_name("pod/new"),
+            (FileChange("memory.max", "max", "4096"),),
+            (cgroup_name("pod"), cgroup_name("pod/new")),
+            ("",),
+        ),
     ],
 )
 def test_encode_decode_round_trip(journal: Journal) -> None:
@@ -93,19 +99,24 @@ def test_encode_decode_round_trip(journal: Journal) -> None:
             id="changes not a list",
         ),
         pytest.param(
-            encode(Journal("../etc", ())),
+            {**encode(Journal(cgroup_name("ctr"), ())), "cgroup": "../etc"},
             "'..' component",
             id="cgroup escapes",
         ),
         pytest.param(
-            encode(Journal("ctr", (FileChange("cgroup.procs", "1", "2"),))),
+            encode(Journal(cgroup_name("ctr"), (FileChange("cgroup.procs", "1", "2"),))),
             "'cgroup.procs' is not a memory limit file",
             id="other file",
         ),
         pytest.param(
-            encode(Journal("ctr", (), made=("/abs",))),
+            {**encode(Journal(cgroup_name("ctr"), ())), "made": ["/abs"]},
             "absolute",
             id="made absolute",
+        ),
+        pytest.param(
+            {**encode(Journal(cgroup_name("ctr"), ())), "enabled": ["", "a/./b"]},
+            "'.' component",
+            id="enabled escapes",
         ),
         pytest.param(
             {"version": 1, "cgroup": 7, "changes": [], "made": [], "enabled": []},
@@ -159,7 +170,7 @@ def test_journal_is_written_before_the_first_write_and_removed_after(
         proceed(value)
 
     fake_root.kernel.on("write", look)
-    apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
+    apply_memory_limits(fake_root.fs, SetLimitsSpec(cgroup_name("pod/ctr"), SPEC))
     assert seen == [JOURNAL] * 3
     assert not journal_path(fake_root).exists()
     assert limit_files(ctr) == NEW
@@ -180,14 +191,14 @@ def test_no_journal_when_nothing_changes(
 ) -> None:
     saves: list[Journal] = []
     monkeypatch.setattr(limits_journal, "save", lambda fs, journal: saves.append(journal))
-    apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", MemorySpec()))
+    apply_memory_limits(fake_root.fs, SetLimitsSpec(cgroup_name("pod/ctr"), MemorySpec()))
     assert saves == []
 
 
 def test_journal_removed_after_an_in_process_rollback(fake_root: FakeRoot, ctr: Path) -> None:
     fake_root.kernel.fail("write", "memory.low", errno.EACCES)
     with pytest.raises(Aborted, match=r"restored memory\.max to max"):
-        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec(cgroup_name("pod/ctr"), SPEC))
     assert not journal_path(fake_root).exists()
     assert limit_files(ctr) == OLD
 
@@ -195,7 +206,7 @@ def test_journal_removed_after_an_in_process_rollback(fake_root: FakeRoot, ctr: 
 def test_unwritable_journal_refuses_before_any_change(fake_root: FakeRoot, ctr: Path) -> None:
     fake_root.write("run/guestagent", "a file where the directory should be")
     with pytest.raises(FailedPrecondition) as raised:
-        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec(cgroup_name("pod/ctr"), SPEC))
     assert "cannot write the limits journal" in str(raised.value)
     assert "'pod/ctr'" in str(raised.value)
     assert limit_files(ctr) == OLD
@@ -210,7 +221,7 @@ def test_a_read_back_that_differs_is_rolled_back(fake_root: FakeRoot, ctr: Path)
 
     fake_root.kernel.on("write", meddle)
     with pytest.raises(Aborted) as raised:
-        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec(cgroup_name("pod/ctr"), SPEC))
     message = str(raised.value)
     assert f"memory.max of cgroup 'pod/ctr' reads back {32 * MIB} after writing {64 * MIB}" in (
         message
@@ -231,7 +242,7 @@ def test_an_unexpected_error_rolls_back_from_the_journal(
 
     monkeypatch.setattr(limits, "_read_back", broken)
     with caplog.at_level(logging.INFO), pytest.raises(RuntimeError):
-        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec(cgroup_name("pod/ctr"), SPEC))
     assert limit_files(ctr) == OLD
     assert not journal_path(fake_root).exists()
     assert len(events(caplog, "limits_rolled_back")) == 1
@@ -261,7 +272,7 @@ def test_a_kill_leaves_the_journal_and_the_next_start_rolls_back(
 ) -> None:
     kill_inside(fake_root, "memory.max")
     with pytest.raises(SimulatedKill):
-        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec(cgroup_name("pod/ctr"), SPEC))
     assert limit_files(ctr) == {**NEW, "memory.low": "0"}  # half applied
     assert limits_journal.load(fake_root.fs) == JOURNAL
 
@@ -285,7 +296,7 @@ def test_a_kill_while_creating_removes_what_was_made(
     fake_root.write("sys/fs/cgroup/cgroup.subtree_control", "cpu\n")
     kill_inside(fake_root, "memory.max")
     with pytest.raises(SimulatedKill):
-        apply_memory_limits(fake_root.fs, SetLimitsSpec("pod/ctr", SPEC, create=True))
+        apply_memory_limits(fake_root.fs, SetLimitsSpec(cgroup_name("pod/ctr"), SPEC, create=True))
     mount = fake_root.root / "sys/fs/cgroup"
     assert (mount / "pod/ctr").is_dir()
     # What the kernel shows after the "+memory" write the fake tree keeps as text.

@@ -1,5 +1,6 @@
 import os
 
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.linux.features import Absent
 from guestagent.linux.memblocks import block_size_bytes
 from guestagent.linux.swiotlb import DEBUGFS_SOURCE, Swiotlb
@@ -11,7 +12,7 @@ def test_overhead_figures(fake_root: FakeRoot) -> None:
     fake_root.add_memory_blocks({0: "online", 1: "online", 2: "online", 3: "online", 4: "offline"})
     fake_root.add_cgroup("pod", current=50 << 20)
     fake_root.write("proc/self/status", "Name:\tpython3\nVmRSS:\t   40960 kB\n")
-    overhead = guest_overhead(fake_root.fs, ("pod",))
+    overhead = guest_overhead(fake_root.fs, (cgroup_name("pod"),))
     assert block_size_bytes(fake_root.fs) == 128 << 20
     assert overhead.present == 4 * (128 << 20)
     assert overhead.mem_total == 498764 * 1024

@@ -4,6 +4,7 @@ import os
 import pytest
 
 from guestagent.errors import FailedPrecondition, InvalidArgument
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.ops.reclaim import ReclaimSpec, reclaim
 from tests.fakes.root import FakeRoot
 
@@ -14,13 +15,13 @@ from tests.fakes.root import FakeRoot
 def test_reclaim_refusals(fake_root: FakeRoot, bytes_: int, drop: int, reason: str) -> None:
     fake_root.add_cgroup("c")
     with pytest.raises(InvalidArgument, match=reason):
-        reclaim(fake_root.fs, ReclaimSpec("c", bytes_, drop))
+        reclaim(fake_root.fs, ReclaimSpec(cgroup_name("c"), bytes_, drop))
 
 
 def test_reclaim_writes_the_size_and_reports_current(fake_root: FakeRoot) -> None:
     directory = fake_root.add_cgroup("c", current=100)
     (directory / "memory.reclaim").write_text("")
-    result = reclaim(fake_root.fs, ReclaimSpec("c", 64 << 20))
+    result = reclaim(fake_root.fs, ReclaimSpec(cgroup_name("c"), 64 << 20))
     assert (directory / "memory.reclaim").read_text() == str(64 << 20)
     assert (result.current_before, result.complete) == (100, True)
 
@@ -33,10 +34,10 @@ def test_reclaim_eagain_is_partial(fake_root: FakeRoot, monkeypatch: pytest.Monk
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
     monkeypatch.setattr(os, "write", eagain)
-    assert not reclaim(fake_root.fs, ReclaimSpec("c", 1 << 20)).complete
+    assert not reclaim(fake_root.fs, ReclaimSpec(cgroup_name("c"), 1 << 20)).complete
 
 
 def test_reclaim_needs_a_new_kernel(fake_root: FakeRoot) -> None:
     fake_root.add_cgroup("c")
     with pytest.raises(FailedPrecondition, match=r"5\.19"):
-        reclaim(fake_root.fs, ReclaimSpec("c", 1 << 20))
+        reclaim(fake_root.fs, ReclaimSpec(cgroup_name("c"), 1 << 20))

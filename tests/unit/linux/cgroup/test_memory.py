@@ -13,6 +13,7 @@ from guestagent.linux.cgroup.memory import (
     memory_stat_from,
     same_limit,
 )
+from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.keyed import parse_flat_keyed
 from guestagent.linux.vmstat import vmstat_from
@@ -61,7 +62,7 @@ def handle(fake_root: FakeRoot, **files: str) -> MemoryCgroup:
     fake_root.add_cgroup("pod")
     for name, text in files.items():
         fake_root.write(f"sys/fs/cgroup/pod/{name.replace('_', '.')}", text)
-    return Kernel(fake_root.root).cgroup("pod")
+    return Kernel(fake_root.root).cgroup(cgroup_name("pod"))
 
 
 @pytest.mark.parametrize(
@@ -98,7 +99,7 @@ def test_a_bad_value_names_the_file_and_the_text(fake_root: FakeRoot) -> None:
 
 def test_without_swap_accounting_nothing_is_barred(fake_root: FakeRoot) -> None:
     fake_root.add_cgroup("pod", swap=False)
-    memory = Kernel(fake_root.root).cgroup("pod")
+    memory = Kernel(fake_root.root).cgroup(cgroup_name("pod"))
     assert (memory.swap(), memory.swap_barred()) == (None, False)
     fake_root.write("sys/fs/cgroup/pod/memory.swap.max", "0\n")
     assert memory.swap_barred()
