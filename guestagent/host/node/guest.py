@@ -43,8 +43,8 @@ from guestagent.host.streams import Reopening, Watchdog, quiet_limit
 from guestagent.host.vmm.base import Vmm, VmmError
 from guestagent.host.vmm.connect import open_vmm
 from guestagent.jsonlog import EventLog
+from guestagent.linux.cgroup.process_memory import CgroupMemoryUse, read_cgroup_memory
 from guestagent.linux.fs import KernelFS
-from guestagent.linux.process_cgroup import CgroupMemoryUse, read_cgroup_memory
 from guestagent.v1 import agent_pb2 as pb
 
 log = EventLog("guestagent.node")

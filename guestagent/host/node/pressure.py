@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from guestagent.host.display import mib
 from guestagent.host.node.config import Host
+from guestagent.linux.cgroup.process_memory import CgroupMemoryUse
 from guestagent.linux.fs import KernelFS
 from guestagent.linux.meminfo import read_system_memory, read_system_pressure
-from guestagent.linux.process_cgroup import CgroupMemoryUse
 
 
 @dataclass(frozen=True)

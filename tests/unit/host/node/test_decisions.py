@@ -10,7 +10,7 @@ from guestagent.host.node.config import Host, NodePolicy
 from guestagent.host.node.guest import HeadroomKnob, retry_delay, setup_plan
 from guestagent.host.node.pressure import Headroom, HostMemory, headroom, host_short
 from guestagent.host.node.sandboxes import DECLARED, Balloon, Sandbox, Vmm
-from guestagent.linux.process_cgroup import CgroupMemoryUse
+from guestagent.linux.cgroup.process_memory import CgroupMemoryUse
 from guestagent.sizes import GIB, MIB
 from guestagent.v1 import agent_pb2 as pb
 

@@ -10,7 +10,7 @@ from guestagent.host.node.guest import GuestView, Phase
 from guestagent.host.node.metrics import node_families
 from guestagent.host.node.pressure import Headroom, HostMemory
 from guestagent.host.node.sandboxes import DECLARED, KATA_GO, Balloon, Sandbox, Vmm
-from guestagent.linux.process_cgroup import CgroupMemoryUse
+from guestagent.linux.cgroup.process_memory import CgroupMemoryUse
 from guestagent.sizes import GIB, MIB
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from guestagent.errors import KernelFormat
-from guestagent.linux.process_cgroup import (
+from guestagent.linux.cgroup.process_memory import (
     CgroupMemoryUse,
     parse_unified_cgroup,
     read_cgroup_memory,
