@@ -488,8 +488,8 @@ def code_rows(text: str) -> list[str]:
     return re.findall(r"^\| `([A-Z_]+)` \| [a-z]", text, re.MULTILINE)
 
 
-def test_the_readme_and_the_contract_list_the_same_codes_as_the_table() -> None:
+def test_the_contract_lists_the_codes_of_the_table_and_the_readme_points_there() -> None:
+    """The README is short: it sends a reader to the contract's table of codes."""
     contract = code_rows((ROOT / "docs" / "contract.md").read_text())
-    readme = code_rows((ROOT / "README.md").read_text())
-    assert readme == contract
     assert set(contract) == {code.name for code in STATUS_BY_ERROR.values()}
+    assert "docs/contract.md" in (ROOT / "README.md").read_text()
