@@ -44,6 +44,7 @@ from guestagent.ops.workingset.status import (
     ReclaimOverview,
     ReclaimPolicyRequest,
     TargetStatus,
+    WorkloadReclaimRequest,
 )
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.v1 import agent_pb2_grpc as pb_grpc
@@ -270,7 +271,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)
     async def SetReclaimPolicy(
         self,
-        request: ReclaimPolicyRequest,
+        request: ReclaimPolicyRequest | WorkloadReclaimRequest,
         context: Context[pb.SetReclaimPolicyRequest, pb.ReclaimTargetStatus],
     ) -> TargetStatus:
         return await asyncio.to_thread(lambda: self.reclaimer().set_policy(request))

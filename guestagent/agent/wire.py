@@ -23,7 +23,7 @@ from guestagent.agent.watch_stream import (
     WatchUpdate,
     watch_spec,
 )
-from guestagent.errors import InvalidArgument
+from guestagent.errors import InvalidArgument, quoted
 from guestagent.linux.cgroup.memory import CgroupMemory, MemoryEvents
 from guestagent.linux.cgroup.name import CgroupName, cgroup_name
 from guestagent.linux.confidential import Confidential
@@ -58,6 +58,7 @@ from guestagent.ops.workingset.status import (
     ReclaimOverview,
     ReclaimPolicyRequest,
     TargetStatus,
+    WorkloadReclaimRequest,
 )
 from guestagent.v1 import agent_pb2 as pb
 
@@ -338,12 +339,20 @@ def reclaim_policy_from_pb(message: pb.ReclaimPolicy) -> ReclaimPolicy:
     return ReclaimPolicy(**set_fields(message, ReclaimPolicy))
 
 
-def reclaim_policy_request_from_pb(request: pb.SetReclaimPolicyRequest) -> ReclaimPolicyRequest:
-    return ReclaimPolicyRequest(
-        cgroup_name(request.cgroup),
-        request.enabled,
-        reclaim_policy_from_pb(request.policy),
-    )
+def reclaim_policy_request_from_pb(
+    request: pb.SetReclaimPolicyRequest,
+) -> ReclaimPolicyRequest | WorkloadReclaimRequest:
+    """One cgroup's policy, or with `workloads` the workloads' (then no cgroup)."""
+    policy = reclaim_policy_from_pb(request.policy)
+    if not request.workloads:
+        return ReclaimPolicyRequest(cgroup_name(request.cgroup), request.enabled, policy)
+    if request.cgroup:
+        raise InvalidArgument(
+            f"cgroup {quoted(request.cgroup)} and workloads both name what to reclaim; give one",
+            "INVALID_REQUEST",
+            field="cgroup",
+        )
+    return WorkloadReclaimRequest(request.enabled, policy)
 
 
 declare(SwapArea, pb.SwapArea, by_hand={"discard": ("discard", DISCARD_TO_PB.get)})

@@ -136,8 +136,9 @@ def vmstat_text(vmstat: pb.VmStat) -> str:
 def reclaim_target_text(target: pb.ReclaimTargetStatus) -> str:
     state = pb.ReclaimState.Name(target.state).removeprefix("RECLAIM_STATE_").lower()
     policy = target.policy
+    what = target.cgroup or "workloads"  # The workloads policy names no cgroup.
     return (
-        f"reclaim {target.cgroup}: {state} ({target.reason})\n"
+        f"reclaim {what}: {state} ({target.reason})\n"
         f"  reclaimed {mib(target.reclaimed_total_bytes)} in total, "
         f"{mib(target.reclaimed_last_bytes)} last interval; stall {target.last_stall_us} us, "
         f"refaults {mib(target.last_refault_bytes)}; memory {mib(target.current_bytes)}, "

@@ -15,8 +15,9 @@ from guestagent.ops.idle import NOT_AGED, IdleState
 from guestagent.records import record
 
 # 1: the contract before GetAgentInfo. 2: GetAgentInfo, refusal reasons (ErrorInfo), watch
-# streams that report a removed cgroup and go on.
-CONTRACT_REVISION = 3
+# streams that report a removed cgroup and go on. 3: every stream message is GetMemoryInfo's
+# report. 4: SetReclaimPolicy's workloads (docs/contract.md lists each).
+CONTRACT_REVISION = 4
 
 
 @record

@@ -80,3 +80,26 @@ def test_guestctl_reclaim_on_status_off(agent: AgentProcess) -> None:
     assert "disabled (turned off)" in off.stdout
     missing = guestctl("--target", agent.unix_target, "reclaim", "now", "--cgroup", "pod/ctr")
     assert missing.returncode == 2 and "--bytes" in missing.stderr
+
+
+def test_the_workloads_policy_through_the_daemon(fake_root: FakeRoot, agent: AgentProcess) -> None:
+    """Contract revision 4: the agent finds the workloads itself (the fake tree's one top-level
+    cgroup, "pod"), and a request naming a cgroup too is refused naming it."""
+    fake_root.add_cgroup("pod")
+    (fake_root.root / "sys/fs/cgroup/pod/memory.reclaim").write_text("")
+    with AgentClient(agent.unix_target) as client:
+        assert client.agent_info().contract_revision == 4
+        on = client.set_workload_reclaim(True)
+        assert on.cgroup == "" and on.enabled and "workloads: pod " in on.reason, on
+        assert [t.cgroup for t in client.reclaim_status().targets] == ["pod"]
+        with pytest.raises(grpc.RpcError) as caught:
+            client.stub.SetReclaimPolicy(
+                pb.SetReclaimPolicyRequest(cgroup="pod", workloads=True, enabled=True)
+            )
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        said = caught.value.details() or ""
+        assert "cgroup 'pod' and workloads both name what to reclaim" in said
+        off = client.set_workload_reclaim(False)
+        assert not off.enabled and list(client.reclaim_status().targets) == []
+    workloads = guestctl("--target", agent.unix_target, "reclaim", "on", "--workloads")
+    assert workloads.returncode == 0 and "workloads: pod" in workloads.stdout, workloads

@@ -207,8 +207,18 @@ def _reclaim_now(client: AgentClient, args: argparse.Namespace) -> str:
     return shown(args, result, functools.partial(reclaim_text, args.cgroup))
 
 
+def _reclaim_target_arguments(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--cgroup", help="cgroup path below the cgroup2 mount")
+    which.add_argument(
+        "--workloads",
+        action="store_true",
+        help="every cgroup the agent takes for a workload, now and as they come (contract 4)",
+    )
+
+
 def _reclaim_on_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cgroup", required=True, help="cgroup path below the cgroup2 mount")
+    _reclaim_target_arguments(parser)
     parser.add_argument("--interval-ms", type=int, help="how often the reclaimer steps")
     parser.add_argument("--stall-target-us", type=int, help="memory.pressure stall per interval")
     parser.add_argument("--max-step-fraction", type=float, help="of memory.current")
@@ -226,14 +236,14 @@ def _reclaim_on(client: AgentClient, args: argparse.Namespace) -> str:
         policy.refault_guard_fraction = args.refault_guard
     if args.anon:
         policy.anon = True
+    if args.workloads:
+        return shown(args, client.set_workload_reclaim(True, policy), reclaim_target_text)
     return shown(args, client.set_reclaim_policy(args.cgroup, True, policy), reclaim_target_text)
 
 
-def _cgroup_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cgroup", required=True, help="cgroup path below the cgroup2 mount")
-
-
 def _reclaim_off(client: AgentClient, args: argparse.Namespace) -> str:
+    if args.workloads:
+        return shown(args, client.set_workload_reclaim(False), reclaim_target_text)
     target = client.set_reclaim_policy(args.cgroup, False, pb.ReclaimPolicy())
     return shown(args, target, reclaim_target_text)
 
@@ -328,7 +338,9 @@ COMMANDS: dict[str, Command] = {
         remote(_reclaim_on),
     ),
     "reclaim off": Command(
-        "turn the working-set reclaimer off for a cgroup", _cgroup_argument, remote(_reclaim_off)
+        "turn the working-set reclaimer off for a cgroup",
+        _reclaim_target_arguments,
+        remote(_reclaim_off),
     ),
     "reclaim status": Command(
         "the working-set reclaimer's targets and compaction",

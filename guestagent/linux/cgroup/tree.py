@@ -162,3 +162,13 @@ def read_mount_facts(fs: KernelFS) -> tuple[str | None, bool]:
     mount = fs.cgroup_root
     controllers = fs.read_optional(os.path.join(mount, "cgroup.controllers"))
     return controllers, fs.exists(os.path.join(mount, "cgroup.type"))
+
+
+def top_level_cgroups(fs: KernelFS) -> tuple[str, ...]:
+    """The cgroups right below the mount that the memory controller reaches (their
+    memory.current exists), by name."""
+    return tuple(
+        name
+        for name in fs.subdirectories(fs.cgroup_root)
+        if fs.exists(os.path.join(fs.cgroup_root, name, "memory.current"))
+    )

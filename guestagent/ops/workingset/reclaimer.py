@@ -23,6 +23,8 @@ from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
 from guestagent.linux.cgroup.memory import MemoryCgroup
 from guestagent.linux.cgroup.name import CgroupName, cgroup_name
+from guestagent.linux.cgroup.procs import read_own_cgroup
+from guestagent.linux.cgroup.tree import top_level_cgroups
 from guestagent.linux.delayacct import DELAYACCT_STALL, PSI_STALL, DelayStallMeter
 from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
 from guestagent.linux.kernel import Kernel
@@ -49,12 +51,19 @@ from guestagent.ops.workingset.status import (
     ReclaimOverview,
     ReclaimPolicyRequest,
     TargetStatus,
+    WorkloadReclaimRequest,
     no_reclaim_policy,
 )
+from guestagent.ops.workingset.workloads import workload_cgroups
 from guestagent.ops.workingset.writer import StepWriter, WriteReclaim
 from guestagent.records import record
 
 log = EventLog("guestagent.ops.workingset")
+# The workloads policy's key among the saved policies: the empty name, which no cgroup has.
+WORKLOADS_KEY = ""
+# How often the workloads are looked for again while that policy is on: a container that
+# starts is reclaimed from within this.
+WORKLOAD_SCAN_SECONDS = 2.0
 
 
 @record
@@ -128,13 +137,20 @@ _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def decode_policies(value: object) -> dict[CgroupName, tuple[bool, ReclaimPolicy]]:
-    """The saved policies by canonical cgroup name; TypeError or an AgentError for a value
-    that is not what _save_locked writes (the loader then moves the file aside)."""
+@record
+class SavedPolicies:
+    targets: dict[CgroupName, tuple[bool, ReclaimPolicy]]
+    workloads: tuple[bool, ReclaimPolicy] | None = None
+
+
+def decode_policies(value: object) -> SavedPolicies:
+    """The saved policies by canonical cgroup name, and the workloads policy; TypeError or an
+    AgentError for a value that is not what _save_locked writes (the loader then moves the
+    file aside)."""
     if not isinstance(value, dict):
         raise TypeError(f"policies are {type(value).__name__}, not an object")
     fields = {f.name: f.type for f in dataclasses.fields(ReclaimPolicy)}
-    decoded: dict[CgroupName, tuple[bool, ReclaimPolicy]] = {}
+    decoded: dict[str, tuple[bool, ReclaimPolicy]] = {}
     for cgroup, entry in value.items():
         if not isinstance(entry, dict) or set(entry) != {"enabled", "policy"}:
             raise TypeError(f"entry for {quoted(str(cgroup))} is not enabled and policy")
@@ -151,8 +167,10 @@ def decode_policies(value: object) -> dict[CgroupName, tuple[bool, ReclaimPolicy
                 text != "bool" and isinstance(given[name], bool)
             ):
                 raise TypeError(f"{name} of {quoted(str(cgroup))} is not a {text}")
-        decoded[cgroup_name(cgroup)] = (enabled, validate_policy(ReclaimPolicy(**given)))
-    return decoded
+        name = WORKLOADS_KEY if cgroup == WORKLOADS_KEY else cgroup_name(cgroup)
+        decoded[name] = (enabled, validate_policy(ReclaimPolicy(**given)))
+    workloads = decoded.pop(WORKLOADS_KEY, None)
+    return SavedPolicies({cgroup_name(k): v for k, v in decoded.items()}, workloads)
 
 
 class Reclaimer:
@@ -178,10 +196,28 @@ class Reclaimer:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
+        # The workloads policy (enabled, policy), the targets it made, those it was refused
+        # (said once), and when the workloads were last looked for.
+        self._workloads: tuple[bool, ReclaimPolicy] | None = None
+        self._from_workloads: set[CgroupName] = set()
+        self._refused_workloads: set[CgroupName] = set()
+        self._workloads_scanned_at = float("-inf")
 
     # The host's side: policies and status.
 
-    def set_policy(self, request: ReclaimPolicyRequest, persist: bool = True) -> TargetStatus:
+    def set_policy(
+        self, request: ReclaimPolicyRequest | WorkloadReclaimRequest, persist: bool = True
+    ) -> TargetStatus:
+        """A cgroup's policy (a host's explicit one wins over the workloads policy for that
+        cgroup), or the workloads policy."""
+        if isinstance(request, WorkloadReclaimRequest):
+            return self._set_workloads(request, persist)
+        status = self._apply(request, persist)
+        with self._lock:
+            self._from_workloads.discard(request.cgroup)
+        return status
+
+    def _apply(self, request: ReclaimPolicyRequest, persist: bool) -> TargetStatus:
         cgroup, enabled, policy = request.cgroup, request.enabled, request.policy
         validate_policy(policy)
         memory = self.kernel.cgroup(cgroup)
@@ -224,14 +260,84 @@ class Reclaimer:
         """Refuse what cannot run; return its stall source and the features it runs without."""
         memory.require_reclaim()
         source = self._stall_source(memory.directory)
+        self._check_swap(policy)
+        mglru = read_mglru_absence(self.kernel)
+        return source, (mglru,) if mglru is not None else ()
+
+    def _check_swap(self, policy: ReclaimPolicy) -> None:
         if policy.anon and not active_swaps(self.kernel):
             raise FailedPrecondition(
                 "anon reclaim asked with no active swap area (/proc/swaps lists none): "
                 "enable swap first, or leave anon off",
                 "NO_ACTIVE_SWAP",
             )
-        mglru = read_mglru_absence(self.kernel)
-        return source, (mglru,) if mglru is not None else ()
+
+    def _set_workloads(self, request: WorkloadReclaimRequest, persist: bool) -> TargetStatus:
+        """The workloads policy, saved first as a cgroup's is; its targets follow at once and
+        as workloads come (run_due)."""
+        enabled, policy = request.enabled, request.policy
+        validate_policy(policy)
+        if enabled:
+            self._check_swap(policy)
+        with self._lock:
+            if persist:
+                saved = self._saved_locked()
+                self._save_locked({**saved, WORKLOADS_KEY: _saved(enabled, policy)})
+            self._workloads = (enabled, policy)
+            self._refused_workloads.clear()
+        names = self._sync_workloads()
+        log.info("reclaim_workloads", enabled=enabled, cgroups=list(names), **asdict(policy))
+        if enabled:
+            self._run_thread()
+        self._wake.set()
+        found = ", ".join(names) or "none yet"
+        why = (
+            f"on for the guest's workloads: {found} (looked for every {WORKLOAD_SCAN_SECONDS:g} s)"
+            if enabled
+            else "turned off for the guest's workloads"
+        )
+        mode = Mode.PROBING if enabled else Mode.DISABLED
+        return TargetStatus("", enabled, policy, mode, why, 0, 0, 0, 0, 0, 0, 0)
+
+    def _sync_workloads(self) -> tuple[CgroupName, ...]:
+        """Bring the workload targets in line with the workloads policy and the cgroups there
+        are now; the workload cgroups under it."""
+        self._workloads_scanned_at = self._clock()
+        with self._lock:
+            workloads = self._workloads
+            made = set(self._from_workloads)
+            explicit = {n for n in self._targets if n not in made}
+        if workloads is None:
+            return ()
+        enabled, policy = workloads
+        if not enabled:
+            for name in made:
+                with self._lock:
+                    target = self._targets.get(name)
+                if target is not None:
+                    self._drop(target, "the workloads policy was turned off")
+            return ()
+        try:
+            names = workload_cgroups(top_level_cgroups(self.kernel), read_own_cgroup(self.kernel))
+        except AgentError as e:
+            log.warning("reclaim_workloads_unread", error=str(e))
+            return tuple(sorted(made))
+        for name in names:
+            with self._lock:
+                target = self._targets.get(name)
+            if name in explicit or (target is not None and target.policy == policy):
+                continue
+            try:
+                self._apply(ReclaimPolicyRequest(name, True, policy), persist=False)
+            except AgentError as e:
+                if name not in self._refused_workloads:
+                    self._refused_workloads.add(name)
+                    log.warning("reclaim_workload_refused", cgroup=name, error=str(e))
+                continue
+            with self._lock:
+                self._from_workloads.add(name)
+        with self._lock:
+            return tuple(sorted(self._from_workloads))
 
     def _stall_source(self, directory: str) -> str:
         """PSI where the cgroup has it (unless delay accounting is preferred), else delay
@@ -289,7 +395,8 @@ class Reclaimer:
             except AgentError as e:
                 log.warning("reclaim_initial_refused", cgroup=given, error=str(e))
         self._started = True
-        if any(target.enabled for target in self._targets.values()):
+        workloads_on = self._workloads is not None and self._workloads[0]
+        if workloads_on or any(target.enabled for target in self._targets.values()):
             self._run_thread()
 
     def _run_thread(self) -> None:
@@ -308,19 +415,33 @@ class Reclaimer:
             self._thread.join(timeout=30)
 
     def _saved_locked(self) -> dict[str, dict[str, object]]:
-        return {name: _saved(t.enabled, t.policy) for name, t in self._targets.items()}
+        """The policies to save: each a host set for a cgroup, and the workloads policy (the
+        targets it made are made again from it)."""
+        saved: dict[str, dict[str, object]] = {
+            name: _saved(t.enabled, t.policy)
+            for name, t in self._targets.items()
+            if name not in self._from_workloads
+        }
+        if self._workloads is not None:
+            saved[WORKLOADS_KEY] = _saved(*self._workloads)
+        return saved
 
     def _save_locked(self, state: dict[str, dict[str, object]] | None = None) -> None:
         state = self._saved_locked() if state is None else state
         self._store.save_or_remove(dict(sorted(state.items())))
 
     def _load(self) -> None:
-        saved = self._store.load_valid(decode_policies) or {}
-        for cgroup, (enabled, policy) in saved.items():
+        saved = self._store.load_valid(decode_policies) or SavedPolicies({})
+        for cgroup, (enabled, policy) in saved.targets.items():
             try:
                 self.set_policy(ReclaimPolicyRequest(cgroup, enabled, policy), persist=False)
             except AgentError as e:
                 log.warning("reclaim_policy_dropped", cgroup=cgroup, error=str(e))
+        if saved.workloads is not None:
+            try:
+                self.set_policy(WorkloadReclaimRequest(*saved.workloads), persist=False)
+            except AgentError as e:
+                log.warning("reclaim_policy_dropped", cgroup=WORKLOADS_KEY, error=str(e))
         with self._lock:
             try:
                 self._save_locked()
@@ -344,6 +465,9 @@ class Reclaimer:
         """Serve every due target once; return the seconds until the next is due (None: none
         is on, sleep until a policy changes)."""
         now = self._clock()
+        workloads_on = self._workloads is not None and self._workloads[0]
+        if workloads_on and now - self._workloads_scanned_at >= WORKLOAD_SCAN_SECONDS:
+            self._sync_workloads()
         with self._lock:
             due = [t for t in self._targets.values() if t.enabled and t.due <= now]
         for target in due:
@@ -356,6 +480,8 @@ class Reclaimer:
             self._compaction.maybe_compact([t.policy for t in on], any(t.state.stepped for t in on))
         with self._lock:
             times = [t.due for t in self._targets.values() if t.enabled]
+        if workloads_on:
+            times.append(self._workloads_scanned_at + WORKLOAD_SCAN_SECONDS)
         if not times:
             return None
         return max(0.0, min(times) - self._clock())
@@ -451,5 +577,6 @@ class Reclaimer:
         with self._lock:
             if self._targets.get(target.cgroup) is target:
                 del self._targets[target.cgroup]
+                self._from_workloads.discard(target.cgroup)
                 self._save_locked()
         log.info("reclaim_target_dropped", cgroup=target.cgroup, reason=why)

@@ -34,6 +34,15 @@ class ReclaimPolicyRequest:
 
 
 @record
+class WorkloadReclaimRequest:
+    """SetReclaimPolicy with `workloads`: the reclaimer on or off, with a policy, for every
+    cgroup the agent takes for a workload, now and as they come (workloads.py)."""
+
+    enabled: bool
+    policy: ReclaimPolicy = field(default_factory=ReclaimPolicy)
+
+
+@record
 class TargetStatus:
     cgroup: str
     enabled: bool

@@ -25,7 +25,7 @@ async def test_it_names_every_feature_with_why_when_absent(fake_root: FakeRoot) 
     info = await ask(fake_root)
     assert (info.version, info.contract_revision, info.error_domain) == (
         __version__,
-        3,
+        4,
         "guestagent",
     )
     features = {f.name: f for f in info.features}

@@ -25,6 +25,7 @@ from guestagent.ops.swap_area import (
     SwapArea,
     SwapEncryption,
 )
+from guestagent.ops.workingset.status import ReclaimPolicyRequest, WorkloadReclaimRequest
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 
@@ -37,6 +38,12 @@ def test_memory_info_reclaim_status_and_overhead_requests_name_cgroups() -> None
 
 
 # Every request that names cgroups: the names its decoder gives the operation for one name.
+def one_cgroups_policy(request: pb.SetReclaimPolicyRequest) -> str:
+    decoded = wire.reclaim_policy_request_from_pb(request)
+    assert isinstance(decoded, ReclaimPolicyRequest)
+    return decoded.cgroup
+
+
 DECODED_NAMES: dict[str, Callable[[str], tuple[str, ...]]] = {
     "SetMemoryLimits": lambda name: (
         wire.set_limits_spec_from_pb(
@@ -46,9 +53,7 @@ DECODED_NAMES: dict[str, Callable[[str], tuple[str, ...]]] = {
     "Reclaim": lambda name: (
         wire.reclaim_spec_from_pb(pb.ReclaimRequest(cgroup=name, bytes=1)).cgroup,
     ),
-    "SetReclaimPolicy": lambda name: (
-        wire.reclaim_policy_request_from_pb(pb.SetReclaimPolicyRequest(cgroup=name)).cgroup,
-    ),
+    "SetReclaimPolicy": lambda name: (one_cgroups_policy(pb.SetReclaimPolicyRequest(cgroup=name)),),
     "GetMemoryInfo": lambda name: (
         wire.memory_info_from_pb(pb.GetMemoryInfoRequest(cgroups=[name])).cgroups
     ),
@@ -358,3 +363,15 @@ def test_the_stream_carries_what_the_unary_call_carries(fake_root: FakeRoot) -> 
     assert streamed.state_unavailable == "/run/guestagent is read-only"
     streamed.ClearField("reason")
     assert streamed == unary
+
+
+def test_the_workloads_policy_names_no_cgroup() -> None:
+    decoded = wire.reclaim_policy_request_from_pb(
+        pb.SetReclaimPolicyRequest(workloads=True, enabled=True)
+    )
+    assert decoded == WorkloadReclaimRequest(True)
+    with pytest.raises(InvalidArgument, match="cgroup 'pod' and workloads both") as refused:
+        wire.reclaim_policy_request_from_pb(
+            pb.SetReclaimPolicyRequest(cgroup="pod", workloads=True)
+        )
+    assert refused.value.field == "cgroup"

@@ -56,7 +56,7 @@ def test_arguments(argv: list[str], expected: dict[str, object]) -> None:
         (["limits", "--cgroup", "a", "--limit", "12X"], "size '12X' is not"),
         (["reclaim", "now", "--cgroup", "a", "--bytes", "-1"], "size '-1' is negative"),
         (["reclaim", "now", "--cgroup", "a"], "the following arguments are required: --bytes"),
-        (["reclaim", "on"], "the following arguments are required: --cgroup"),
+        (["reclaim", "on"], "one of the arguments --cgroup --workloads is required"),
         (["reclaim", "off", "--cgroup", "a", "--cgroup", "b", "x"], "unrecognized arguments: x"),
         (["reclaim", "sideways"], "invalid choice: 'sideways'"),
         (["plan", "--pod-limit", "1G", "--container", "limit=1.5G"], "size '1.5G' is not"),
