@@ -106,13 +106,18 @@ def _metrics_server(listen: str) -> ServeMetrics:
 
     from guestagent.host.metrics.exporter import FamiliesCollector
     from guestagent.host.metrics.server import serve_in_background
+    from guestagent.jsonlog import EventLog
 
     def serve(build: Families) -> Callable[[], None]:
         if not listen:
             return lambda: None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(FamiliesCollector(build))
-        server = serve_in_background(listen_address(listen), registry)
+
+        def announce(url: str, what: str) -> None:  # A JSON line, as every other of the node.
+            EventLog("guestagent.node").info("metrics_serving", url=url)
+
+        server = serve_in_background(listen_address(listen), registry, announce)
 
         def stop() -> None:
             server.shutdown()
