@@ -188,11 +188,12 @@ NODE = TreeSpec(
         "guestagent.host.vmm.connect",
         "prometheus_client",
     ),
-    # Never on a node: the guest's daemon and its layers, the VM harness and this build.
+    # Never on a node: the guest's daemon, its operations and its state, the VM harness and
+    # this build.
     forbidden=(
         "guestagent.agent",
         "guestagent.ops",
-        "guestagent.statestore",
+        "guestagent.linux.statestore",
         "guestagent.vm",
         "guestagent.build",
     ),
