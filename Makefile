@@ -13,9 +13,10 @@ MACHINE := $(if $(filter arm64 aarch64,$(ARCH)),aarch64,x86_64)
 IMAGE_BUILD := image/build$(if $(filter aarch64,$(MACHINE)),/arm64)
 BUNDLE := dist/guestagent-bundle-$(VERSION)-$(MACHINE).tar.xz
 EXTENSION := dist/guestagent-extension-$(VERSION)-$(MACHINE)
+NODE := dist/guestagent-node-$(VERSION)-$(MACHINE)
 
 .PHONY: setup protos test unit vm vm-stress run bench lint image image-arm64 bundle extension \
-	wheel clean
+	node-bundle node-image wheel clean
 
 setup: $(STAMP)
 
@@ -49,6 +50,18 @@ bundle: $(WHEEL_STAMP)
 	$(MAKE) -C image bundle WHEEL=$(abspath $(wildcard dist/guestagent-*.whl)) ARCH=$(ARCH)
 	cp $(IMAGE_BUILD)/guestagent-bundle.tar.xz $(BUNDLE)
 
+# The node daemon for a host: its own runtime, a systemd unit and the policy's defaults
+# (docs/node.md).
+node-bundle: $(WHEEL_STAMP)
+	$(MAKE) -C image node-bundle WHEEL=$(abspath $(wildcard dist/guestagent-*.whl)) ARCH=$(ARCH)
+	cp $(IMAGE_BUILD)/guestagent-node.tar.xz $(NODE).tar.xz
+
+# The node daemon for a cluster: an OCI image archive of the same tree, for
+# image/node/daemonset.yaml (docs/node.md).
+node-image: $(WHEEL_STAMP)
+	$(MAKE) -C image node-image WHEEL=$(abspath $(wildcard dist/guestagent-*.whl)) ARCH=$(ARCH)
+	cp $(IMAGE_BUILD)/guestagent-node.oci $(NODE).oci
+
 # The Kata guest extension image, its verity params and the runtime's configuration entry
 # (docs/kata-extension.md).
 extension: $(WHEEL_STAMP)
@@ -59,13 +72,13 @@ extension: $(WHEEL_STAMP)
 	$(PY) -m guestagent.build.extension snippet $(abspath $(EXTENSION).img)
 
 # The README's test command: unit, integration and VM tests, the VM ones required, the VM
-# files in TEST_LANES parallel lanes (tests/run.py says why that is safe). The images build
-# in a lane of their own, beside the tests that need no guest; the wheel first, as its build
-# writes the protobuf modules those tests import.
+# files in TEST_LANES parallel lanes (tests/run.py says why that is safe). The images (the
+# guests' and the node daemon's) build in a lane of their own, beside the tests that need no
+# guest; the wheel first, as its build writes the protobuf modules those tests import.
 TEST_LANES ?= 2
 test: $(WHEEL_STAMP)
 	GUESTAGENT_VM_TESTS=required $(PY) -m tests.run --lanes $(TEST_LANES) \
-		--build '$(MAKE) --no-print-directory image image-arm64'
+		--build '$(MAKE) --no-print-directory image image-arm64 node-image'
 
 # The quick loop: the slow fuzz tests run in `make test`.
 unit: $(STAMP)

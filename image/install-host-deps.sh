@@ -6,9 +6,12 @@ packages="make qemu-system-x86 qemu-utils mmdebstrap debian-archive-keyring e2fs
     kmod busybox-static python3 python3-pip python3-venv apt coreutils patchelf xz-utils binutils
     erofs-utils cryptsetup-bin fdisk qemu-system-arm qemu-user-static arch-test
     golang-go protobuf-compiler protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev
-    golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev golang-google-genproto-dev"
+    golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev golang-google-genproto-dev
+    umoci podman runc"
 # The Go packages build the Go client test (tests/go) from Debian's sources alone: no module
 # downloads, as a runtime author's CI without a proxy would.
+# umoci builds the node daemon's OCI image from its tree (no base image, no registry); podman
+# runs it in tests/integration/test_node_image.py, under runc, as a cluster's containerd does.
 # The arm64 build takes its runtime, kernel and guest root from Debian's arm64 packages.
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     dpkg --add-architecture arm64

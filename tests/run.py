@@ -6,9 +6,10 @@ vm-stress`). Files that boot their own guest (a module-level `vm` fixture) run o
 each; the files sharing the session guest run together, so it still boots once. Items start
 longest first, by the wall times in tests/vm/durations.json, so the lanes end together.
 
-With --build, the guest images build in one lane while the tests that need neither a guest
-nor the bundle run in the other (on a clean clone the build took two minutes, mostly on one
-core); the other runs start once it has succeeded, and are reported not run if it failed.
+With --build, the guest images (and the node daemon's) build in one lane while the tests that
+need neither a guest nor a built artifact run in the other (on a clean clone the guests' build
+took two minutes, mostly on one core); the other runs start once it has succeeded, and are
+reported not run if it failed.
 The command must not write the source tree (`make test` builds the wheel, which regenerates
 the protobuf modules in it, before).
 """
@@ -36,8 +37,11 @@ DURATIONS = VM_TESTS / "durations.json"
 NOT_VM = "unit, integration, hostile"
 SHARED_GUEST = "the shared guest"
 BUILD = "the guest images"
-# The integration tests of the built bundle: they need the build, as the VM runs do.
+# The integration tests of the built bundle and of the node daemon's image: they need the
+# build, as the VM runs do.
 BUNDLE_TESTS = "tests/integration/test_bundle.py"
+NODE_IMAGE_TESTS = "tests/integration/test_node_image.py"
+BUILT_TESTS = (BUNDLE_TESTS, NODE_IMAGE_TESTS)
 # A module-level `vm` fixture: written out, or made by tests/vm/guest.py module_guest().
 OWN_GUEST = re.compile(r"^(def vm\(|vm = module_guest\()", re.MULTILINE)
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?)")
@@ -72,8 +76,8 @@ def plan(vm_files: Sequence[Path], durations: dict[str, float]) -> list[Item]:
     relative = [str(path.relative_to(ROOT)) for path in sorted(vm_files)]
     shared = tuple(p for p in relative if not OWN_GUEST.search((ROOT / p).read_text()))
     items = [
-        Item(NOT_VM, ("tests", "--ignore=tests/vm", f"--ignore={BUNDLE_TESTS}")),
-        Item(BUNDLE_TESTS, (BUNDLE_TESTS,)),
+        Item(NOT_VM, ("tests", "--ignore=tests/vm", *(f"--ignore={t}" for t in BUILT_TESTS))),
+        *(Item(t, (t,)) for t in BUILT_TESTS),
     ]
     if shared:
         items.append(Item(SHARED_GUEST, shared))

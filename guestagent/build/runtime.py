@@ -1,13 +1,16 @@
-"""Assemble the agent's self-contained runtime tree for one install prefix.
+"""Assemble a self-contained runtime tree for one program and one install prefix: the
+guest's agent (`make bundle`, `make extension`) or the host's node daemon (`make node-bundle`).
 
-Everything the agent executes comes from this tree: Debian 12's CPython 3.11 with the stdlib
-modules the agent can import, the pinned wheels, the agent's guest side, the shared
-libraries all of them load, glibc and its loader, and the tools the agent runs. The
-interpreter and the tools are rewritten (patchelf) to name the tree's loader and to search
-the tree's lib/ first, so they run in a guest with any libc or none, with no shell on the
-start path. Paths are absolute, so the tree works only at the prefix it was built for.
+Everything the program executes comes from its tree: Debian 12's CPython 3.11 with the stdlib
+modules the program can import, the pinned wheels, its side of the package, the shared
+libraries all of them load, glibc and its loader, and the tools it runs. The interpreter and
+the tools are rewritten (patchelf) to name the tree's loader and to search the tree's lib/
+first, so they run on a machine with any libc or none, with no shell on the start path. Paths
+are absolute, so the tree works only at the prefix it was built for. What differs between the
+two trees is a TreeSpec; the build is the same.
 
-Usage: python -m guestagent.build.runtime --debs TREE --site DIR --wheel WHL --prefix P --out DIR
+Usage: python -m guestagent.build.runtime [--tree guest|node] --debs TREE --site DIR --wheel WHL
+       --prefix P --out DIR
 """
 
 from __future__ import annotations
@@ -27,10 +30,6 @@ from guestagent.build import elf
 from guestagent.build.modules import Module, closure
 
 PYTHON_VERSION = "3.11"
-# The agent's command line: what it imports, directly or not, is the guest side.
-GUEST_ROOTS = ("guestagent.__main__", "guestagent.agent.entry")
-# Never in a guest: the host's tools, the VM harness and this build.
-HOST_ONLY = ("guestagent.host", "guestagent.vm", "guestagent.build")
 # Imported by the interpreter itself, not by an import statement the closure can read.
 STARTUP_MODULES = ("site", "_sitebuiltins", "encodings", "codecs", "io", "abc", "stat", "os")
 # Codecs are looked up by name, never imported by a statement. The agent runs in UTF-8 mode
@@ -49,14 +48,12 @@ CODECS = tuple(
         "unicode_escape",
     )
 )
-# Reached only through interactive help() (pydoc), self-tests, or process pools that the
-# agent never starts (it runs blocking work on threads): left out of the closure.
+# Reached only through interactive help() (pydoc), self-tests, or process pools that neither
+# program starts (both run blocking work on threads): left out of the closure.
 NEVER_IMPORTED = frozenset({"pydoc", "doctest", "unittest", "test", "concurrent.futures.process"})
-# The programs the agent runs (guestagent/linux/tools.py finds them here first).
-TOOLS = ("mkswap", "blkid")
-# Loaded with dlopen, so no NEEDED entry names them: glibc's libgcc_s for pthread_exit (a
-# CPython thread at shutdown), and libudev, which pyudev opens through ctypes.
-DLOPENED_LIBRARIES = ("libgcc_s.so.1", "libudev.so.1")
+# glibc loads libgcc_s with dlopen for pthread_exit (a CPython thread at shutdown), so no
+# NEEDED entry names it.
+LIBGCC = "libgcc_s.so.1"
 
 
 @dataclass(frozen=True)
@@ -98,6 +95,118 @@ class Layout:
 
 
 LAYOUT = Layout()
+
+
+# What the agent's start and a served call load, C extensions' own imports included (cygrpc
+# imports pkgutil from C, for instance, where no import statement shows it).
+GUEST_TRACE = """
+import asyncio, os, sys, tempfile
+sys.path[:0] = sys.argv[1:]
+sys.modules["ssl"] = None
+import guestagent.agent.daemon, grpc, grpc.aio, pyudev
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+async def serve_once(path):
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    server.add_insecure_port("unix://" + path)
+    await server.start()
+    async with grpc.aio.insecure_channel("unix://" + path) as channel:
+        await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    await server.stop(None)
+
+with tempfile.TemporaryDirectory() as d:
+    asyncio.run(serve_once(os.path.join(d, "s")))
+print(*sorted(sys.modules))
+"""
+
+# What the node daemon's start, a call to an agent over grpc's blocking API (its client's, and
+# the CRI's) and a scrape load.
+NODE_TRACE = """
+import os, sys, tempfile
+from concurrent import futures
+sys.path[:0] = sys.argv[1:]
+import grpc, guestagent.host.ctl, guestagent.host.node.daemon, guestagent.host.vmm.connect
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import exposition, registry
+
+with tempfile.TemporaryDirectory() as d:
+    target = "unix://" + os.path.join(d, "s")
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    server.add_insecure_port(target)
+    server.start()
+    with grpc.insecure_channel(target) as channel:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+    server.stop(None)
+exposition.generate_latest(registry.REGISTRY)
+print(*sorted(sys.modules))
+"""
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """What one tree carries and how its program starts; the build is the same for each."""
+
+    name: str
+    roots: tuple[str, ...]  # The program's modules: what they import, directly or not, ships.
+    forbidden: tuple[str, ...]  # Never in the tree: the build fails if the closure reaches one.
+    tools: tuple[str, ...]  # Programs from the packages' /sbin, patched like the interpreter.
+    dlopened: tuple[str, ...]  # Libraries loaded with dlopen, which no NEEDED entry names.
+    trace: str  # Run at build time: what it loads from C counts as imported (GUEST_TRACE).
+    command: str  # bin/COMMAND, the entry script.
+    entry: tuple[str, str]  # The module and the function the script calls.
+    sanity: str  # What the trimmed tree must still import.
+
+
+GUEST = TreeSpec(
+    name="guest side",
+    # The agent's command line: what it imports, directly or not, is the guest side.
+    roots=("guestagent.__main__", "guestagent.agent.entry"),
+    # Never in a guest: the host's tools, the VM harness and this build.
+    forbidden=("guestagent.host", "guestagent.vm", "guestagent.build"),
+    # The programs the agent runs (guestagent/linux/tools.py finds them here first).
+    tools=("mkswap", "blkid"),
+    # libudev: pyudev opens it through ctypes.
+    dlopened=(LIBGCC, "libudev.so.1"),
+    trace=GUEST_TRACE,
+    command="guestagent",
+    entry=("guestagent.agent.entry", "entry"),
+    sanity="guestagent.agent.daemon, pyudev",
+)
+
+NODE = TreeSpec(
+    name="node daemon",
+    # guestctl, whose `node` command is the daemon: every command's static imports, and the
+    # lazy ones (function-level imports count) of the daemon, its VMM backends (qemu.qmp for a
+    # declared QEMU) and its /metrics (prometheus_client, named too: the command checks it
+    # is there before importing it).
+    roots=(
+        "guestagent.host.ctl",
+        "guestagent.host.commands.node",
+        "guestagent.host.node.daemon",
+        "guestagent.host.vmm.connect",
+        "prometheus_client",
+    ),
+    # Never on a node: the guest's daemon, its operations and its state, the VM harness and
+    # this build.
+    forbidden=(
+        "guestagent.agent",
+        "guestagent.ops",
+        "guestagent.linux.statestore",
+        "guestagent.vm",
+        "guestagent.build",
+    ),
+    tools=(),
+    dlopened=(LIBGCC,),
+    trace=NODE_TRACE,
+    command="guestctl",
+    entry=("guestagent.host.ctl", "main"),
+    sanity="guestagent.host.ctl, guestagent.host.node.daemon, guestagent.host.vmm.qemu, "
+    "guestagent.host.metrics.server",
+)
+
+TREES = {"guest": GUEST, "node": NODE}
 
 
 class BuildError(RuntimeError):
@@ -170,26 +279,34 @@ def patch_executable(path: Path, prefix: PurePosixPath, target: Target) -> None:
     )
 
 
-def unpack_guest_side(wheel: Path, into: Path) -> None:
+def forbidden_in(modules: Iterable[str], spec: TreeSpec) -> str:
+    """The modules of `modules` the spec forbids, named; "" when none is."""
+    return ", ".join(
+        sorted(n for n in modules if any(n == f or n.startswith(f + ".") for f in spec.forbidden))
+    )
+
+
+def unpack_package(wheel: Path, into: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         for member in archive.namelist():
             if member.startswith("guestagent/"):
                 archive.extract(member, into)
 
 
-# -I: the guest's PYTHON* variables and user site never reach the agent; -S: no site module
-# (it looks the user up through the guest's NSS modules); -B: a read-only tree stays
-# unwritten; -OO: no docstrings or asserts in memory (1.1 MiB of RssAnon; the agent reads
-# neither); -X utf8: UTF-8 whatever the locale.
+# -I: the machine's PYTHON* variables and user site never reach the program; -S: no site
+# module (it looks the user up through the machine's NSS modules); -B: a read-only tree stays
+# unwritten; -OO: no docstrings or asserts in memory (1.1 MiB of the agent's RssAnon; neither
+# program reads them); -X utf8: UTF-8 whatever the locale.
 INTERPRETER_FLAGS = "-ISBOOXutf8"
 
 
-def entry_script(prefix: PurePosixPath) -> str:
-    """The agent's command. The kernel runs the shebang itself: no shell, no env. Any locale
-    but C makes glibc load the guest's locale data and charset modules, built for the guest's
-    glibc, so the script starts itself again with LC_ALL=C unless its parent (a unit,
-    components.toml) already set it."""
+def entry_script(prefix: PurePosixPath, spec: TreeSpec) -> str:
+    """The program's command. The kernel runs the shebang itself: no shell, no env. Any locale
+    but C makes glibc load the machine's locale data and charset modules, built for the
+    machine's glibc, so the script starts itself again with LC_ALL=C unless its parent (a
+    unit, components.toml, a container's environment) already set it."""
     site = prefix / LAYOUT.site
+    module, function = spec.entry
     return (
         f"#!{prefix / LAYOUT.bin / 'python3.11'} {INTERPRETER_FLAGS}\n"
         "import os\n"
@@ -197,8 +314,8 @@ def entry_script(prefix: PurePosixPath) -> str:
         'if os.environ.get("LC_ALL") != "C":\n'
         '    os.execve(sys.argv[0], sys.argv, {**os.environ, "LC_ALL": "C"})\n'
         f'sys.path.append("{site}")\n'
-        "from guestagent.agent.entry import entry  # noqa: E402\n\n"
-        "sys.exit(entry())\n"
+        f"from {module} import {function}  # noqa: E402\n\n"
+        f"sys.exit({function}())\n"
     )
 
 
@@ -286,45 +403,49 @@ def copy_licenses(debs: Path, dest: Path, packages: Sequence[str]) -> None:
 
 
 def assemble(
-    debs: Path, site: Path, wheel: Path, prefix: PurePosixPath, dest: Path, target: Target
+    debs: Path,
+    site: Path,
+    wheel: Path,
+    prefix: PurePosixPath,
+    dest: Path,
+    target: Target,
+    spec: TreeSpec = GUEST,
 ) -> Summary:
     if dest.exists():
         shutil.rmtree(dest)
     summary = Summary()
     stdlib_source = debs / "usr/lib/python3.11"
     copy_file(debs / "usr/bin/python3.11", dest / LAYOUT.bin / "python3.11")
-    for tool in TOOLS:
+    for tool in spec.tools:
         copy_file(debs / "sbin" / tool, dest / LAYOUT.sbin / tool)
 
     with tempfile.TemporaryDirectory() as scratch:
-        guest_source = Path(scratch)
-        unpack_guest_side(wheel, guest_source)
+        package_source = Path(scratch)
+        unpack_package(wheel, package_source)
         builtins = frozenset(
             stdlib_builtins(debs, dest, target, [dest / LAYOUT.bin / "python3.11"])
         )
-        search = [guest_source, site, stdlib_source, stdlib_source / "lib-dynload"]
+        search = [package_source, site, stdlib_source, stdlib_source / "lib-dynload"]
         # The trace loads extension modules, and under qemu-user the loader has no host
         # directories to fall back on: what they need must be in the tree (aarch64's cygrpc
         # needs librt, _ctypes libffi).
         extensions = elf_files_in(site) + elf_files_in(stdlib_source / "lib-dynload")
         stage_libraries(extensions, debs, dest, target)
-        loaded = traced_imports(debs, dest, target, [guest_source, site])
+        loaded = traced_imports(debs, dest, target, [package_source, site], spec.trace)
         modules, missing = closure(
-            [*GUEST_ROOTS, *STARTUP_MODULES, *CODECS, *loaded],
+            [*spec.roots, *STARTUP_MODULES, *CODECS, *loaded],
             search,
             target.extension_suffixes,
             builtins,
             NEVER_IMPORTED,
         )
-        leaked = sorted(
-            n for n in modules if any(n == h or n.startswith(h + ".") for h in HOST_ONLY)
-        )
+        leaked = forbidden_in(modules, spec)
         if leaked:
-            raise BuildError(f"the guest side imports host-only modules: {', '.join(leaked)}")
+            raise BuildError(f"the {spec.name} imports modules it must not carry: {leaked}")
         summary.modules = len(modules)
         summary.missing_imports = len({m.split(".")[0] for m in missing})
         sources = {
-            str(LAYOUT.site / "guestagent"): guest_source / "guestagent",
+            str(LAYOUT.site / "guestagent"): package_source / "guestagent",
             str(LAYOUT.site): site,
             str(LAYOUT.dynload): stdlib_source / "lib-dynload",
             str(LAYOUT.stdlib): stdlib_source,
@@ -333,7 +454,7 @@ def assemble(
 
     shutil.rmtree(dest / LAYOUT.site / "bin", ignore_errors=True)
     libraries, unresolved = needed_closure(elf_files_in(dest), debs, target)
-    for name in DLOPENED_LIBRARIES:
+    for name in spec.dlopened:
         libraries[name] = find_library(name, debs, target) or Path("/nonexistent")
     unresolved |= {n for n, p in libraries.items() if not p.exists()}
     if unresolved:
@@ -342,24 +463,19 @@ def assemble(
         copy_file(path, dest / LAYOUT.lib / name)
     summary.libraries = tuple(sorted(libraries))
 
-    for executable in [dest / LAYOUT.bin / "python3.11", *(dest / LAYOUT.sbin / t for t in TOOLS)]:
+    tools = [dest / LAYOUT.sbin / tool for tool in spec.tools]
+    for executable in [dest / LAYOUT.bin / "python3.11", *tools]:
         patch_executable(executable, prefix, target)
     (dest / LAYOUT.bin / "python").symlink_to("python3.11")
     (dest / LAYOUT.bin / "python3").symlink_to("python3.11")
-    script = dest / LAYOUT.bin / "guestagent"
-    script.write_text(entry_script(prefix))
+    script = dest / LAYOUT.bin / spec.command
+    script.write_text(entry_script(prefix, spec))
     script.chmod(0o755)
 
     compile_tree(dest, prefix, debs, target)
-    # The trimmed tree must at least start the daemon's modules.
-    run_staged(
-        dest,
-        target,
-        dest / LAYOUT.bin / "python3.11",
-        "-IBOO",
-        "-c",
-        "import guestagent.agent.daemon, pyudev",
-    )
+    # The trimmed tree must at least start the program's modules.
+    python = dest / LAYOUT.bin / "python3.11"
+    run_staged(dest, target, python, "-IBOO", "-c", f"import {spec.sanity}")
     versions = (debs.parent / "versions.txt").read_text()
     copy_licenses(debs, dest, [line.split()[0] for line in versions.splitlines() if line])
     (dest / LAYOUT.share).mkdir(parents=True, exist_ok=True)
@@ -411,35 +527,13 @@ def stdlib_builtins(debs: Path, dest: Path, target: Target, executables: list[Pa
     return out.split()
 
 
-# What the agent's start and a served call load, C extensions' own imports included (cygrpc
-# imports pkgutil from C, for instance, where no import statement shows it).
-TRACE = """
-import asyncio, os, sys, tempfile
-sys.path[:0] = sys.argv[1:]
-sys.modules["ssl"] = None
-import guestagent.agent.daemon, grpc, grpc.aio, pyudev
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-async def serve_once(path):
-    server = grpc.aio.server()
-    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
-    server.add_insecure_port("unix://" + path)
-    await server.start()
-    async with grpc.aio.insecure_channel("unix://" + path) as channel:
-        await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
-    await server.stop(None)
-
-with tempfile.TemporaryDirectory() as d:
-    asyncio.run(serve_once(os.path.join(d, "s")))
-print(*sorted(sys.modules))
-"""
-
-
-def traced_imports(debs: Path, dest: Path, target: Target, path: list[Path]) -> list[str]:
-    """The modules a health call through grpc.aio loads, traced in the packages' own
-    interpreter with its whole stdlib."""
+def traced_imports(
+    debs: Path, dest: Path, target: Target, path: list[Path], trace: str
+) -> list[str]:
+    """The modules the spec's trace loads, traced in the packages' own interpreter with its
+    whole stdlib."""
     python = debs / "usr/bin/python3.11"
-    return run_staged(dest, target, python, "-S", "-I", "-c", TRACE, *map(str, path)).split()
+    return run_staged(dest, target, python, "-S", "-I", "-c", trace, *map(str, path)).split()
 
 
 def check(tree: Path, prefix: PurePosixPath, machine: str) -> tuple[list[str], list[str]]:
@@ -450,17 +544,22 @@ def check(tree: Path, prefix: PurePosixPath, machine: str) -> tuple[list[str], l
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m guestagent.build.runtime")
+    parser.add_argument(
+        "--tree", default="guest", choices=sorted(TREES), help="whose tree (default guest)"
+    )
     parser.add_argument("--debs", type=Path, required=True, help="the unpacked Debian packages")
     parser.add_argument("--site", type=Path, required=True, help="the pinned wheels, installed")
     parser.add_argument("--wheel", type=Path, required=True, help="the guestagent wheel")
-    parser.add_argument("--prefix", required=True, help="where the tree lives in the guest")
+    parser.add_argument("--prefix", required=True, help="where the tree lives when installed")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--machine", default="x86_64", choices=sorted(TARGETS))
     args = parser.parse_args(argv)
     target = TARGETS[args.machine]
     prefix = PurePosixPath(args.prefix)
     try:
-        summary = assemble(args.debs, args.site, args.wheel, prefix, args.out, target)
+        summary = assemble(
+            args.debs, args.site, args.wheel, prefix, args.out, target, TREES[args.tree]
+        )
     except BuildError as e:
         print(f"runtime: {e}", file=sys.stderr)
         return 1

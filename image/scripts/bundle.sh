@@ -2,9 +2,9 @@
 # The bundle for any systemd guest: a tarball that unpacks at a guest rootfs's top into
 # /opt/guestagent (the agent with its own runtime: interpreter, libraries, loader, tools),
 # /etc/systemd/system/guestagent.service, /etc/default/guestagent and
-# /etc/tmpfiles.d/guestagent.conf (turns on the multi-gen LRU). Owned by root, sorted, with
-# fixed mtimes, xz on one thread, so equal inputs give equal bytes (xz: 12 MB where gzip
-# made 16.7 MB of the interpreter, glibc and grpc).
+# /etc/tmpfiles.d/guestagent.conf (turns on the multi-gen LRU). Packed by tar.sh and xz on one
+# thread: equal inputs give equal bytes (xz: 12 MB where gzip made 16.7 MB of the interpreter,
+# glibc and grpc).
 # Usage: bundle.sh DEBS_STAMP DEPS_STAMP WHEEL IMAGE_DIR OUTPUT [MACHINE]
 set -eu
 debs=$(cat "$1") deps=$(cat "$2") wheel=$3 image=$4 output=$5 machine=${6:-x86_64}
@@ -21,12 +21,9 @@ install -m 644 "$image/guestagent.service" "$staging/etc/systemd/system/guestage
 install -m 644 "$image/guestagent.default" "$staging/etc/default/guestagent"
 install -m 644 "$image/guestagent.tmpfiles" "$staging/etc/tmpfiles.d/guestagent.conf"
 
-# Only the files the bundle owns: unpacking must not reset the modes of /etc or /opt.
-(cd "$staging" && find "${prefix#/}" etc/systemd/system/guestagent.service etc/default/guestagent \
-    etc/tmpfiles.d/guestagent.conf |
-    LC_ALL=C sort |
-    tar --create --no-recursion --files-from=- --numeric-owner --owner=0 --group=0 \
-        --mtime=@0 --format=gnu) | xz -9 --threads=1 > "$output.partial"
+sh "$image/scripts/tar.sh" "$staging" "${prefix#/}" \
+    etc/systemd/system/guestagent.service etc/default/guestagent etc/tmpfiles.d/guestagent.conf |
+    xz -9 --threads=1 > "$output.partial"
 mv "$output.partial" "$output"
 echo "bundle.sh: $output: $(stat -c %s "$output") bytes packed," \
     "$(du -sb --apparent-size "$staging$prefix" | cut -f1) bytes unpacked in $prefix"

@@ -25,6 +25,7 @@ from guestagent.build.runtime import check
 from guestagent.host.client import AgentClient
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import make_fake_root
+from tests.integration.artifacts import built
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = REPO / "image" / "build" / "guestagent-bundle.tar.xz"
@@ -33,14 +34,6 @@ AARCH64_BUNDLE = REPO / "image" / "build" / "arm64" / "guestagent-bundle.tar.xz"
 PREFIX = PurePosixPath("/opt/guestagent")
 RESULTS = REPO / "tests" / "vm" / "results"
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
-
-
-def built(path: Path, how: str) -> Path:
-    if not path.exists():
-        if os.environ.get("GUESTAGENT_VM_TESTS") == "required":
-            pytest.fail(f"{path} is missing: `{how}` builds it")
-        pytest.skip(f"{path} is missing: `{how}` builds it")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,23 @@ from pathlib import Path
 import pytest
 
 from tests import run
-from tests.run import BUNDLE_TESTS, NOT_VM, SHARED_GUEST, Item, Outcome, beside_the_build, plan
+from tests.run import (
+    BUILT_TESTS,
+    BUNDLE_TESTS,
+    NODE_IMAGE_TESTS,
+    NOT_VM,
+    SHARED_GUEST,
+    Item,
+    Outcome,
+    beside_the_build,
+    plan,
+)
 
 
 def test_every_vm_file_is_in_exactly_one_run() -> None:
     files = sorted(run.VM_TESTS.glob("test_*.py"))
     items = plan(files, {})
-    given = [p for item in items if item.name not in (NOT_VM, BUNDLE_TESTS) for p in item.paths]
+    given = [p for item in items if item.name not in (NOT_VM, *BUILT_TESTS) for p in item.paths]
     assert sorted(given) == sorted(str(f.relative_to(run.ROOT)) for f in files)
     assert len(given) == len(set(given))
 
@@ -32,15 +42,27 @@ def test_files_without_their_own_guest_share_one_run() -> None:
 
 def test_longest_first_and_unknown_before_all() -> None:
     files = [run.VM_TESTS / "test_swap.py", run.VM_TESTS / "test_limits.py"]
-    durations = {NOT_VM: 100.0, "tests/vm/test_swap.py": 300.0, BUNDLE_TESTS: 50.0}
+    durations = {
+        NOT_VM: 100.0,
+        "tests/vm/test_swap.py": 300.0,
+        BUNDLE_TESTS: 50.0,
+        NODE_IMAGE_TESTS: 20.0,
+    }
     names = [item.name for item in plan(files, durations)]
-    assert names == ["tests/vm/test_limits.py", "tests/vm/test_swap.py", NOT_VM, BUNDLE_TESTS]
+    assert names == [
+        "tests/vm/test_limits.py",
+        "tests/vm/test_swap.py",
+        NOT_VM,
+        BUNDLE_TESTS,
+        NODE_IMAGE_TESTS,
+    ]
 
 
-def test_the_bundles_tests_run_apart_from_the_rest_which_need_no_build() -> None:
+def test_the_built_artifacts_tests_run_apart_from_the_rest_which_need_no_build() -> None:
     items = {item.name: item for item in plan([], {})}
-    assert items[BUNDLE_TESTS].paths == (BUNDLE_TESTS,)
-    assert f"--ignore={BUNDLE_TESTS}" in items[NOT_VM].paths
+    for tests in (BUNDLE_TESTS, NODE_IMAGE_TESTS):
+        assert items[tests].paths == (tests,)
+        assert f"--ignore={tests}" in items[NOT_VM].paths
     assert "--ignore=tests/vm" in items[NOT_VM].paths
 
 
