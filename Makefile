@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml setup.py image/requirements.txt
 	bash image/install-host-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c image/requirements.txt -e '.[test,dev,host,bench]'
+	$(PY) -m pip install -q -c image/requirements.txt -e '.[test,dev,bench]'
 	touch $@
 
 # Regenerate guestagent/v1 after editing protos/ (an editable install does it too).

@@ -128,7 +128,8 @@ from concurrent import futures
 sys.path[:0] = sys.argv[1:]
 import grpc, guestagent.host.ctl, guestagent.host.node.daemon, guestagent.host.vmm.connect
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import exposition, registry
+from guestagent.host.metrics.exposition import exposition
+from guestagent.host.node.metrics import node_families
 
 with tempfile.TemporaryDirectory() as d:
     target = "unix://" + os.path.join(d, "s")
@@ -139,7 +140,7 @@ with tempfile.TemporaryDirectory() as d:
     with grpc.insecure_channel(target) as channel:
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
     server.stop(None)
-exposition.generate_latest(registry.REGISTRY)
+exposition(node_families([], {}, None, None))
 print(*sorted(sys.modules))
 """
 
@@ -178,15 +179,14 @@ GUEST = TreeSpec(
 NODE = TreeSpec(
     name="node daemon",
     # guestctl, whose `node` command is the daemon: every command's static imports, and the
-    # lazy ones (function-level imports count) of the daemon, its VMM backends (qemu.qmp for a
-    # declared QEMU) and its /metrics (prometheus_client, named too: the command checks it
-    # is there before importing it).
+    # lazy ones (function-level imports count) of the daemon and its VMM backends (qemu.qmp
+    # for a declared QEMU).
     roots=(
+        "guestagent.host.entry",
         "guestagent.host.ctl",
         "guestagent.host.commands.node",
         "guestagent.host.node.daemon",
         "guestagent.host.vmm.connect",
-        "prometheus_client",
     ),
     # Never on a node: the guest's daemon, its operations and its state, the VM harness and
     # this build.
@@ -201,7 +201,7 @@ NODE = TreeSpec(
     dlopened=(LIBGCC,),
     trace=NODE_TRACE,
     command="guestctl",
-    entry=("guestagent.host.ctl", "main"),
+    entry=("guestagent.host.entry", "entry"),
     sanity="guestagent.host.ctl, guestagent.host.node.daemon, guestagent.host.vmm.qemu, "
     "guestagent.host.metrics.server",
 )

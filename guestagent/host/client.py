@@ -75,7 +75,9 @@ class AgentClient:
         address = parse_address(target)
         if isinstance(address, VsockAddress | HybridVsockAddress):
             address = self._start_relay(address)
-        self.channel = grpc.insecure_channel(grpc_target(address), options=channel_options(timeout))
+        # What grpc dials: the agent, or this client's relay to it.
+        self.grpc_target = grpc_target(address)
+        self.channel = grpc.insecure_channel(self.grpc_target, options=channel_options(timeout))
         self.stub = pb_grpc.MemoryAgentStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
 

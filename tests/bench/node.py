@@ -11,14 +11,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from guestagent.host.sizing.boot import free_tcp_port
-from guestagent.sizes import MIB
 from tests.fakes.agentproc import AgentProcess
 from tests.fakes.root import make_fake_root
 
@@ -131,4 +129,8 @@ def measure_node_scale(count: int = SCALE_VMS, idle_seconds: float = 60.0) -> di
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure_node_scale(int(sys.argv[1]) if len(sys.argv) > 1 else SCALE_VMS), indent=2))
+    print(
+        json.dumps(
+            measure_node_scale(int(sys.argv[1]) if len(sys.argv) > 1 else SCALE_VMS), indent=2
+        )
+    )

@@ -73,12 +73,13 @@ SOURCES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "_pb2" no
 # are open to every wing and import none.
 HOST_WINGS: dict[str, tuple[str, ...]] = {
     "vmm": (),
-    "giveback": ("vmm", "metrics.server"),
+    "giveback": ("vmm", "metrics.server", "metrics.families"),
     "metrics": (),
     "sizing": ("vmm.rss",),
     "node": ("vmm", "giveback", "metrics"),
     "commands": ("vmm", "giveback", "metrics", "sizing", "node"),
     "ctl": ("commands",),
+    "entry": ("ctl",),
 }
 HOST = "guestagent.host"
 

@@ -6,7 +6,9 @@ VMM's hybrid vsock carrying the agent's port to the guest; tests/standins/cloud_
 Cloud Hypervisor's API driving the first guest's QEMU balloon). Kata-QEMU's shim answers
 `vsock://CID:1024`, which needs vhost-vsock: its stand-in answers a hybrid vsock path instead
 (the vsock:// form is the unit tests'), and its `qmp.sock` is a placeholder, as the shim holds
-the real one. The daemon runs as the DaemonSet runs it.
+the real one. The daemon runs from its OCI image under podman as the DaemonSet runs it
+(tests/node_image.py), the runtimes' directories mounted where the DaemonSet mounts them; the
+test's policy file is mounted beside (the DaemonSet runs the defaults).
 
 Each guest runs a workload that grows, then leaves a set cold while a hot loop keeps running.
 Pass: both found; at least 80 % of each guest's cold set out of QEMU's RSS (without TCG's
@@ -17,13 +19,7 @@ leaves the balloon where it is."""
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
-import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +30,12 @@ import pytest
 from guestagent.host.sizing.boot import Disk, VMConfig, free_tcp_port
 from guestagent.sizes import MIB
 from guestagent.vm.qemu import GuestVM
+from tests.node_image import loaded_image
 from tests.standins.cloud_hypervisor import CloudHypervisorStandIn
 from tests.standins.kata import HybridVsock, ShimMonitor
 from tests.vm import pace as pacing
 from tests.vm.guest import boot_and_record, oom_kills, wait_until
+from tests.vm.node import Node
 from tests.workloads.reclaim import (
     guest_time,
     iteration_log,
@@ -61,15 +59,10 @@ AGENT_PORT = 6464
 # agent's 60 s would only lengthen the run) and the balloon takes what the figure has allowed
 # for 10 s; anonymous memory goes to the guests' swap.
 POLICY = """
-[discovery]
-root = "{root}"
-firecracker_containerd = false
 [guest]
 reclaim_anon = true
 hold_seconds = 10
 cold_after_ms = 30000
-[metrics]
-listen = "127.0.0.1:{port}"
 [timeouts]
 gone_seconds = 60
 """
@@ -118,60 +111,6 @@ class Sandboxes:
                 part.close()
 
 
-@dataclass
-class Node:
-    """The daemon, as the DaemonSet starts it; its JSON log lines kept."""
-
-    process: subprocess.Popen[str]
-    port: int
-    lines: list[dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    def start(cls, config: Path, port: int) -> Node:
-        command = [sys.executable, "-m", "guestagent.host.ctl", "node", "--config", str(config)]
-        process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-        node = cls(process, port)
-        threading.Thread(target=node._read, daemon=True).start()
-        return node
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            try:
-                self.lines.append({**json.loads(line), "t": time.monotonic()})
-            except json.JSONDecodeError:
-                self.lines.append({"event": "not_json", "line": line})
-
-    def metrics(self) -> dict[str, float]:
-        """Each sample of /metrics, by its line's name and labels."""
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        try:
-            text = urllib.request.urlopen(url, timeout=5).read().decode()
-        except OSError:
-            return {}
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
-
-    def up(self) -> set[str]:
-        """The sandboxes /metrics shows."""
-        return {
-            name.split('sandbox_id="')[1].split('"')[0]
-            for name in self.metrics()
-            if name.startswith("guestagent_node_vm_up{")
-        }
-
-    def events(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in list(self.lines) if line.get("event") == event]
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(60)
-
-
 def guest_rss(vm: GuestVM) -> int:
     return vm.qemu_guest_rss_bytes()
 
@@ -186,6 +125,12 @@ def iterations(guest: GuestVM, out: str, since: float, count: int) -> Callable[[
     return lambda: len(within(iteration_log(guest, out), since, float("inf"))) >= count
 
 
+@pytest.fixture(scope="module")
+def node_image() -> Iterator[str]:
+    yield from loaded_image()
+
+
+@pytest.mark.usefixtures("node_image")
 def test_the_node_gives_back_both_guests_cold_sets_and_drops_a_sandbox_that_goes(
     vm: GuestVM, vm_qemu: GuestVM, tmp_path: Path
 ) -> None:
@@ -214,9 +159,9 @@ def test_the_node_gives_back_both_guests_cold_sets_and_drops_a_sandbox_that_goes
     sandboxes.kata("sb-qemu", vm_qemu, "qmp.sock")
     port = free_tcp_port()
     config = tmp_path / "node.toml"
-    config.write_text(POLICY.format(root=root, port=port))
+    config.write_text(POLICY)
     during_from = {name: guest_time(guest) for name, guest in guests.items()}
-    node = Node.start(config, port)
+    node = Node.start_image(root, config, port)
     started = time.monotonic()
     lowest = dict(before)
     fell_at: dict[str, float] = {}

@@ -36,7 +36,7 @@ from tests.vm.guest import (
     wait_until,
     wait_until_steady,
 )
-from tests.vm.test_node import Node
+from tests.vm.node import Node
 
 pytestmark = pytest.mark.vm
 

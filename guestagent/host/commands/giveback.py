@@ -129,8 +129,6 @@ def _give_back(args: argparse.Namespace) -> int:
         raise UsageError("--follow keeps to the safe figure: no --force or --dry-run")
     if args.vmm == "qemu" and missing_extra("give-back", "qemu.qmp", "vm"):
         return 2
-    if args.follow and args.metrics and missing_extra("give-back", "prometheus_client", "host"):
-        return 2
     need_target(args)
     # Imported here: the backends and the follow loop are host-only code the guest's
     # guestctl never needs (QEMU's brings in qemu.qmp, a host extra).
@@ -187,7 +185,7 @@ def _follow(args: argparse.Namespace, client: AgentClient, agent: Agent, vmm: Vm
         from guestagent.host.metrics.server import serve_in_background
 
         metrics = FollowMetrics(vmm.name, knob.what)
-        server = serve_in_background(args.metrics, metrics.registry)
+        server = serve_in_background(args.metrics, metrics.families)
     options = follow.FollowOptions(
         json=args.json, gone_seconds=args.gone_after, quiet_seconds=quiet_limit(interval_ms)
     )

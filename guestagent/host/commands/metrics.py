@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from guestagent.errors import AgentError
-from guestagent.host.commands.common import Command, listen_address, missing_extra, need_target
+from guestagent.host.commands.common import Command, listen_address, need_target
 
 
 def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,11 +29,9 @@ def _metrics_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _metrics(args: argparse.Namespace) -> int:
-    """Runs until SIGTERM or SIGINT; exit 2 without prometheus_client, 1 if --listen fails."""
-    if missing_extra("metrics", "prometheus_client", "host"):
-        return 2
+    """Runs until SIGTERM or SIGINT; exit 1 if --listen fails."""
     need_target(args)
-    # Imported here: prometheus_client is an optional host extra.
+    # Imported here: the feed and the server are code only this command runs.
     from guestagent.host.metrics.exporter import serve_metrics
 
     try:

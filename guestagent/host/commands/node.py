@@ -13,12 +13,13 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from guestagent.errors import AgentError
-from guestagent.host.commands.common import Command, listen_address, missing_extra
+from guestagent.host.commands.common import Command, listen_address
 
 if TYPE_CHECKING:
     from guestagent.host.node.daemon import Families, ServeMetrics
 
 DEFAULT_CONFIG = "/etc/guestagent/node.toml"
+MALLOC_ARENAS = 2
 
 
 def _node_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,12 +58,15 @@ def _policy_text(path: Path | None) -> tuple[str, str]:
 
 def _node(args: argparse.Namespace) -> int:
     """Exit 0 on SIGTERM, 2 on a policy it cannot run with, 1 when /metrics cannot listen."""
-    if missing_extra("node", "prometheus_client", "host"):
-        return 2
     from guestagent import jsonlog
     from guestagent.host.node.config import ConfigError, parse_policy
     from guestagent.host.node.daemon import NodeDaemon
+    from guestagent.linux.syscalls import limit_malloc_arenas, refuse_huge_pages
 
+    # As the agent does (agent/cli.py): two malloc arenas, not 8 per core, for a loop's thread
+    # per VM, and no transparent huge pages for a heap that is mostly small objects.
+    limit_malloc_arenas(MALLOC_ARENAS)
+    refuse_huge_pages()
     jsonlog.configure(args.log_level)
     try:
         text, where = _policy_text(args.config)
@@ -102,22 +106,17 @@ def _node(args: argparse.Namespace) -> int:
 
 def _metrics_server(listen: str) -> ServeMetrics:
     """How the daemon serves its families: /metrics at `listen`, or nowhere when empty."""
-    from prometheus_client.registry import CollectorRegistry
-
-    from guestagent.host.metrics.exporter import FamiliesCollector
     from guestagent.host.metrics.server import serve_in_background
     from guestagent.jsonlog import EventLog
 
     def serve(build: Families) -> Callable[[], None]:
         if not listen:
             return lambda: None
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(FamiliesCollector(build))
 
         def announce(url: str, what: str) -> None:  # A JSON line, as every other of the node.
             EventLog("guestagent.node").info("metrics_serving", url=url)
 
-        server = serve_in_background(listen_address(listen), registry, announce)
+        server = serve_in_background(listen_address(listen), build, announce)
 
         def stop() -> None:
             server.shutdown()

@@ -49,7 +49,10 @@ class Guest:
     follow: bool = True  # Keep a balloon the daemon may drive at the agent's safe figure.
     # firecracker-containerd's own API can resize a VM's balloon: follow it, or leave it.
     firecracker_containerd_balloon: str = Balloon.FOLLOW.value
-    interval_seconds: float = 2.0  # The agent's report interval.
+    interval_seconds: float = 2.0  # The agent's report interval, for a followed balloon.
+    # ... and for a VM whose balloon the daemon does not drive: its reports only feed the
+    # metrics (a scrape every 15 s or so), and the agent still pushes its memory events.
+    report_seconds: float = 15.0
     hold_seconds: float = 30.0  # How long the figure must allow more before taking it.
     stall_threshold: float = 0.10  # A stall share that lets memory out at once.
     step: int = 128 * MIB  # What a stall or a saturated guest gets back, doubling.
@@ -189,6 +192,7 @@ READERS: dict[str, dict[str, Callable[[Any], Any]]] = {
         "follow": _exact(bool),
         "firecracker_containerd_balloon": _choice(Balloon.FOLLOW.value, Balloon.LEAVE.value),
         "interval_seconds": _seconds,
+        "report_seconds": _seconds,
         "hold_seconds": _seconds,
         "stall_threshold": _share,
         "step": _size,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import grpc
 
+from guestagent.host.async_watch import AsyncWatch
 from guestagent.host.metrics.families import Family
 from guestagent.host.node.config import NodePolicy
 from guestagent.host.node.cri import PodNames
@@ -58,6 +59,7 @@ class NodeDaemon:
         self.finder = Finder(policy.discovery, follow_fc)
         self.host = HostReading(self.fs)
         self.watchdog = Watchdog()
+        self.streams = AsyncWatch()
         self.loops: dict[str, GuestLoop] = {}
         self._lock = threading.Lock()
         self._said: set[str] = set()  # Discovery problems already logged.
@@ -79,7 +81,9 @@ class NodeDaemon:
             starting = [s for i, s in found.sandboxes.items() if i not in self.loops]
             for sandbox in starting:
                 if not self.stopping.is_set():
-                    loop = GuestLoop(sandbox, self.policy, self.host, self.watchdog, self.fs)
+                    loop = GuestLoop(
+                        sandbox, self.policy, self.host, self.watchdog, self.streams, self.fs
+                    )
                     self.loops[sandbox.id] = loop.start()
         for sandbox_id, loop in ending:
             loop.stop()
@@ -179,6 +183,7 @@ class NodeDaemon:
         for loop in loops:
             loop.join(max(0.0, deadline - time.monotonic()))
         self.watchdog.stop()
+        self.streams.stop()
         if self.pods is not None:
             self.pods.close()
         log.info("node_stopped", vms=len(loops), note="every balloon is left where it is")

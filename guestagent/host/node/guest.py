@@ -10,10 +10,11 @@ What the node's metrics read is a `GuestView`, replaced whole on each change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -21,7 +22,8 @@ from typing import Any
 import grpc
 
 from guestagent.errors import AgentError
-from guestagent.host.client import AgentClient, WatchStream, describe_error
+from guestagent.host.async_watch import AsyncWatch
+from guestagent.host.client import AgentClient, WatchStream, channel_options, describe_error
 from guestagent.host.giveback.follow import (
     GONE,
     BalloonKnob,
@@ -172,10 +174,12 @@ class GuestLoop:
         policy: NodePolicy,
         host: Callable[[], HostMemory],
         watchdog: Watchdog,
+        streams: AsyncWatch,
         fs: KernelFS | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sandbox, self.policy, self.host, self.watchdog = sandbox, policy, host, watchdog
+        self.streams = streams
         self.fs = fs or KernelFS()
         self.clock = clock
         self._view = GuestView(sandbox)
@@ -255,7 +259,7 @@ class GuestLoop:
         address = self._address()
         self._update(phase=Phase.CONNECTING)
         timeout = self.policy.timeouts.call_seconds
-        with AgentClient(address, timeout=timeout) as client:
+        with AgentClient(address, timeout=timeout) as client, self._streams_of(client):
             info = self._agent_info(client)
             plan = setup_plan(info, self.sandbox, self.policy)
             self._update(
@@ -276,6 +280,14 @@ class GuestLoop:
             if plan.follow:
                 return self._follow(client)
             return self._read_reports(client)
+
+    @contextlib.contextmanager
+    def _streams_of(self, client: AgentClient) -> Iterator[None]:
+        """The client's streams' channel, closed with it."""
+        try:
+            yield
+        finally:
+            self.streams.forget(client.grpc_target)
 
     def _agent_info(self, client: AgentClient) -> pb.AgentInfo | None:
         try:
@@ -310,13 +322,16 @@ class GuestLoop:
             mem_total=report.system.mem_total_bytes,
         )
 
-    def _watch(self, client: AgentClient) -> Callable[[], WatchStream]:
-        interval_ms = max(100, round(self.policy.guest.interval_seconds * 1000))
-        cold_after = self.policy.guest.cold_after_ms
+    def _watch(self, client: AgentClient, interval_ms: int) -> Callable[[], WatchStream]:
+        """The agent's stream through the node's shared loop (host/async_watch.py says why),
+        on the client's target (its relay, for vsock)."""
+        request = pb.WatchMemoryRequest(
+            interval_ms=interval_ms, cold_after_ms=self.policy.guest.cold_after_ms
+        )
+        options = channel_options(self.policy.timeouts.call_seconds)
 
         def watch() -> WatchStream:
-            stream = client.watch(interval_ms=interval_ms, cold_after_ms=cold_after)
-            return Recording(stream, self._seen)
+            return Recording(self.streams.stream(client.grpc_target, options, request), self._seen)
 
         return watch
 
@@ -362,7 +377,7 @@ class GuestLoop:
                 quiet_seconds=quiet_limit(interval_ms),
             )
             follower = Follower(
-                self._watch(client),
+                self._watch(client, interval_ms),
                 ClientAgent(client, guest.cold_after_ms),
                 vmm.name,
                 knob,
@@ -410,7 +425,7 @@ class GuestLoop:
     def _read_reports(self, client: AgentClient) -> bool:
         """A VM whose balloon the daemon may not drive: its reports only, for the metrics,
         until stopped, or the agent is silent for gone_seconds."""
-        interval_ms = max(100, round(self.policy.guest.interval_seconds * 1000))
+        interval_ms = max(100, round(self.policy.guest.report_seconds * 1000))
         silent_since: list[float | None] = [None]
         gone = self.policy.timeouts.gone_seconds
         previous: list[Any] = [None]
@@ -423,7 +438,7 @@ class GuestLoop:
             if now - since >= gone:
                 reports.stop()
 
-        reports = Reopening(self._watch(client), broken, self.clock)
+        reports = Reopening(self._watch(client, interval_ms), broken, self.clock)
         with self._lock:
             self._reports = reports
         self.watchdog.guard(reports, quiet_limit(interval_ms))

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from guestagent.host.tls import let_ssl_in
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
 
 GUEST_AGENT_PORT = DEFAULT_VSOCK_PORT
@@ -476,6 +477,7 @@ class QemuGuest:
     def qmp(self, command: str, **args: Any) -> Any:
         """Run a QMP command and return its result; hyphenated names: qmp("x", **{"a-b": 1})."""
         if self._qmp_client is None:
+            let_ssl_in()  # qemu.qmp imports ssl (host/tls.py).
             from qemu.qmp.legacy import QEMUMonitorProtocol
 
             self._qmp_client = QEMUMonitorProtocol(str(self.workdir / "qmp.sock"))
@@ -511,6 +513,7 @@ class QemuGuest:
         return (self._quit_qemu,)
 
     def _quit_qemu(self) -> None:
+        let_ssl_in()
         from qemu.qmp import QMPError
 
         # QEMU may close the monitor before its reply arrives; the caller's wait decides.

@@ -3,6 +3,7 @@ host without qemu.qmp (the vm extra) still drives Cloud Hypervisor and Firecrack
 
 from __future__ import annotations
 
+from guestagent.host.tls import let_ssl_in
 from guestagent.host.vmm.base import CLOUD_HYPERVISOR, FIRECRACKER, QEMU, Vmm
 
 KINDS = (QEMU, CLOUD_HYPERVISOR, FIRECRACKER)
@@ -21,6 +22,7 @@ def open_vmm(kind: str, path: str, timeout: float) -> Vmm:
         return FirecrackerVmm(path, timeout)
     if kind != QEMU:
         raise ValueError(f"no VMM kind {kind!r}: one of {', '.join(KINDS)}")
+    let_ssl_in()  # qemu.qmp imports ssl (host/tls.py).
     from guestagent.host.vmm.qemu import QemuMonitor, QemuVmm
 
     return QemuVmm(QemuMonitor(path, timeout))

@@ -394,20 +394,25 @@ def test_stopping_leaves_the_device_where_it_is_and_says_so() -> None:
 
 
 def test_the_loops_metrics() -> None:
-    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
 
     from guestagent.host.giveback.follow_metrics import FollowMetrics
+    from guestagent.host.metrics.exposition import exposition
 
     metrics = FollowMetrics("firecracker", "balloon")
+    assert exposition(metrics.families()) == ""  # Nothing seen yet: nothing served.
     metrics.observe(Reading(300 * MIB, None, False, MIB), 400 * MIB, 0.25)
     metrics.changed(Change(272 * MIB, "stall", ""), "deflate")
-    text = generate_latest(metrics.registry).decode()
-    labels = 'device="balloon",vmm="firecracker"'
-    assert f"guestctl_giveback_follow_taken_bytes{{{labels}}} 3.145728e+08" in text
+    text = exposition(metrics.families())
+    labels = 'vmm="firecracker",device="balloon"'
+    assert f"guestctl_giveback_follow_taken_bytes{{{labels}}} 314572800.0" in text
     assert f"guestctl_giveback_follow_stall_ratio{{{labels}}} 0.25" in text
     assert f"guestctl_giveback_follow_safe_bytes{{{labels}}} NaN" in text
-    changed = 'cause="stall",device="balloon",direction="deflate",vmm="firecracker"'
+    changed = 'vmm="firecracker",device="balloon",direction="deflate",cause="stall"'
     assert f"guestctl_giveback_follow_changes_total{{{changed}}} 1.0" in text, text
+    # A scraper reads it: prometheus_client's own parser.
+    parsed = {f.name: f for f in text_string_to_metric_families(text)}
+    assert parsed["guestctl_giveback_follow_changes"].samples[0].value == 1.0
 
 
 def test_a_guest_with_no_stall_to_read_is_let_out_on_the_target_alone() -> None:
