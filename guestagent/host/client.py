@@ -65,21 +65,21 @@ class WatchStream(Protocol):
     def cancel(self) -> bool: ...
 
 
-class AgentClient:
-    def __init__(self, target: str, timeout: float = 30.0) -> None:
-        self.target = target
-        self.timeout = timeout
+class AgentTarget:
+    """What grpc dials to reach the agent at `target`: the agent itself (unix, tcp), or a
+    private unix socket relayed to its vsock or hybrid vsock, which grpcio cannot dial; use as
+    a context manager, which closes the relay. A failed dial is kept for the caller: grpc
+    itself only sees the relay's socket closed ("recvmsg: Connection reset by peer")."""
+
+    def __init__(self, target: str, timeout: float) -> None:
+        self.target, self.timeout = target, timeout
         self._relay: SocketRelay | None = None
         self._relay_dir: Path | None = None
-        self._dial_failure: OSError | None = None
+        self.dial_failure: OSError | None = None
         address = parse_address(target)
         if isinstance(address, VsockAddress | HybridVsockAddress):
             address = self._start_relay(address)
-        # What grpc dials: the agent, or this client's relay to it.
         self.grpc_target = grpc_target(address)
-        self.channel = grpc.insecure_channel(self.grpc_target, options=channel_options(timeout))
-        self.stub = pb_grpc.MemoryAgentStub(self.channel)
-        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
 
     def _start_relay(self, address: VsockAddress | HybridVsockAddress) -> UnixAddress:
         self._relay_dir = Path(tempfile.mkdtemp(prefix="guestctl-"))
@@ -98,9 +98,38 @@ class AgentClient:
         return UnixAddress(path)
 
     def _dial_failed(self, error: OSError) -> None:
-        """Kept for __exit__: grpc itself only sees the relay's socket closed
-        ("recvmsg: Connection reset by peer" on a temporary path)."""
-        self._dial_failure = error
+        self.dial_failure = error
+
+    def close(self) -> None:
+        if self._relay is not None:
+            self._relay.close()
+        if self._relay_dir is not None:
+            shutil.rmtree(self._relay_dir, ignore_errors=True)
+
+    def __enter__(self) -> AgentTarget:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+        failure = self.dial_failure
+        if failure is not None and isinstance(exc, grpc.RpcError) and _unavailable(exc):
+            raise AgentUnreachable(str(failure)) from exc
+
+
+class AgentClient:
+    def __init__(self, target: str, timeout: float = 30.0) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._reach = AgentTarget(target, timeout)
+        self.grpc_target = self._reach.grpc_target
+        self.channel = grpc.insecure_channel(self.grpc_target, options=channel_options(timeout))
+        self.stub = pb_grpc.MemoryAgentStub(self.channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self.channel)
 
     def agent_info(self) -> pb.AgentInfo:
         return self.stub.GetAgentInfo(pb.GetAgentInfoRequest(), timeout=self.timeout)
@@ -207,10 +236,7 @@ class AgentClient:
 
     def close(self) -> None:
         self.channel.close()
-        if self._relay is not None:
-            self._relay.close()
-        if self._relay_dir is not None:
-            shutil.rmtree(self._relay_dir, ignore_errors=True)
+        self._reach.close()
 
     def __enter__(self) -> AgentClient:
         return self
@@ -221,10 +247,8 @@ class AgentClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
-        failure = self._dial_failure
-        if failure is not None and isinstance(exc, grpc.RpcError) and _unavailable(exc):
-            raise AgentUnreachable(str(failure)) from exc
+        self.channel.close()
+        self._reach.__exit__(exc_type, exc, tb)
 
 
 class AgentUnreachable(ConnectionError):

@@ -1,6 +1,8 @@
 """The node daemon's bench (issue 55): at scale (50 declared VMs whose agents run over fake
-roots on this host: every one served, the daemon's RSS and idle CPU), and against two guests
-(the host's RSS over time with free page reporting alone, then with the daemon)."""
+roots on this host: every one served, the daemon's RSS and idle CPU), the daemon run from its
+OCI image as the DaemonSet runs it when the image is built (`make node-image`), else from this
+checkout; and against two guests (the host's RSS over time with free page reporting alone,
+then with the daemon)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,7 @@ from guestagent.host.sizing.boot import free_tcp_port
 from tests.fakes.agentproc import AgentProcess
 from tests.fakes.root import make_fake_root
 
+IMAGE = Path(__file__).resolve().parents[2] / "image" / "build" / "guestagent-node.oci"
 SCALE_VMS = 50
 RSS_TARGET_MIB = 40.0
 CPU_TARGET = 0.01  # Of one core, while idle.
@@ -27,8 +32,62 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def start_node(config: Path) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "guestagent.host.ctl", "node", "--config", str(config)]
+    command = [sys.executable, "-m", "guestagent.host.entry", "node", "--config", str(config)]
     return subprocess.Popen(command, stderr=subprocess.DEVNULL, text=True)
+
+
+@dataclass
+class Daemon:
+    """The daemon under measure: its process (podman's, for the image) and its own pid."""
+
+    process: subprocess.Popen[str]
+    pid: Callable[[], int]
+    stop: Callable[[], None]
+    how: str
+
+
+def native(config: Path, workdir: Path, port: int) -> Daemon:
+    process = start_node(config)
+
+    def stop() -> None:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+
+    return Daemon(process, lambda: process.pid, stop, "this checkout's python")
+
+
+def from_image(config: Path, workdir: Path, port: int) -> Daemon:
+    """As the DaemonSet runs it (tests/node_image.py), the VMs' sockets and the policy mounted
+    where they are."""
+    from tests.node_image import daemonset_command, podman
+
+    name = f"guestagent-node-bench-{os.getpid()}"
+    host = workdir / "host"
+    (host / "run/containerd").mkdir(parents=True)  # The CRI's, which the DaemonSet mounts.
+    command = daemonset_command(
+        name, host, port, f"{workdir}:{workdir}:ro", args=("--config", str(config))
+    )
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
+    )
+
+    def pid() -> int:
+        return int(podman("inspect", "--format", "{{.State.Pid}}", name).stdout.strip())
+
+    def stop() -> None:
+        podman("stop", "--time=30", name, check=False)
+        process.wait(60)
+
+    return Daemon(process, pid, stop, "the node image under podman (runc)")
+
+
+def launcher() -> Callable[[Path, Path, int], Daemon]:
+    if IMAGE.exists() and shutil.which("podman") and os.geteuid() == 0:
+        from tests.node_image import loaded_image
+
+        next(loaded_image())  # Loaded into podman's storage (left there for the runs).
+        return from_image
+    return native
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -66,7 +125,7 @@ def measure_node_scale(count: int = SCALE_VMS, idle_seconds: float = 60.0) -> di
     """`count` agents on fake roots, declared; the daemon serves each, then idles."""
     workdir = Path(tempfile.mkdtemp(prefix="node-scale-"))
     agents: list[AgentProcess] = []
-    node: subprocess.Popen[str] | None = None
+    node: Daemon | None = None
     try:
         for number in range(count):
             directory = workdir / f"vm{number}"
@@ -87,32 +146,33 @@ def measure_node_scale(count: int = SCALE_VMS, idle_seconds: float = 60.0) -> di
             f'[guest]\nswap_serial = ""\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
         )
         started = time.monotonic()
-        node = start_node(config)
+        node = launcher()(config, workdir, port)
         while up_count(port) < count:
-            if time.monotonic() - started > 120 or node.poll() is not None:
+            if time.monotonic() - started > 120 or node.process.poll() is not None:
                 raise RuntimeError(f"{up_count(port)} of {count} VMs served after 120 s")
             time.sleep(0.5)
         served_after = time.monotonic() - started
+        pid = node.pid()
         settle = time.monotonic() + 10  # Each loop's setup calls and first reports done.
         while time.monotonic() < settle:
             time.sleep(1)
-        memory_served = rss_kib(node.pid)
-        cpu_before, at = cpu_seconds(node.pid), time.monotonic()
+        memory_served = rss_kib(pid)
+        cpu_before, at = cpu_seconds(pid), time.monotonic()
         deadline = at + idle_seconds
         while time.monotonic() < deadline:
             time.sleep(1)
-        cpu = (cpu_seconds(node.pid) - cpu_before) / (time.monotonic() - at)
-        memory_idle = rss_kib(node.pid)
+        cpu = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - at)
+        memory_idle = rss_kib(pid)
         served_at_end = up_count(port)
     finally:
         if node is not None:
-            node.send_signal(signal.SIGTERM)
-            node.wait(30)
+            node.stop()
         for agent in agents:
             agent.kill()
         shutil.rmtree(workdir, ignore_errors=True)
     rss_mib = memory_idle["VmRSS"] / 1024
     return {
+        "daemon": node.how,
         "vms": count,
         "all_served_after_seconds": round(served_after, 1),
         "served_at_end": served_at_end,

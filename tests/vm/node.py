@@ -39,6 +39,8 @@ class Node:
         """The daemon from its OCI image as the DaemonSet runs it (tests/node_image.py), its
         hostPaths under `host`; the policy file is the test's, mounted read-only."""
         name = f"guestagent-node-vm-test-{os.getpid()}"
+        # The CRI's directory, which the DaemonSet mounts; no CRI answers there.
+        (host / "run/containerd").mkdir(parents=True, exist_ok=True)
         volume = f"{config}:{config}:ro"
         command = daemonset_command(name, host, port, volume, args=("--config", str(config)))
         node = cls._run(command, port)

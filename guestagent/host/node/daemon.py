@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import grpc
 
-from guestagent.host.async_watch import AsyncWatch
+from guestagent.host.async_calls import AsyncCalls
 from guestagent.host.metrics.families import Family
 from guestagent.host.node.config import NodePolicy
 from guestagent.host.node.cri import PodNames
@@ -59,7 +59,7 @@ class NodeDaemon:
         self.finder = Finder(policy.discovery, follow_fc)
         self.host = HostReading(self.fs)
         self.watchdog = Watchdog()
-        self.streams = AsyncWatch()
+        self.streams = AsyncCalls()
         self.loops: dict[str, GuestLoop] = {}
         self._lock = threading.Lock()
         self._said: set[str] = set()  # Discovery problems already logged.

@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 
 from guestagent.errors import AgentError
-from guestagent.host.async_watch import AsyncWatch
-from guestagent.host.client import AgentClient, WatchStream, channel_options, describe_error
+from guestagent.host.async_calls import AgentCalls, AsyncCalls
+from guestagent.host.client import AgentTarget, WatchStream, channel_options, describe_error
 from guestagent.host.giveback.follow import (
     GONE,
     BalloonKnob,
@@ -36,7 +36,6 @@ from guestagent.host.giveback.follow import (
     stall_sample,
     stall_share,
 )
-from guestagent.host.giveback.oneshot import ClientAgent
 from guestagent.host.node.config import NodePolicy
 from guestagent.host.node.pressure import Headroom, HostMemory, headroom
 from guestagent.host.node.sandboxes import AgentUrlError, Balloon, Sandbox
@@ -174,7 +173,7 @@ class GuestLoop:
         policy: NodePolicy,
         host: Callable[[], HostMemory],
         watchdog: Watchdog,
-        streams: AsyncWatch,
+        streams: AsyncCalls,
         fs: KernelFS | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -259,8 +258,10 @@ class GuestLoop:
         address = self._address()
         self._update(phase=Phase.CONNECTING)
         timeout = self.policy.timeouts.call_seconds
-        with AgentClient(address, timeout=timeout) as client, self._streams_of(client):
-            info = self._agent_info(client)
+        # Every call through the node's shared loop (host/async_calls.py), on one connection
+        # an agent: the target only relays a vsock one.
+        with AgentTarget(address, timeout) as reach, self._calls_of(reach) as agent:
+            info = self._agent_info(agent)
             plan = setup_plan(info, self.sandbox, self.policy)
             self._update(
                 reachable=True,
@@ -275,38 +276,39 @@ class GuestLoop:
                 balloon=self.sandbox.balloon.value,
                 missing=list(plan.missing),
             )
-            self._set_up(client, plan)
+            self._set_up(agent, plan)
             self._update(phase=Phase.SERVING)
             if plan.follow:
-                return self._follow(client)
-            return self._read_reports(client)
+                return self._follow(agent)
+            return self._read_reports(agent)
 
     @contextlib.contextmanager
-    def _streams_of(self, client: AgentClient) -> Iterator[None]:
-        """The client's streams' channel, closed with it."""
+    def _calls_of(self, reach: AgentTarget) -> Iterator[AgentCalls]:
+        """The agent's calls on the shared loop; its channel closed with the target."""
+        options = channel_options(self.policy.timeouts.call_seconds)
         try:
-            yield
+            yield self.streams.agent(reach.grpc_target, options, self.policy.timeouts.call_seconds)
         finally:
-            self.streams.forget(client.grpc_target)
+            self.streams.forget(reach.grpc_target)
 
-    def _agent_info(self, client: AgentClient) -> pb.AgentInfo | None:
+    def _agent_info(self, agent: AgentCalls) -> pb.AgentInfo | None:
         try:
-            return client.agent_info()
+            return agent.agent_info()
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 return None  # An agent before GetAgentInfo.
             raise
 
-    def _set_up(self, client: AgentClient, plan: SetupPlan) -> None:
+    def _set_up(self, agent: AgentCalls, plan: SetupPlan) -> None:
         """Each step's refusal is logged and the others go on: a guest without a swap disk
         still gets its reclaimer."""
         guest = self.policy.guest
         if plan.swap:
             request = pb.EnableSwapRequest(device=pb.DeviceSelector(serial=guest.swap_serial))
-            self._step("swap", lambda: client.enable_swap(request).device)
+            self._step("swap", lambda: agent.enable_swap(request).device)
         if plan.reclaim:
             policy = pb.ReclaimPolicy(anon=True) if guest.reclaim_anon else pb.ReclaimPolicy()
-            self._step("reclaim", lambda: client.set_workload_reclaim(True, policy).reason)
+            self._step("reclaim", lambda: agent.set_workload_reclaim(True, policy).reason)
 
     def _step(self, what: str, call: Callable[[], str]) -> None:
         try:
@@ -322,16 +324,12 @@ class GuestLoop:
             mem_total=report.system.mem_total_bytes,
         )
 
-    def _watch(self, client: AgentClient, interval_ms: int) -> Callable[[], WatchStream]:
-        """The agent's stream through the node's shared loop (host/async_watch.py says why),
-        on the client's target (its relay, for vsock)."""
-        request = pb.WatchMemoryRequest(
-            interval_ms=interval_ms, cold_after_ms=self.policy.guest.cold_after_ms
-        )
-        options = channel_options(self.policy.timeouts.call_seconds)
+    def _watch(self, agent: AgentCalls, interval_ms: int) -> Callable[[], WatchStream]:
+        """The agent's stream, each report seen by the view first."""
+        cold_after = self.policy.guest.cold_after_ms
 
         def watch() -> WatchStream:
-            return Recording(self.streams.stream(client.grpc_target, options, request), self._seen)
+            return Recording(agent.watch(interval_ms, cold_after), self._seen)
 
         return watch
 
@@ -357,10 +355,10 @@ class GuestLoop:
             )
         return room
 
-    def _follow(self, client: AgentClient) -> bool:
+    def _follow(self, agent: AgentCalls) -> bool:
         vmm = self._open_vmm()
         if vmm is None:
-            return self._read_reports(client)
+            return self._read_reports(agent)
         try:
             self._vmm_pid = vmm.pid
             guest = self.policy.guest
@@ -377,8 +375,8 @@ class GuestLoop:
                 quiet_seconds=quiet_limit(interval_ms),
             )
             follower = Follower(
-                self._watch(client, interval_ms),
-                ClientAgent(client, guest.cold_after_ms),
+                self._watch(agent, interval_ms),
+                _Agent(agent, guest.cold_after_ms),
                 vmm.name,
                 knob,
                 policy,
@@ -422,7 +420,7 @@ class GuestLoop:
         event = fields.pop("event")
         self._log(f"vm_{event}", **fields)
 
-    def _read_reports(self, client: AgentClient) -> bool:
+    def _read_reports(self, agent: AgentCalls) -> bool:
         """A VM whose balloon the daemon may not drive: its reports only, for the metrics,
         until stopped, or the agent is silent for gone_seconds."""
         interval_ms = max(100, round(self.policy.guest.report_seconds * 1000))
@@ -438,7 +436,7 @@ class GuestLoop:
             if now - since >= gone:
                 reports.stop()
 
-        reports = Reopening(self._watch(client, interval_ms), broken, self.clock)
+        reports = Reopening(self._watch(agent, interval_ms), broken, self.clock)
         with self._lock:
             self._reports = reports
         self.watchdog.guard(reports, quiet_limit(interval_ms))
@@ -455,6 +453,20 @@ class GuestLoop:
             with self._lock:
                 self._reports = None
         return silent_since[0] is None
+
+
+class _Agent:
+    """The agent as the follow loop asks it (giveback/oneshot.py's Agent): its report with the
+    node's cold threshold, and a compaction."""
+
+    def __init__(self, agent: AgentCalls, cold_after_ms: int) -> None:
+        self.agent, self.cold_after_ms = agent, cold_after_ms
+
+    def report(self) -> pb.MemoryInfo:
+        return self.agent.report(self.cold_after_ms)
+
+    def compact(self) -> pb.CompactResult:
+        return self.agent.compact()
 
 
 class _ViewMetrics:
