@@ -408,6 +408,15 @@ def idle_aging_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"idle_aging": measure_idle_aging()}
 
 
+def node_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.node import measure_node_scale
+    from tests.bench.node_guests import measure_node_guests
+
+    # latest.json -> latest-node.png, as the reclaimer's plot.
+    plot = args.out.with_name(f"{args.out.stem}-node.png")
+    return {"node": {"scale": measure_node_scale(), "guests": measure_node_guests(plot)}}
+
+
 def footprint_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.footprint import measure_footprint
 
@@ -438,6 +447,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "giveback_follow": giveback_follow_section,
     "idle_aging": idle_aging_section,
     "hostile": hostile_section,
+    "node": node_section,
 }
 
 

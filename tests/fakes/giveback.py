@@ -13,8 +13,11 @@ def report(
     mem_total: int = 1000 * MIB,
     safe_target: int | None = 600 * MIB,
     vmem_safe: int | None = None,
+    fragmented: int | None = None,
 ) -> pb.MemoryInfo:
     info = pb.MemoryInfo(system=pb.SystemMemory(mem_total_bytes=mem_total))
+    if fragmented is not None:  # Free memory in blocks free page reporting does not take.
+        info.giveback.free_fragmented.CopyFrom(pb.Figure(bytes=fragmented))
     if safe_target is not None:
         info.giveback.safe_balloon_target.CopyFrom(
             pb.Figure(bytes=safe_target, reason="working set 300 MiB + kernel 60 MiB + headroom")

@@ -89,6 +89,15 @@ class Node:
     def events(self, event: str) -> list[dict[str, Any]]:
         return [line for line in list(self.lines) if line.get("event") == event]
 
+    def kill(self) -> None:
+        """At once, as after a failed wait: the container too, which outlives podman's
+        client (its --rm removes it only once it stops)."""
+        if self.container is not None:
+            podman("rm", "--force", "--time=0", self.container, check=False)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(60)
+
     def stop(self) -> int:
         """SIGTERM, as the unit's stop and the kubelet's do; the daemon's exit status."""
         if self.container is not None:

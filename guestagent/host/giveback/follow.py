@@ -71,6 +71,11 @@ class Policy:
     saturated_stall: float = 0.01
     # A device unmoved this long short of what it was asked is asked for where it stands.
     still_seconds: float = STILL_SECONDS
+    # Compact the guest around an inflation only when this much free memory sits in blocks
+    # too small for free page reporting (the report's free_fragmented): less is not worth
+    # migrating the workload's pages, which stalls it under the balloon's own work. The
+    # agent's reclaimer compacts at the same 32 MiB.
+    compact_at_fragmented: int = 32 * MIB
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,16 @@ def _saturated(info: pb.MemoryInfo) -> bool:
     )
 
 
+def compaction_pays(info: pb.MemoryInfo, policy: Policy) -> bool:
+    """Whether compacting the guest now would hand the host enough: free memory stranded in
+    blocks below free page reporting's order, at least compact_at_fragmented of it. A report
+    without the figure (an agent before it) compacts, as the loop always did."""
+    giveback = info.giveback
+    if not info.HasField("giveback") or not giveback.HasField("free_fragmented"):
+        return True
+    return giveback.free_fragmented.bytes >= policy.compact_at_fragmented
+
+
 def _free(info: pb.MemoryInfo) -> int | None:
     return info.system.mem_free_bytes if info.HasField("system") else None
 
@@ -420,7 +435,8 @@ class Follower:
         if self._inflating and reading.taken >= self._asked:
             # The guest swapped and freed pages where they lay to make room; free page
             # reporting hands over only whole blocks.
-            self.agent.compact()
+            if compaction_pays(info, self.policy):
+                self.agent.compact()
             self._inflating = False
         sample = stall_sample(info, now)
         share = stall_share(self._stall, sample)
@@ -452,14 +468,19 @@ class Follower:
             self.metrics.observe(reading, self._asked, stall)
         if change is None or change.to == self._asked:
             return None
-        return self._change(change, reading, stall, now)
+        return self._change(change, reading, stall, now, info)
 
     def _change(
-        self, change: Change, reading: Reading | None, stall: float | None, now: float
+        self,
+        change: Change,
+        reading: Reading | None,
+        stall: float | None,
+        now: float,
+        info: pb.MemoryInfo | None = None,
     ) -> Change | None:
         """Ask the device for change.to and say so."""
         direction = "inflate" if change.to > self._asked else "deflate"
-        if direction == "inflate":
+        if direction == "inflate" and info is not None and compaction_pays(info, self.policy):
             self.agent.compact()  # As the one-shot command: the pages given up lie together.
         self.knob.set(change.to)
         self.say(

@@ -361,6 +361,28 @@ def test_an_inflation_compacts_before_and_once_more_when_the_device_has_it() -> 
     assert knob.sets == [400 * MIB] and agent.calls == ["compact", "compact"]
 
 
+@pytest.mark.parametrize(
+    ("fragmented", "compactions"),
+    [(8 * MIB, 0), (POLICY.compact_at_fragmented - 1, 0), (POLICY.compact_at_fragmented, 2)],
+)
+def test_an_inflation_compacts_only_when_enough_free_memory_is_fragmented(
+    fragmented: int, compactions: int
+) -> None:
+    """Compaction migrates the workload's pages: with less free memory stranded in small
+    blocks than the policy's bar, it would hand the host too little to be worth it."""
+    clock = iter([0.0, 10.0, 31.0, 40.0]).__next__
+    agent = FakeAgent(report())
+    knob = FakeKnob()
+    follower = Follower(
+        no_stream, agent, "qemu", knob, POLICY, FollowOptions(), out=lambda _: None, clock=clock
+    )
+    for _ in range(3):
+        follower.step(report(fragmented=fragmented))
+    knob.taken = 400 * MIB  # Reached.
+    follower.step(report(mem_total=600 * MIB, fragmented=fragmented))
+    assert knob.sets == [400 * MIB] and agent.calls == ["compact"] * compactions
+
+
 def test_stopping_leaves_the_device_where_it_is_and_says_so() -> None:
     lines: list[str] = []
     knob = FakeKnob()

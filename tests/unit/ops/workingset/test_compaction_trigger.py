@@ -61,6 +61,24 @@ def test_compaction_soon_after_reclaim_settles(
     assert why in reason
 
 
+@pytest.mark.parametrize(
+    ("small_mib", "reclaimed", "run"),
+    [
+        (30, 380 * MIB, True),  # Under the standing bar, over the bar after a burst.
+        (8, 380 * MIB, True),
+        (7, 380 * MIB, False),
+        (30, 0, False),  # No burst since: the standing 32 MiB bar.
+    ],
+)
+def test_after_a_burst_less_stranded_memory_is_worth_a_compaction(
+    small_mib: int, reclaimed: int, run: bool
+) -> None:
+    decided, reason = compaction_decision(
+        blocks(small_mib * 256, 300), PAGE, 0, 1000, 100.0, CompactionRule(), reclaimed, False
+    )
+    assert decided is run, reason
+
+
 def test_without_psi_the_calm_bar_is_delay_accountings_stall(tmp_path: Path) -> None:
     """The whole guest's stall from delay accounting decides where there is no PSI: calm, it
     compacts; stalled over the bar, it waits, saying so."""
