@@ -30,7 +30,7 @@ from guestagent.linux.abi import huge_order
 from guestagent.sizes import MIB
 from guestagent.transport.address import DEFAULT_VSOCK_PORT
 from guestagent.v1 import agent_pb2 as pb
-from guestagent.vm.qemu import GuestVM
+from guestagent.vm.qemu import DEFAULT_IMAGE_DIR, GuestVM
 from tests.vm import pace
 from tests.vm.conftest import image_or_skip
 from tests.vm.guest import (
@@ -82,7 +82,7 @@ def vm(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GuestVM]:
     arch: str = request.param
-    image = image_or_skip(image_dir_for(arch))
+    image = image_or_skip(image_dir_for(arch, DEFAULT_IMAGE_DIR))
     figures = RESULTS.setdefault(arch, {})
     for guest in boot(config(arch), image, tmp_path_factory):
         figures["boot_to_serving_seconds"] = round(guest.boot_seconds or 0, 1)

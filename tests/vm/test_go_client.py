@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from guestagent.host.client import AgentClient
+from guestagent.ops.agent_info import CONTRACT_REVISION
 from guestagent.vm.qemu import GuestVM
 from tests.vm.pace import Pace
 
@@ -70,7 +71,7 @@ def test_a_go_client_reads_reasons_and_keeps_its_stream_across_a_container_exit(
     print("\n".join(output))  # The Go client's own account, for the log.
     text = "\n".join(output)
     assert output[-1] == "OK", text
-    assert "contract_revision=3" in text and "psi" in text
+    assert f"contract_revision={CONTRACT_REVISION}" in text and "psi" in text
     assert "refused NotFound reason=CGROUP_NOT_FOUND" in text
     assert "refused InvalidArgument reason=SWAP_TOTAL_BELOW_LIMIT fields=[memory.swap]" in text
     assert f"removed_cgroups=[{CGROUP}], the stream goes on" in text

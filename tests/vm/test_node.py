@@ -149,6 +149,20 @@ def where_the_rest_is(guest: GuestVM) -> dict[str, Any]:
     }
 
 
+def fall_account(node: Node) -> dict[str, Any]:
+    """What a failed wait for the cold sets says: how far each fell, where the rest was, and
+    the daemon's balloon steps (CI keeps the output, not the results file)."""
+    return {
+        **{key: RESULTS.get(key) for key in ("fall_fraction_of_cold", "rss_every_5_s_mib")},
+        "at_fall_end": RESULTS.get("at_fall_end"),
+        "balloon_steps": [
+            (e.get("vm"), e.get("event"), e.get("asked"), e.get("cause"))
+            for e in node.lines
+            if e.get("event") in STEPS
+        ],
+    }
+
+
 def ready(guest: GuestVM, out: str) -> Callable[[], bool]:
     """Whether the workload has touched its memory."""
     return lambda: guest.exec(["test", "-e", f"{out}/ready"], check=False).rc == 0
@@ -218,14 +232,17 @@ def test_the_node_gives_back_both_guests_cold_sets_and_drops_a_sandbox_that_goes
                     fell_at.setdefault(name, round(time.monotonic() - started, 1))
             return len(fell_at) == len(guests)
 
+        timed_out = ""
         try:
             wait_until(fallen, pace.scale(WITHIN_SECONDS), "both cold sets out of QEMU's RSS", 1.0)
-        finally:
-            RESULTS["fall_fraction_of_cold"] = {
-                n: round((before[n] - lowest[n]) / (COLD_MIB * MIB), 3) for n in guests
-            }
-            RESULTS["fell_after_seconds"] = fell_at
-            RESULTS["at_fall_end"] = {n: where_the_rest_is(g) for n, g in guests.items()}
+        except AssertionError as failed:
+            timed_out = str(failed)
+        RESULTS["fall_fraction_of_cold"] = {
+            n: round((before[n] - lowest[n]) / (COLD_MIB * MIB), 3) for n in guests
+        }
+        RESULTS["fell_after_seconds"] = fell_at
+        RESULTS["at_fall_end"] = {n: where_the_rest_is(g) for n, g in guests.items()}
+        assert not timed_out, f"{timed_out}: {fall_account(node)}"
         after_until = {name: guest_time(guest) for name, guest in guests.items()}
         RESULTS["metrics_both"] = sorted(node.up())
 
