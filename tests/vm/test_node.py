@@ -129,7 +129,8 @@ def where_the_rest_is(guest: GuestVM) -> dict[str, Any]:
     reporting had (free memory in blocks too small for it)."""
     status = guest.exec(["cat", "/sys/fs/cgroup/pod/memory.current"]).stdout.strip()
     with AgentClient(guest.agent_target) as agent:
-        targets = agent.reclaim_status().targets
+        status_now = agent.reclaim_status()
+    targets, compaction = status_now.targets, status_now.compaction
     meminfo = {key: meminfo_bytes(guest, key) for key in MEMINFO}
     return {
         "qemu_guest_rss_mib": round(guest_rss(guest) / MIB, 1),
@@ -146,6 +147,7 @@ def where_the_rest_is(guest: GuestVM) -> dict[str, Any]:
             f"{t.effective_floor_bytes // MIB} MiB"
             for t in targets
         ],
+        "compaction": f"{compaction.runs} run(s); last check: {compaction.last_decision}",
     }
 
 
