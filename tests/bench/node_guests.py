@@ -124,6 +124,9 @@ def arm(
         },
         "oom_kills": {name: oom_kills(vm) - kills[name] for name, vm in guests.items()},
         "hot_windows": {name: within(logs[name], since[name], until[name]) for name in GUESTS},
+        "hot_last_minute": {
+            name: within(logs[name], until[name] - 60, until[name]) for name in GUESTS
+        },
         "detail": detail,
         "rss_timeline": [(round(r["t"] - acted_at, 1), round(node_mib(r), 1)) for r in rows],
     }
@@ -169,16 +172,29 @@ def measure_node_guests(plot_path: Path | None) -> dict[str, Any]:
             events: dict[str, int] = {}
             for line in node.lines:
                 events[str(line.get("event"))] = events.get(str(line.get("event")), 0) + 1
-            return {"served": served, "exit": rc, "log_events": events}
+            steps = [
+                f"{line['vm']} {line['event'][3:]} to {int(line['asked']) // MIB} MiB: "
+                f"{line.get('cause')}"
+                for line in node.lines
+                if line.get("event") in ("vm_inflate", "vm_deflate")
+            ]
+            return {"served": served, "exit": rc, "log_events": events, "balloon_steps": steps}
 
         results["reporting_alone"] = arm(guests, "pod-alone", lambda: None, lambda: None)
         results["daemon"] = arm(guests, "pod-node", start, stop)
     alone_end = results["reporting_alone"]["node_rss_end_mib"]
     with_end = results["daemon"]["node_rss_end_mib"]
+    alone_arm, daemon_arm = results["reporting_alone"], results["daemon"]
     hot = {
-        name: slowdown(
-            results["reporting_alone"]["hot_windows"][name], results["daemon"]["hot_windows"][name]
-        )
+        name: {
+            "whole_watch": slowdown(
+                alone_arm["hot_windows"][name], daemon_arm["hot_windows"][name]
+            ),
+            # Once the cold sets are out: what following and the reclaimer cost at rest.
+            "last_minute": slowdown(
+                alone_arm["hot_last_minute"][name], daemon_arm["hot_last_minute"][name]
+            ),
+        }
         for name in GUESTS
     }
     figures: dict[str, Any] = {
@@ -196,7 +212,9 @@ def measure_node_guests(plot_path: Path | None) -> dict[str, Any]:
         figures["plot"] = plot(figures, plot_path)
     for side, _ in ARMS:
         figures[side] = {
-            k: v for k, v in figures[side].items() if k not in ("rss_timeline", "hot_windows")
+            k: v
+            for k, v in figures[side].items()
+            if k not in ("rss_timeline", "hot_windows", "hot_last_minute")
         }
     return figures
 
