@@ -4,6 +4,7 @@ here, so a figure means the same on either side of the vsock."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -90,3 +91,31 @@ def ratios(numerator: dict[str, int], denominator: dict[str, int]) -> dict[str, 
 
 def mib_verdict(size: int, target_mib: float) -> dict[str, Any]:
     return {"mib": round(size / MIB, 1), "target_mib": target_mib, "met": size <= target_mib * MIB}
+
+
+def tcp_ext_counters(netstat: str) -> dict[str, int]:
+    """/proc/net/netstat's TcpExt counters by name (a header line, then a line of values)."""
+    rows = [line.split()[1:] for line in netstat.splitlines() if line.startswith("TcpExt:")]
+    names, values = rows[0], rows[1]
+    return {name: int(value) for name, value in zip(names, values, strict=True)}
+
+
+def listen_backlog(ss_listening: str) -> int:
+    """The backlog of the listener `ss -Hltn` printed: a listening socket's Send-Q column."""
+    return int(ss_listening.split()[2])
+
+
+def audit_ms(log: str, method: str, since_unix: float) -> list[float]:
+    """The duration_ms of the agent's audit lines for `method` logged since then (JSON lines;
+    others, and lines not JSON, skipped)."""
+    durations = []
+    for line in log.splitlines():
+        if '"audit"' not in line or method not in line:
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("method") == method and event.get("ts", 0) >= since_unix:
+            durations.append(float(event["duration_ms"]))
+    return durations

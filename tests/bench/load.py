@@ -46,9 +46,18 @@ async def run_load(
     errors: Counter[str] = Counter()
     samples_of_errors: dict[str, str] = {}
     error_seconds: list[float] = []  # How long each failed call took: a timer shows here.
+    # A failed connection fails each call on it at once until it reconnects, so a count of
+    # calls says more about the client's loop than the agent: these say how many and when.
+    clients_with_errors: set[int] = set()
+    first_error_at: list[float] = []
     watch_messages = 0
     deadline = time.monotonic() + seconds
     start = agent_figures()
+
+    def note_error(index: int) -> None:
+        clients_with_errors.add(index)
+        if not first_error_at:
+            first_error_at.append(round(seconds - (deadline - time.monotonic()), 1))
 
     async def unary(index: int, stub: Any) -> None:
         writer = index % LIMIT_EVERY == 0
@@ -73,6 +82,7 @@ async def run_load(
                 errors[e.code().name] += 1
                 samples_of_errors.setdefault(e.code().name, e.details() or "")
                 error_seconds.append(round(time.perf_counter() - started, 2))
+                note_error(index)
                 continue
             name = "SetMemoryLimits" if writer else "GetMemoryInfo"
             latencies[name].append((time.perf_counter() - started) * 1e6)
@@ -92,6 +102,7 @@ async def run_load(
         except grpc.aio.AioRpcError as e:
             errors[f"watch {e.code().name}"] += 1
             samples_of_errors.setdefault(e.code().name, e.details() or "")
+            note_error(index)
         finally:
             stream.cancel()
 
@@ -141,6 +152,8 @@ async def run_load(
         "errors": dict(errors),
         "error_examples": samples_of_errors,
         "error_call_seconds": sorted(error_seconds)[:20],
+        "clients_with_errors": len(clients_with_errors),
+        "first_error_after_s": first_error_at[0] if first_error_at else None,
         "agent_rss_anon_start": int(start["rss_anon"]),
         "agent_rss_anon_under_load": int(loaded[0]["rss_anon"]),
         "agent_rss_anon_end": int(end["rss_anon"]),

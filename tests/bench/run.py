@@ -353,7 +353,25 @@ def host_sections(args: argparse.Namespace) -> dict[str, Any]:
 def vm_section(args: argparse.Namespace) -> dict[str, Any]:
     from tests.bench.vm import measure_vm
 
-    return {"vm": measure_vm(args.load_seconds)}
+    return {"vm": measure_vm()}
+
+
+def native_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.load_native import measure_native
+
+    return {"native": measure_native(args.native_seconds)}
+
+
+def load_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.load_guest import measure_load
+
+    return {"load": measure_load(args.load_seconds)}
+
+
+def thrash_section(args: argparse.Namespace) -> dict[str, Any]:
+    from tests.bench.thrash import measure_thrash_section
+
+    return {"thrash": measure_thrash_section()}
 
 
 def virtio_mem_section(args: argparse.Namespace) -> dict[str, Any]:
@@ -436,9 +454,12 @@ def hostile_section(args: argparse.Namespace) -> dict[str, Any]:
 # In the order they run. "host" writes daemon, load_local and targets; each other its own key.
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "host": host_sections,
+    "native": native_section,
     "runtime": runtime_section,
     "footprint": footprint_section,
     "vm": vm_section,
+    "load": load_section,
+    "thrash": thrash_section,
     "virtio_mem": virtio_mem_section,
     "reclaimer": reclaimer_section,
     "delayacct_cost": delayacct_cost_section,
@@ -476,6 +497,12 @@ def main() -> int:
         help=f"comma list of {','.join(SECTIONS)} (default: all); the QEMU ones need `make image`",
     )
     parser.add_argument("--load-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--native-seconds",
+        type=float,
+        default=20.0,
+        help="each phase of the native section (alone, readers, health checks; default 20)",
+    )
     parser.add_argument(
         "--hostile-seconds",
         type=float,

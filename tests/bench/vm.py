@@ -4,7 +4,6 @@ blocks and of freed RAM handed back to the host, and the vsock relay's cost."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -214,18 +213,7 @@ def side_by_side(vm: GuestVM, agent: dict[str, dict[str, int]]) -> dict[str, Any
     }
 
 
-def vm_load(vm: GuestVM, agent: AgentClient, seconds: float) -> dict[str, Any]:
-    from tests.bench.load import run_load
-
-    cgroups = [f"load/c{i}" for i in range(50)]
-    for name in cgroups:
-        agent.set_limits(name, pb.LinuxMemory(limit=-1), create=True)
-    return asyncio.run(
-        run_load(vm.agent_target, cgroups, cgroups, seconds, lambda: guest_agent_figures(vm), 120)
-    )
-
-
-def measure_vm(load_seconds: float) -> dict[str, Any]:
+def measure_vm() -> dict[str, Any]:
     config = VMConfig(
         memory_mib=1024,
         disks=(
@@ -253,5 +241,4 @@ def measure_vm(load_seconds: float) -> dict[str, Any]:
         agent.disable_swap(pb.DeviceSelector(serial="swap0"))
         results["free_page_reporting"] = allocate_free_and_compact(vm, agent.compact, 600)
         results["relay_in_guest"] = relay_latency(vm)
-        results["load"] = vm_load(vm, agent, load_seconds)
     return results

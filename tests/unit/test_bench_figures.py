@@ -7,13 +7,16 @@ from typing import Any
 import pytest
 
 from tests.bench.figures import (
+    audit_ms,
     cpu_seconds,
     exact_memory,
     footprint,
+    listen_backlog,
     load_sample,
     mib_verdict,
     ratios,
     status_memory,
+    tcp_ext_counters,
 )
 
 STATUS = """Name:\tpython3
@@ -268,3 +271,34 @@ def test_verdicts_against_the_contract_server_only_once_the_agent_holds_the_cont
     # When ready the agent has not loaded its contract; the contract server has.
     assert "vs_contract_server" not in targets["ready"]
     assert "vs_contract_server" not in verdicts(agent, floor, {"ready_s": 2.0})["after_calls"]
+
+
+NETSTAT = """TcpExt: SyncookiesSent ListenOverflows ListenDrops
+TcpExt: 0 2073 2074
+IpExt: InNoRoutes InTruncatedPkts
+IpExt: 0 0
+"""
+
+
+def test_tcp_ext_counters_pair_names_with_values() -> None:
+    counters = tcp_ext_counters(NETSTAT)
+    assert (counters["ListenOverflows"], counters["ListenDrops"]) == (2073, 2074)
+    assert "InNoRoutes" not in counters
+
+
+def test_listen_backlog_is_a_listeners_send_q() -> None:
+    # QEMU's forwarded port, as `ss -Hltn` printed it: libslirp listens with a backlog of 1.
+    assert listen_backlog("LISTEN 0      1          127.0.0.1:41003      0.0.0.0:*\n") == 1
+
+
+def test_audit_ms_takes_the_methods_lines_since_then() -> None:
+    log = "\n".join(
+        [
+            '{"ts": 99.0, "event": "audit", "method": "SetMemoryLimits", "duration_ms": 1.0}',
+            '{"ts": 101.0, "event": "audit", "method": "SetMemoryLimits", "duration_ms": 2.5}',
+            '{"ts": 102.0, "event": "audit", "method": "EnableSwap", "duration_ms": 9.0}',
+            "guestagent-init: a line that is not JSON, with audit and SetMemoryLimits in it",
+            '{"ts": 103.0, "event": "audit", "method": "SetMemoryLimits", "duration_ms": 4.0}',
+        ]
+    )
+    assert audit_ms(log, "SetMemoryLimits", 100.0) == [2.5, 4.0]
