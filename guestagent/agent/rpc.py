@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 
 from guestagent import errors
 from guestagent.agent import wire
+from guestagent.agent.admission import ReportAdmission
 from guestagent.agent.audit import audit
 from guestagent.agent.peers import PeerTable
 from guestagent.agent.status import details_metadata
@@ -136,7 +137,11 @@ def unary(
             code, details = grpc.StatusCode.OK, ""
             trailer: tuple[tuple[str, bytes], ...] = ()
             try:
-                return encode(await call(self, decode(request), context))
+                if not audited:
+                    return encode(await call(self, decode(request), context))
+                # A state-changing call: reports make room for it (agent/admission.py).
+                async with self.admission.change():
+                    return encode(await call(self, decode(request), context))
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
@@ -147,6 +152,9 @@ def unary(
                     log.error("rpc_failed", exc=True, method=method)
             finally:
                 if audited:
+                    # A state-changing call: reports after it read afresh, so its caller
+                    # sees what it did (ops/info.py shares readings between calls).
+                    self.reporter.changed()
                     audit(method, peer, request, code, time.monotonic() - started, details)
             await context.abort(code, details, trailer)
 
@@ -232,6 +240,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
             kernel, max_watches
         )  # Every stream's inotify watches and triggers.
         self._readers = IdleExitPool(READ_THREADS, "read", after_burst=give_heap_back)
+        self.admission = ReportAdmission(READ_THREADS)
         self._stream_readers = IdleExitPool(
             STREAM_READ_THREADS, "sread", after_burst=give_heap_back
         )
@@ -242,8 +251,16 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         """Kernel reads on a reader thread, so the event loop answers other calls meanwhile."""
         return await run_on(self._readers, read, *args, **kwargs)
 
-    async def _watch_report(self, spec: InfoSpec, removed_ok: bool) -> Report:
-        return await run_on(self._stream_readers, self.reporter.report, spec, removed_ok)
+    async def _watch_report(
+        self, spec: InfoSpec, removed_ok: bool, fresh_from: float | None
+    ) -> Report:
+        async with self.admission.report():
+            return await run_on(
+                self._stream_readers, self.reporter.report, spec, removed_ok, fresh_from
+            )
+
+    def _encoded_report(self, spec: InfoSpec, fresh_from: float) -> pb.MemoryInfo:
+        return wire.report_pb(self.reporter.report(spec, False, fresh_from))
 
     @unary(wire.no_arguments, wire.agent_info_pb)
     async def GetAgentInfo(
@@ -251,11 +268,15 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     ) -> AgentInfo:
         return await self._read(agent_info, self.kernel, self.stall, self.ager.state)
 
-    @unary(wire.memory_info_from_pb, wire.report_pb)
+    @unary(wire.memory_info_from_pb, wire.as_is)
     async def GetMemoryInfo(
         self, spec: InfoSpec, context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
-    ) -> Report:
-        return await self._read(self.reporter.report, spec)
+    ) -> pb.MemoryInfo:
+        # As fresh as when it came, however long it waits for its turn; read and encoded on a
+        # reader thread, so the loop that takes calls up stays free.
+        fresh_from = self.reporter.fresh_from()
+        async with self.admission.report():
+            return await self._read(self._encoded_report, spec, fresh_from)
 
     @streaming(wire.watch_spec_from_pb, wire.watch_update_pb)
     def WatchMemory(self, spec: WatchSpec) -> AsyncIterator[WatchUpdate]:

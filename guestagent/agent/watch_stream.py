@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import field
@@ -149,7 +150,17 @@ def reason_for(woke: Iterable[tuple[Signal, str | None]]) -> tuple[WatchReason, 
 
 
 # The report for a spec; after the first, a cgroup that does not exist is listed as removed.
-ReadReport = Callable[[InfoSpec, bool], Awaitable[Report]]
+# The float: the monotonic time its readings must have started at or after (None: as a call
+# that comes now, ops/info.py's fresh_from).
+ReadReport = Callable[[InfoSpec, bool, float | None], Awaitable[Report]]
+
+
+def next_tick(after: float, interval_s: float) -> float:
+    """The first multiple of the interval on the monotonic clock later than `after`: streams
+    with the same interval tick together and share one reading of the kernel's files
+    (ops/info.py)."""
+    tick = (math.floor(after / interval_s) + 1) * interval_s
+    return tick if tick > after else tick + interval_s
 
 
 async def watch_memory(
@@ -168,13 +179,13 @@ async def watch_memory(
     hub = hub or SignalHub(kernel)
     in_place = Reporter(kernel, stall=stall)  # One hotplug cache for the stream's reports.
 
-    async def report(removed_ok: bool = True) -> Report:
+    async def report(fresh_from: float | None, removed_ok: bool = True) -> Report:
         if read is None:
-            return in_place.report(spec.info, removed_ok)
-        return await read(spec.info, removed_ok)
+            return in_place.report(spec.info, removed_ok, fresh_from)
+        return await read(spec.info, removed_ok, fresh_from)
 
     # Checks every name before anything is armed: a cgroup missing at the start is NOT_FOUND.
-    first = await report(removed_ok=False)
+    first = await report(None, removed_ok=False)
     events = {name: kernel.cgroup(name).events_file for name in spec.cgroups}
     psi = read_psi_absence(kernel)
     delay = None
@@ -193,12 +204,20 @@ async def watch_memory(
             )
         try:
             yield WatchUpdate(first, WatchReason.INITIAL)
+            tick = next_tick(time.monotonic(), spec.interval_s)
             while True:
-                woke = await _next_signals(signals, spec.interval_s, stopping)
+                woke = await _next_signals(signals, tick, stopping)
                 if woke is None:
                     return
                 reason, changed = reason_for(woke)
-                now = await report()
+                # A signal's report is read after it; an interval's may be one that started
+                # at its tick, which every stream of that interval shares.
+                woke_at = time.monotonic()
+                now = await report(woke_at if woke else tick)
+                # After a signal's message the tick still comes, unless it has passed; after
+                # the tick's own, the next (a timer can fire a hair early: never the same).
+                if not woke or woke_at >= tick:
+                    tick = next_tick(max(woke_at, tick), spec.interval_s)
                 follow_cgroups(kernel, signals, now.report.removed)
                 yield WatchUpdate(now, reason, changed)
         finally:
@@ -238,14 +257,16 @@ def follow_cgroups(kernel: Kernel, signals: KernelSignals, removed: tuple[str, .
 
 
 async def _next_signals(
-    signals: KernelSignals, interval_s: float, stopping: asyncio.Event
+    signals: KernelSignals, tick: float, stopping: asyncio.Event
 ) -> list[tuple[Signal, str | None]] | None:
-    """Kernel signals (coalesced), [] when the interval passed first, None on shutdown."""
+    """Kernel signals (coalesced), [] when the tick (monotonic) came first, None on shutdown."""
     getter = asyncio.ensure_future(signals.queue.get())
     stopper = asyncio.ensure_future(stopping.wait())
     try:
         done, _ = await asyncio.wait(
-            {getter, stopper}, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED
+            {getter, stopper},
+            timeout=max(0.0, tick - time.monotonic()),
+            return_when=asyncio.FIRST_COMPLETED,
         )
     finally:
         getter.cancel()

@@ -7,8 +7,8 @@ feature that is off (PSI, swap accounting) is reported as None, never as zero.
 
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from guestagent.errors import AgentError, FailedPrecondition, KernelFormat, NotFound
@@ -107,25 +107,110 @@ def read_system_pressure(fs: KernelFS) -> Pressure | None:
     return read_pressure(fs, fs.proc("pressure", "memory"))
 
 
-def read_present_cgroups(
-    fs: KernelFS, cgroups: tuple[CgroupName, ...]
-) -> tuple[list[tuple[CgroupMemory, str]], tuple[str, ...]]:
-    """The cgroups that exist, read, with their directories, and the names of those that do
-    not: missing, or removed while their files were read (rmdir takes them all at once, so a
-    directory that is gone afterwards is what tells the two apart from a missing file)."""
-    found: list[tuple[CgroupMemory, str]] = []
+@record
+class SystemReading:
+    """What every report reads, whatever cgroups it names: the guest's memory, its stall, the
+    features it lacks, its hot-plugged memory and its counters."""
+
+    system: SystemMemory
+    pressure: Pressure | None
+    absent: tuple[Absent, ...]
+    hotplug: HotplugReport | None
+    vmstat: VmStat | None
+    delay_stall_us: int | None
+    # Whether the cgroups' stall comes from delay accounting too (it answers, and stands in
+    # for PSI or is preferred to it).
+    cgroups_delayacct: bool
+    collected_at_unix_ns: int
+
+
+def read_system(
+    fs: KernelFS, hotplug: HotplugReportCache | None = None, stall: DelayStallMeter | None = None
+) -> SystemReading:
+    """hotplug: the cache that spares re-reading the hotplug section; None reads it afresh.
+    stall: delay accounting's meter, read where PSI is not (or is, when it is preferred)."""
+    system = read_system_memory(fs)
+    pressure = read_system_pressure(fs)
+    absent = read_absent(fs)
+    delay_stall_us = None
+    delayacct = False
+    if stall is not None:
+        delay_absent = stall.absence()
+        if delay_absent is not None:
+            absent = (*absent, delay_absent)
+        else:
+            delayacct = True
+            if stall.stands_in(pressure is not None):
+                delay_stall_us = stall.guest_total_us()
+    return SystemReading(
+        system,
+        pressure,
+        absent,
+        hotplug.report(fs, system.mem_total) if hotplug else read_hotplug_report(fs),
+        read_vmstat(fs),
+        delay_stall_us,
+        delayacct,
+        time.time_ns(),
+    )
+
+
+def read_cgroup(
+    fs: KernelFS, name: CgroupName, stall: DelayStallMeter | None = None
+) -> CgroupMemory:
+    """One cgroup's memory files, and its delay-accounting stall where that stands in for PSI
+    (`stall`: the meter, when delay accounting answers). NotFound when the cgroup does not
+    exist, or was removed while its files were read (rmdir takes them all at once, so a
+    directory that is gone afterwards is what tells that apart from a missing file)."""
+    cgroup = memory_cgroup(fs, name)
+    try:
+        memory = cgroup.read()
+        if stall is not None and stall.stands_in(memory.pressure is not None):
+            memory = replace(memory, delay_stall_us=stall.total_us(cgroup.directory))
+    except NotFound:
+        raise
+    except AgentError:
+        if fs.is_dir(cgroup.directory):
+            raise
+        memory_cgroup(fs, name)  # Gone: its own NotFound says so.
+        raise
+    return memory
+
+
+def report_of(
+    system: SystemReading,
+    cgroups: tuple[CgroupMemory, ...] = (),
+    removed: tuple[str, ...] = (),
+) -> MemoryReport:
+    return MemoryReport(
+        collected_at_unix_ns=system.collected_at_unix_ns,
+        system=system.system,
+        pressure=system.pressure,
+        cgroups=cgroups,
+        hotplug=system.hotplug,
+        vmstat=system.vmstat,
+        absent=system.absent,
+        delay_stall_us=system.delay_stall_us,
+        removed=removed,
+    )
+
+
+def read_cgroups(
+    names: tuple[CgroupName, ...],
+    read: Callable[[CgroupName], CgroupMemory],
+    removed_ok: bool,
+) -> tuple[tuple[CgroupMemory, ...], tuple[str, ...]]:
+    """The named cgroups by `read` (read_cgroup, or a shared reading of it): removed_ok lists
+    one that does not exist in the second tuple instead of refusing it with NotFound."""
+    found: list[CgroupMemory] = []
     removed: list[str] = []
-    for name in cgroups:
+    for name in names:
         try:
-            cgroup = memory_cgroup(fs, name)
-            found.append((cgroup.read(), cgroup.directory))
+            found.append(read(name))
         except NotFound:
-            removed.append(name)
-        except AgentError:
-            if fs.is_dir(os.path.join(fs.cgroup_root, name)):
+            if not removed_ok:
                 raise
             removed.append(name)
-    return found, tuple(removed)
+    return tuple(found), tuple(removed)
 
 
 def read_report(
@@ -135,46 +220,9 @@ def read_report(
     stall: DelayStallMeter | None = None,
     removed_ok: bool = False,
 ) -> MemoryReport:
-    """hotplug: the cache that spares re-reading the hotplug section; None reads it afresh.
-    stall: delay accounting's meter, read where PSI is not (or is, when it is preferred).
-    removed_ok lists a cgroup that does not exist in `removed` instead of refusing it."""
-    if removed_ok:
-        present, removed = read_present_cgroups(fs, cgroups)
-    else:
-        named = [memory_cgroup(fs, name) for name in cgroups]  # Each found before any is read.
-        present, removed = [(cgroup.read(), cgroup.directory) for cgroup in named], ()
-    found = [cgroup for cgroup, _ in present]
-    system = read_system_memory(fs)
-    pressure = read_system_pressure(fs)
-    absent = read_absent(fs)
-    delay_stall_us = None
-    if stall is not None:
-        delay_absent = stall.absence()
-        if delay_absent is not None:
-            absent = (*absent, delay_absent)
-        else:
-            if stall.stands_in(pressure is not None):
-                delay_stall_us = stall.guest_total_us()
-            measured = []
-            for cgroup, directory in present:
-                if stall.stands_in(cgroup.pressure is not None):
-                    try:
-                        cgroup = replace(cgroup, delay_stall_us=stall.total_us(directory))
-                    except AgentError:
-                        if not removed_ok or fs.is_dir(directory):
-                            raise
-                        removed = (*removed, cgroup.path)  # Removed since it was read.
-                        continue
-                measured.append(cgroup)
-            found = measured
-    return MemoryReport(
-        collected_at_unix_ns=time.time_ns(),
-        system=system,
-        pressure=pressure,
-        cgroups=tuple(found),
-        hotplug=hotplug.report(fs, system.mem_total) if hotplug else read_hotplug_report(fs),
-        vmstat=read_vmstat(fs),
-        absent=absent,
-        delay_stall_us=delay_stall_us,
-        removed=removed,
-    )
+    """The whole report read at once (read_system, then read_cgroup for each); removed_ok
+    lists a cgroup that does not exist in `removed` instead of refusing it."""
+    system = read_system(fs, hotplug, stall)
+    meter = stall if system.cgroups_delayacct else None
+    found, removed = read_cgroups(cgroups, lambda name: read_cgroup(fs, name, meter), removed_ok)
+    return report_of(system, found, removed)

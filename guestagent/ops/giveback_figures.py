@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from guestagent.linux.cgroup.memory import CgroupSwap
 from guestagent.linux.features import Absent
-from guestagent.linux.giveback_sources import GiveBackSources, read_giveback_sources
-from guestagent.linux.kernel import Kernel
+from guestagent.linux.giveback_sources import GiveBackSources
 from guestagent.linux.meminfo import MemoryReport
 from guestagent.ops.idle import IdleHistogram, IdleSpec, IdleState, IdleView
 from guestagent.records import record
@@ -255,9 +254,9 @@ def cgroup_swap_room(guest: int | None, swap: CgroupSwap | None) -> int | None:
 
 
 def giveback_figures(
-    kernel: Kernel, report: MemoryReport, state: IdleState, spec: IdleSpec
+    sources: GiveBackSources, report: MemoryReport, state: IdleState, spec: IdleSpec
 ) -> GiveBackFigures:
-    sources = read_giveback_sources(kernel, report.system, report.hotplug)
+    """sources: read with the report's system figures (read_giveback_sources)."""
     page = sources.page_size
     cgroups = []
     for c in report.cgroups:

@@ -4,21 +4,33 @@ the cgroups it acts on among those asked about, and what kind of guest this is."
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from dataclasses import field
 from typing import TYPE_CHECKING
 
 from guestagent.jsonlog import EventLog
+from guestagent.linux.cgroup.memory import CgroupMemory
 from guestagent.linux.cgroup.name import CgroupName
 from guestagent.linux.confidential import NONE, Confidential
 from guestagent.linux.delayacct import DelayStallMeter
+from guestagent.linux.giveback_sources import GiveBackSources, read_giveback_sources
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.memblocks import HotplugReportCache
-from guestagent.linux.meminfo import MemoryReport, read_report
+from guestagent.linux.meminfo import (
+    MemoryReport,
+    SystemReading,
+    read_cgroup,
+    read_cgroups,
+    read_system,
+    report_of,
+)
 from guestagent.linux.statestore import state_unavailable
 from guestagent.ops.giveback_figures import GiveBackFigures, giveback_figures
 from guestagent.ops.idle import IdleAger, IdleSpec
 from guestagent.ops.limits import BEING_MADE, CgroupsBeingMade
+from guestagent.ops.shared_reads import SharedReads
 from guestagent.ops.workingset.status import TargetStatus
 from guestagent.records import record
 
@@ -46,40 +58,112 @@ log = EventLog("guestagent.ops.info")
 
 NOT_CONFIDENTIAL = Confidential(NONE, "")
 
+# Calls that come within this long of a reading of the kernel's files share it rather than
+# read their own (docs/contract.md says the bound): under TCG a report's reads took most of its
+# 40 ms of CPU, and 200 callers each read the same files.
+SHARE_WINDOW_S = 0.1
+# Readings kept past the window: a call that queued behind others asks from when it came.
+KEEP_READINGS_S = 10.0
+
 
 @record
+class SystemSnapshot:
+    """The kernel's figures every report takes, whatever its cgroups, read together."""
+
+    reading: SystemReading
+    sources: GiveBackSources
+    state_unavailable: str
+
+
 class Reporter:
     """What a report is read from. One per agent, shared by GetMemoryInfo and every stream;
-    a part left None (a test's) leaves its figures out of the report."""
+    a part left None (a test's) leaves its figures out of the report. Reports share their
+    readings of the kernel's files: the system's, and each cgroup's (shared_reads.py)."""
 
-    kernel: Kernel
-    hotplug: HotplugReportCache = field(default_factory=HotplugReportCache)
-    confidential: Confidential = NOT_CONFIDENTIAL
-    # The reclaimer if it is built: until something sets or asks for a policy, there is none
-    # (the agent builds it at first use: agent/on_first_use.py).
-    built_reclaimer: Callable[[], Reclaimer | None] | None = None
-    ager: IdleAger | None = None  # Its state as of each report.
-    stall: DelayStallMeter | None = None
-    # A cgroup SetMemoryLimits is making is read once its limits are written.
-    being_made: CgroupsBeingMade = BEING_MADE
+    def __init__(
+        self,
+        kernel: Kernel,
+        confidential: Confidential = NOT_CONFIDENTIAL,
+        built_reclaimer: Callable[[], Reclaimer | None] | None = None,
+        ager: IdleAger | None = None,
+        stall: DelayStallMeter | None = None,
+        being_made: CgroupsBeingMade = BEING_MADE,
+        window_s: float = SHARE_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """built_reclaimer: the reclaimer if it is built (until something sets or asks for a
+        policy there is none: agent/on_first_use.py). ager: its state as of each report.
+        being_made: a cgroup SetMemoryLimits is making is read once its limits are written."""
+        self.kernel = kernel
+        self.confidential = confidential
+        self.built_reclaimer = built_reclaimer
+        self.ager = ager
+        self.stall = stall
+        self.being_made = being_made
+        self.window_s = window_s
+        self._clock = clock
+        self._hotplug = HotplugReportCache()
+        self._system: SharedReads[None, SystemSnapshot] = SharedReads(
+            lambda _: self._read_system(), KEEP_READINGS_S, clock
+        )
+        self._cgroups: SharedReads[CgroupName, CgroupMemory] = SharedReads(
+            self._read_cgroup, KEEP_READINGS_S, clock
+        )
+        self._cgroup_stall: DelayStallMeter | None = None
+        self._changed_at = -math.inf
 
-    def report(self, spec: InfoSpec, removed_ok: bool = False) -> Report:
-        """removed_ok lists an asked-for cgroup that does not exist in the report's `removed`
-        (a stream's, after its first message) instead of refusing the call."""
+    def fresh_from(self) -> float:
+        """How fresh a reading a call that comes now takes: started within the window, and
+        after the last change the agent made (a caller sees its own SetMemoryLimits)."""
+        return max(self._clock() - self.window_s, self._changed_at)
+
+    def now(self) -> float:
+        """The clock fresh_from is in: a reading that must start no earlier than now."""
+        return self._clock()
+
+    def changed(self) -> None:
+        """The agent changed what a report shows (limits, swap, memory): a call that comes
+        from now on takes a reading started after it."""
+        self._changed_at = self._clock()
+
+    def report(
+        self, spec: InfoSpec, removed_ok: bool = False, fresh_from: float | None = None
+    ) -> Report:
+        """fresh_from: the monotonic time its readings must have started at or after, fixed
+        when the call came (fresh_from()); None means now's. removed_ok lists an asked-for
+        cgroup that does not exist in the report's `removed` (a stream's, after its first
+        message) instead of refusing the call."""
+        since = self.fresh_from() if fresh_from is None else fresh_from
         if spec.cgroups and not self.being_made.wait_for(spec.cgroups):
             log.warning("report_read_while_making", cgroups=list(spec.cgroups))
-        report = read_report(self.kernel, spec.cgroups, self.hotplug, self.stall, removed_ok)
+        snapshot = self._system.get(None, since)
+        cgroups, removed = read_cgroups(
+            spec.cgroups, lambda name: self._cgroups.get(name, since), removed_ok
+        )
+        report = report_of(snapshot.reading, cgroups, removed)
         return Report(
             report,
             self.confidential,
             self._reclaim_statuses(spec.cgroups),
-            state_unavailable(self.kernel),
+            snapshot.state_unavailable,
             (
-                giveback_figures(self.kernel, report, self.ager.state, spec.idle)
+                giveback_figures(snapshot.sources, report, self.ager.state, spec.idle)
                 if self.ager is not None
                 else None
             ),
         )
+
+    def _read_system(self) -> SystemSnapshot:
+        reading = read_system(self.kernel, self._hotplug, self.stall)
+        self._cgroup_stall = self.stall if reading.cgroups_delayacct else None
+        return SystemSnapshot(
+            reading,
+            read_giveback_sources(self.kernel, reading.system, reading.hotplug),
+            state_unavailable(self.kernel),
+        )
+
+    def _read_cgroup(self, name: CgroupName) -> CgroupMemory:
+        return read_cgroup(self.kernel, name, self._cgroup_stall)
 
     def _reclaim_statuses(self, cgroups: tuple[CgroupName, ...]) -> tuple[TargetStatus, ...]:
         reclaimer = self.built_reclaimer() if self.built_reclaimer is not None else None

@@ -415,7 +415,7 @@ async def test_a_bug_says_so_in_its_reason(
     def broken(*args: object) -> None:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("guestagent.ops.info.read_report", broken)
+    monkeypatch.setattr("guestagent.ops.info.read_system", broken)
     context: Any = FakeContext()
     with pytest.raises(Aborted):
         await make_servicer(fake_root).GetMemoryInfo(pb.GetMemoryInfoRequest(), context)

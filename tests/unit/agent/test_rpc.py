@@ -148,7 +148,7 @@ async def test_a_bug_is_internal_and_logged(
     def broken(*args: object) -> NoReturn:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr("guestagent.ops.info.read_report", broken)
+    monkeypatch.setattr("guestagent.ops.info.read_system", broken)
     context: Any = FakeContext()
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):
         await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(), context)
@@ -191,3 +191,29 @@ def test_kernel_errors_reach_the_caller_as_their_status(number: int, code: grpc.
     status, message = status_for(error)
     assert status == code
     assert "/proc/sys/vm/compact_memory" in message
+
+
+async def test_a_report_after_a_change_shows_it_within_the_sharing_window(
+    servicer: MemoryAgentServicer,
+) -> None:
+    """Reports share readings for up to SHARE_WINDOW_S, but a caller that changed the limits
+    sees its change in the next report, however soon it asks."""
+    request = pb.GetMemoryInfoRequest(cgroups=["pod"])
+    before = await servicer.GetMemoryInfo(request, FakeContext())
+    assert before.cgroups[0].max.unlimited
+    limits = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=256 << 20))
+    await servicer.SetMemoryLimits(limits, FakeContext())
+    after = await servicer.GetMemoryInfo(request, FakeContext())
+    assert after.cgroups[0].max.bytes == 256 << 20
+
+
+async def test_reports_within_the_window_share_one_reading(
+    servicer: MemoryAgentServicer, fake_root: FakeRoot
+) -> None:
+    request = pb.GetMemoryInfoRequest(cgroups=["pod"])
+    first = await servicer.GetMemoryInfo(request, FakeContext())
+    # The kernel's figure moves, but a call within the window takes the reading it shares.
+    (fake_root.root / "sys/fs/cgroup/pod/memory.current").write_text("12345\n")
+    second = await servicer.GetMemoryInfo(request, FakeContext())
+    assert second.collected_at_unix_ns == first.collected_at_unix_ns
+    assert second.cgroups[0].current_bytes == first.cgroups[0].current_bytes

@@ -12,6 +12,7 @@ from guestagent.agent.watch_stream import (
     Triggers,
     WatchReason,
     WatchSpec,
+    next_tick,
     reason_for,
     triggers_to_arm,
     watch_interval_seconds,
@@ -112,6 +113,41 @@ def test_watch_interval() -> None:
     assert watch_interval_seconds(100) == 0.1
     with pytest.raises(InvalidArgument, match="99 ms is below the minimum 100 ms"):
         watch_interval_seconds(99)
+
+
+@pytest.mark.parametrize(
+    ("after", "interval", "tick"),
+    [
+        (10.05, 0.2, 10.2),
+        (10.25, 0.25, 10.5),  # Never the tick it is at.
+        (10.25 - 1e-9, 0.25, 10.25),
+        (0.0, 1.0, 1.0),
+        (59.999, 60.0, 60.0),
+    ],
+)
+def test_next_tick_is_the_interval_grid_strictly_after(
+    after: float, interval: float, tick: float
+) -> None:
+    assert next_tick(after, interval) == pytest.approx(tick)
+    assert next_tick(after, interval) > after
+
+
+async def test_streams_of_one_interval_tick_together(fake_root: FakeRoot) -> None:
+    """Opened at different times, they send their interval messages at the same ticks, so
+    one reading of the kernel's files serves them all."""
+    fake_root.add_cgroup("pod")
+    stopping = asyncio.Event()
+    spec = WatchSpec((cgroup_name("pod"),), interval_s=0.1)
+    first = watch_memory(fake_root.fs, spec, stopping)
+    await anext(first)
+    await asyncio.sleep(0.037)
+    second = watch_memory(fake_root.fs, spec, stopping)
+    await anext(second)
+    one, other = await asyncio.gather(anext(first), anext(second))
+    assert one.reason is other.reason is WatchReason.INTERVAL
+    gap_ns = abs(one.answer.report.collected_at_unix_ns - other.answer.report.collected_at_unix_ns)
+    assert gap_ns < 30_000_000  # Within 30 ms of each other; opened 37 ms apart.
+    stopping.set()
 
 
 async def test_initial_then_interval_then_ends_on_shutdown(fake_root: FakeRoot) -> None:

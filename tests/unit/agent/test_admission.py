@@ -1,0 +1,106 @@
+"""Report admission: a few reports at a time, in turn, and one while a state-changing call runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from guestagent.agent.admission import ReportAdmission
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+class Reports:
+    """Reports that hold their slot until released, noting the order they got it in."""
+
+    def __init__(self, admission: ReportAdmission) -> None:
+        self.admission = admission
+        self.running: list[int] = []
+        self.release: dict[int, asyncio.Event] = {}
+
+    async def report(self, n: int) -> None:
+        self.release[n] = asyncio.Event()
+        async with self.admission.report():
+            self.running.append(n)
+            await self.release[n].wait()
+
+
+async def test_reports_beyond_the_slots_wait_in_turn() -> None:
+    reports = Reports(ReportAdmission(2))
+    tasks = [asyncio.create_task(reports.report(n)) for n in range(5)]
+    await settle()
+    assert reports.running == [0, 1]
+    reports.release[1].set()
+    await settle()
+    assert reports.running == [0, 1, 2]
+    for n in range(5):
+        reports.release[n].set()
+        await settle()
+    await asyncio.gather(*tasks)
+    assert reports.running == [0, 1, 2, 3, 4]
+
+
+async def test_a_state_changing_call_leaves_reports_one_slot() -> None:
+    admission = ReportAdmission(3)
+    reports = Reports(admission)
+    changing = asyncio.Event()
+    done = asyncio.Event()
+
+    async def change() -> None:
+        async with admission.change():
+            changing.set()
+            await done.wait()
+
+    changer = asyncio.create_task(change())
+    await changing.wait()
+    tasks = [asyncio.create_task(reports.report(n)) for n in range(3)]
+    await settle()
+    assert reports.running == [0]
+    done.set()
+    await changer
+    await settle()
+    assert reports.running == [0, 1, 2]  # Its end gives the other slots back.
+    for n in range(3):
+        reports.release[n].set()
+    await asyncio.gather(*tasks)
+
+
+async def test_a_report_cancelled_while_waiting_takes_no_slot() -> None:
+    admission = ReportAdmission(1)
+    reports = Reports(admission)
+    first = asyncio.create_task(reports.report(0))
+    second = asyncio.create_task(reports.report(1))
+    third = asyncio.create_task(reports.report(2))
+    await settle()
+    second.cancel()
+    await settle()
+    reports.release[0].set()
+    await settle()
+    assert reports.running == [0, 2]
+    reports.release[2].set()
+    await asyncio.gather(first, third)
+    assert second.cancelled()
+    assert admission.open_slots == 1
+
+
+async def test_a_slot_given_as_its_waiter_is_cancelled_goes_back() -> None:
+    admission = ReportAdmission(1)
+    reports = Reports(admission)
+    first = asyncio.create_task(reports.report(0))
+    await settle()
+    second = asyncio.create_task(reports.report(1))
+    await settle()
+    reports.release[0].set()
+    while not first.done():  # The first ends and hands its slot to the second...
+        await asyncio.sleep(0)
+    assert reports.running == [0] and admission.open_slots == 0
+    second.cancel()  # ...which is cancelled before it runs.
+    await asyncio.gather(second, return_exceptions=True)
+    assert admission.open_slots == 1
+    third = asyncio.create_task(reports.report(2))
+    await settle()
+    assert reports.running[-1] == 2
+    reports.release[2].set()
+    await third
