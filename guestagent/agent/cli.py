@@ -23,7 +23,7 @@ from guestagent.linux.syscalls import limit_malloc_arenas, refuse_huge_pages
 from guestagent.ops import kernel_switches
 from guestagent.ops.hotplug import AUTO_MOVABLE, DEFAULT_MOVABLE_RATIO, POLICIES, OnlinePolicy
 from guestagent.ops.idle import DEFAULT_AGING_INTERVAL_S, MIN_AGING_INTERVAL_S
-from guestagent.ops.self_cgroup import protect_self
+from guestagent.ops.self_cgroup import lock_self, protect_self
 from guestagent.transport.address import DEFAULT_VSOCK_PORT, HOST_CID, parse_address
 
 if TYPE_CHECKING:
@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         "memory.min and memory.high, unless already in a service's own cgroup)",
     )
     serve_cmd.add_argument(
+        "--no-lock-memory",
+        action="store_true",
+        help="leave its memory to reclaim like any process's (default: lock each page it "
+        "touches, so a thrashing guest does not swap the agent out)",
+    )
+    serve_cmd.add_argument(
         "--reclaim",
         action="append",
         default=[],
@@ -223,6 +229,8 @@ def run(args: SimpleNamespace) -> int:
     kernel = Kernel(args.root, args.cgroup_mount)
     if not args.no_self_cgroup:
         protect_self(kernel)
+    if not args.no_lock_memory:
+        lock_self(kernel)  # Before the daemon's imports: what they map is locked as touched.
     import asyncio
 
     from guestagent.agent.daemon import ServerConfig, serve

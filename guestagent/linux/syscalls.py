@@ -168,12 +168,37 @@ def huge_pages_refused() -> bool:
     return bool(_libc().prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1)
 
 
+# mlockall(2) flags, <sys/mman.h>: what is mapped now, what is mapped later, each page locked
+# as it is faulted in (Linux 4.4) rather than all at once.
+MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT = 1, 2, 4
+_LOCK_ALL = MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT
+_memory_locked = False
+
+
+def lock_memory() -> None:
+    """Keep every page this process has, and every one it faults in later, out of reclaim and
+    swap (mlockall, as earlyoom locks itself): a page is locked as it is touched, so what is
+    never touched costs nothing. OSError: EPERM without CAP_IPC_LOCK over RLIMIT_MEMLOCK."""
+    global _memory_locked
+    _check(_libc().mlockall(ctypes.c_int(_LOCK_ALL)), "mlockall")
+    _memory_locked = True
+
+
 def give_heap_back() -> bool:
     """Return free heap to the kernel (glibc's malloc_trim(0)): free(3) keeps what it frees
     for reuse, in every arena, and only the top of the main heap goes back on its own. False
-    where the libc has no malloc_trim (musl) or nothing could be released."""
+    where the libc has no malloc_trim (musl) or nothing could be released. Locked memory is
+    unlocked for it: the trim's madvise(MADV_DONTNEED) refuses locked pages (EINVAL)."""
     trim = getattr(_libc(), "malloc_trim", None)
-    return trim is not None and trim(ctypes.c_size_t(0)) == 1
+    if trim is None:
+        return False
+    if not _memory_locked:
+        return bool(trim(ctypes.c_size_t(0)) == 1)
+    _libc().munlockall()
+    try:
+        return bool(trim(ctypes.c_size_t(0)) == 1)
+    finally:
+        _libc().mlockall(ctypes.c_int(_LOCK_ALL))
 
 
 def umount(target: str) -> None:

@@ -1,4 +1,5 @@
-"""The agent's own cgroup, so reclaim and swapping spare the process that manages them.
+"""The agent's own cgroup and locked memory, so reclaim and swapping spare the process that
+manages them.
 
 The agent is needed most when the guest is short of memory. Left in the root cgroup, its
 pages are reclaimed and swapped like anyone's, and every call then waits for them to come
@@ -6,6 +7,9 @@ back. In a cgroup of its own with memory.min covering its footprint, the kernel 
 elsewhere first; memory.high bounds what a leak in the agent could take from the workloads.
 Under systemd the unit already gives it a cgroup with MemoryMin/MemoryHigh, so it stays there;
 started by kata-agent (a guest extension), it shares kata-agent's cgroup, so it moves out.
+memory.min covers only part of it, though, so that a host can take its cold pages: through a
+whole-guest thrash the rest was reclaimed and faulted back (3071 major faults in a minute,
+docs/measurements.md), so the agent also locks what it touches (lock_self).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.linux.cgroup.procs import move_process, read_cgroup_procs, read_own_cgroup
 from guestagent.linux.cgroup.tree import create_cgroup, read_mount_facts
 from guestagent.linux.kernel import Kernel
+from guestagent.linux.syscalls import lock_memory
 from guestagent.records import record
 from guestagent.sizes import MIB
 
@@ -135,3 +140,18 @@ def protect_self(kernel: Kernel, pid: int | None = None, euid: int | None = None
         memory_high=MEMORY_HIGH,
     )
     return decision
+
+
+def lock_self(kernel: Kernel) -> bool:
+    """Lock the agent's pages in memory as they are touched (lock_memory), so that a guest
+    swapping everything else still finds the agent's code and heap in RAM; logged. Serving a
+    test tree (not the real kernel) it locks nothing. Never fatal: unlocked, it still serves."""
+    if not kernel.is_real:
+        return False
+    try:
+        lock_memory()
+    except OSError as e:
+        log.warning("memory_lock_failed", error=errno_text(e))
+        return False
+    log.info("memory_locked", flags="MCL_CURRENT|MCL_FUTURE|MCL_ONFAULT")
+    return True

@@ -52,26 +52,42 @@ def test_the_arena_cap_holds_where_threads_would_each_get_one() -> None:
 # Blocks of 64 KiB (under glibc's mmap threshold, so from the heap) freed all but the last:
 # the freed ones sit below a live block, where free(3) alone never returns them.
 TRIM_PROGRAM = """
-from guestagent.linux.syscalls import give_heap_back
+import sys
+from guestagent.linux.syscalls import give_heap_back, lock_memory
+def status(field):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field))
 def rss_anon():
-    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon"))
+    return status("RssAnon")
+if sys.argv[1] == "locked":
+    lock_memory()
 blocks = [bytearray(1 << 16) for _ in range(512)]
 kept = blocks[-1]
 del blocks
 held = rss_anon()
 give_heap_back()
-print(held - rss_anon())
+print(held - rss_anon(), status("VmLck"))
 """
 
 
 @pytest.mark.skipif(os.confstr("CS_GNU_LIBC_VERSION") is None, reason="glibc's malloc only")
-def test_giving_heap_back_returns_what_free_kept() -> None:
+@pytest.mark.parametrize("memory", ["unlocked", "locked"])
+def test_giving_heap_back_returns_what_free_kept(memory: str) -> None:
+    """Locked too: the trim's madvise refuses locked pages, so it unlocks around the trim."""
+    if memory == "locked" and os.geteuid() != 0:
+        pytest.skip("mlockall past RLIMIT_MEMLOCK needs CAP_IPC_LOCK")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     done = subprocess.run(
-        [sys.executable, "-c", TRIM_PROGRAM], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-c", TRIM_PROGRAM, memory],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     )
+    given_back_kib, locked_kib = map(int, done.stdout.split())
     # 32 MiB were freed; at least most of it leaves RSS.
-    assert int(done.stdout) > 24 * 1024
+    assert given_back_kib > 24 * 1024
+    # And what it still holds is locked again (the kept block and the interpreter's pages).
+    assert (locked_kib > 1024) == (memory == "locked")
 
 
 def child_output(program: str) -> str:

@@ -13,6 +13,7 @@ from guestagent.ops.self_cgroup import (
     MEMORY_MIN,
     Action,
     decide,
+    lock_self,
     protect_self,
 )
 from tests.fakes.cgroups import FakeCgroupKernel
@@ -197,3 +198,10 @@ def test_cli_flag_turns_it_off(guest: FakeRoot, monkeypatch: pytest.MonkeyPatch)
     assert self_cgroup.AGENT_CGROUP not in {
         p.name for p in (guest.root / "sys/fs/cgroup").iterdir()
     }
+
+
+def test_serving_a_test_tree_locks_nothing(fake_root: FakeRoot) -> None:
+    # The tests' agents run over fake trees on the development host: none of them pins its
+    # pages there (lock_memory is tested in tests/unit/linux/test_syscalls.py).
+    assert not fake_root.fs.is_real
+    assert lock_self(fake_root.fs) is False
