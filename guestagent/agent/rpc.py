@@ -111,16 +111,27 @@ if TYPE_CHECKING:  # grpc.aio.ServicerContext is generic only in its type stubs.
     from guestagent.ops.workingset.reclaimer import Reclaimer
 
 
+# What a state-changing call changed, from its request: the cgroups whose readings it changed
+# (None: any reading) and whether the system's figures too (ops/info.py Reporter.changed).
+Changes: TypeAlias = tuple[tuple[CgroupName, ...] | None, bool]
+
+
+def anything(spec: object) -> Changes:
+    return None, True
+
+
 def unary(
     decode: Callable[[Decodable], Spec],
     encode: Callable[[Result], Resp],
     *,
     audited: bool = False,
+    changes: Callable[[Spec], Changes] = anything,
 ) -> Callable[
     [Callable[[MemoryAgentServicer, Spec, Context[Req, Resp]], Awaitable[Result]]],
     Callable[[MemoryAgentServicer, Decodable, Context[Req, Resp]], Awaitable[Resp]],
 ]:
-    """An RPC method from its operation: decode, call, encode, map errors, audit."""
+    """An RPC method from its operation: decode, call, encode, map errors, audit. An audited
+    call changes state: reports after it take readings of what it `changes` afresh."""
 
     def decorate(
         call: Callable[[MemoryAgentServicer, Spec, Context[Req, Resp]], Awaitable[Result]],
@@ -136,12 +147,14 @@ def unary(
             peer = self.peers.caller(context.peer()) if audited else ""
             code, details = grpc.StatusCode.OK, ""
             trailer: tuple[tuple[str, bytes], ...] = ()
+            spec: Spec | None = None
             try:
+                spec = decode(request)
                 if not audited:
-                    return encode(await call(self, decode(request), context))
+                    return encode(await call(self, spec, context))
                 # A state-changing call: reports make room for it (agent/admission.py).
                 async with self.admission.change():
-                    return encode(await call(self, decode(request), context))
+                    return encode(await call(self, spec, context))
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise
@@ -151,10 +164,11 @@ def unary(
                 if not isinstance(e, errors.AgentError):
                     log.error("rpc_failed", exc=True, method=method)
             finally:
+                if audited and spec is not None:
+                    # Reports after it read what it changed afresh, so its caller sees what
+                    # it did (ops/info.py shares readings between calls).
+                    self.reporter.changed(*changes(spec))
                 if audited:
-                    # A state-changing call: reports after it read afresh, so its caller
-                    # sees what it did (ops/info.py shares readings between calls).
-                    self.reporter.changed()
                     audit(method, peer, request, code, time.monotonic() - started, details)
             await context.abort(code, details, trailer)
 
@@ -289,7 +303,12 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
             stall=self.stall,
         )
 
-    @unary(wire.reclaim_policy_request_from_pb, wire.reclaim_target_pb, audited=True)
+    @unary(
+        wire.reclaim_policy_request_from_pb,
+        wire.reclaim_target_pb,
+        audited=True,
+        changes=lambda request: ((), False),  # The reclaimer's status is read live.
+    )
     async def SetReclaimPolicy(
         self,
         request: ReclaimPolicyRequest | WorkloadReclaimRequest,
@@ -323,7 +342,13 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
     ) -> list[SwapArea]:
         return await asyncio.to_thread(lambda: self.swaps().list())
 
-    @unary(wire.set_limits_spec_from_pb, wire.applied_limits_pb, audited=True)
+    @unary(
+        wire.set_limits_spec_from_pb,
+        wire.applied_limits_pb,
+        audited=True,
+        # Its cgroup's files; the system's give-back figures count protections (memory.low).
+        changes=lambda spec: ((spec.cgroup,), spec.memory.reservation is not None),
+    )
     async def SetMemoryLimits(
         self,
         spec: SetLimitsSpec,
@@ -340,7 +365,12 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         timeout = max(0.0, remaining - DEADLINE_MARGIN_SECONDS) if remaining is not None else None
         return await self.compactor.compact(node, timeout)
 
-    @unary(wire.reclaim_spec_from_pb, wire.reclaim_result_pb, audited=True)
+    @unary(
+        wire.reclaim_spec_from_pb,
+        wire.reclaim_result_pb,
+        audited=True,
+        changes=lambda spec: ((spec.cgroup,), True),
+    )
     async def Reclaim(
         self, spec: ReclaimSpec, context: Context[pb.ReclaimRequest, pb.ReclaimResult]
     ) -> ReclaimResult:

@@ -64,6 +64,8 @@ NOT_CONFIDENTIAL = Confidential(NONE, "")
 SHARE_WINDOW_S = 0.1
 # Readings kept past the window: a call that queued behind others asks from when it came.
 KEEP_READINGS_S = 10.0
+# Cgroups whose last change is remembered before the old ones are dropped.
+MAX_CHANGES_KEPT = 256
 
 
 @record
@@ -110,21 +112,37 @@ class Reporter:
             self._read_cgroup, KEEP_READINGS_S, clock
         )
         self._cgroup_stall: DelayStallMeter | None = None
-        self._changed_at = -math.inf
+        # When the agent last changed what readings show: all of them, the system's figures,
+        # each cgroup's. A reading taken before is taken by no call after.
+        self._all_changed_at = -math.inf
+        self._system_changed_at = -math.inf
+        self._cgroup_changed_at: dict[CgroupName, float] = {}
 
     def fresh_from(self) -> float:
-        """How fresh a reading a call that comes now takes: started within the window, and
-        after the last change the agent made (a caller sees its own SetMemoryLimits)."""
-        return max(self._clock() - self.window_s, self._changed_at)
+        """How fresh a reading a call that comes now takes: started within the window."""
+        return self._clock() - self.window_s
 
-    def now(self) -> float:
-        """The clock fresh_from is in: a reading that must start no earlier than now."""
-        return self._clock()
-
-    def changed(self) -> None:
-        """The agent changed what a report shows (limits, swap, memory): a call that comes
-        from now on takes a reading started after it."""
-        self._changed_at = self._clock()
+    def changed(self, cgroups: tuple[CgroupName, ...] | None = None, system: bool = True) -> None:
+        """The agent changed what reports show: every reading (cgroups None), or the named
+        cgroups' and, with system, the system's. Calls then take only readings started
+        after it, so a caller sees its own SetMemoryLimits; a change to one cgroup leaves the
+        others' readings, and the system's, shared (a runtime starting containers sets
+        limits many times a second)."""
+        now = self._clock()
+        if cgroups is None:
+            self._all_changed_at = now
+            return
+        if system:
+            self._system_changed_at = now
+        for name in cgroups:
+            self._cgroup_changed_at[name] = now
+        if len(self._cgroup_changed_at) > MAX_CHANGES_KEPT:
+            # A change older than a reading can be kept concerns no reading any more.
+            self._cgroup_changed_at = {
+                name: at
+                for name, at in self._cgroup_changed_at.items()
+                if now - at < KEEP_READINGS_S
+            }
 
     def report(
         self, spec: InfoSpec, removed_ok: bool = False, fresh_from: float | None = None
@@ -133,13 +151,15 @@ class Reporter:
         when the call came (fresh_from()); None means now's. removed_ok lists an asked-for
         cgroup that does not exist in the report's `removed` (a stream's, after its first
         message) instead of refusing the call."""
-        since = self.fresh_from() if fresh_from is None else fresh_from
+        since = max(self.fresh_from() if fresh_from is None else fresh_from, self._all_changed_at)
         if spec.cgroups and not self.being_made.wait_for(spec.cgroups):
             log.warning("report_read_while_making", cgroups=list(spec.cgroups))
-        snapshot = self._system.get(None, since)
-        cgroups, removed = read_cgroups(
-            spec.cgroups, lambda name: self._cgroups.get(name, since), removed_ok
-        )
+        snapshot = self._system.get(None, max(since, self._system_changed_at))
+
+        def cgroup(name: CgroupName) -> CgroupMemory:
+            return self._cgroups.get(name, max(since, self._cgroup_changed_at.get(name, since)))
+
+        cgroups, removed = read_cgroups(spec.cgroups, cgroup, removed_ok)
         report = report_of(snapshot.reading, cgroups, removed)
         return Report(
             report,

@@ -217,3 +217,19 @@ async def test_reports_within_the_window_share_one_reading(
     second = await servicer.GetMemoryInfo(request, FakeContext())
     assert second.collected_at_unix_ns == first.collected_at_unix_ns
     assert second.cgroups[0].current_bytes == first.cgroups[0].current_bytes
+
+
+async def test_a_change_to_one_cgroup_leaves_the_others_shared(
+    servicer: MemoryAgentServicer, fake_root: FakeRoot
+) -> None:
+    """A runtime starting containers sets limits many times a second: each call reads its own
+    cgroup afresh, and the other cgroups' readings and the system's stay shared."""
+    fake_root.add_cgroup("other")
+    request = pb.GetMemoryInfoRequest(cgroups=["other"])
+    first = await servicer.GetMemoryInfo(request, FakeContext())
+    (fake_root.root / "sys/fs/cgroup/other/memory.current").write_text("12345\n")
+    limits = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=256 << 20))
+    await servicer.SetMemoryLimits(limits, FakeContext())
+    second = await servicer.GetMemoryInfo(request, FakeContext())
+    assert second.collected_at_unix_ns == first.collected_at_unix_ns
+    assert second.cgroups[0].current_bytes == first.cgroups[0].current_bytes != 12345
