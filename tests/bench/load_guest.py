@@ -152,6 +152,15 @@ def where_the_time_goes(vm: GuestVM, agent: AgentClient, cgroup: str) -> dict[st
     }
 
 
+def locked_mib(vm: GuestVM) -> float:
+    """The agent's pages locked in RAM (smaps_rollup's Locked: resident pages of locked
+    mappings; VmLck counts whole mappings, touched or not), what --no-lock-memory would leave
+    to reclaim."""
+    rollup = guest_proc(vm, guest_agent_pid(vm), "smaps_rollup")
+    line = next(line for line in rollup.splitlines() if line.startswith("Locked:"))
+    return round(int(line.split()[1]) / 1024, 2)
+
+
 def wait_until_quiet(vm: GuestVM, timeout: float = 300.0) -> float:
     """Until the agent used under a tenth of its vCPU over 5 s (calls queued by a load's
     clients, closed on the host, are still answered after it): how long that took."""
@@ -273,10 +282,12 @@ def measure_load(seconds: float) -> dict[str, Any]:
         for name in cgroups:
             agent.set_limits(name, pb.LinuxMemory(limit=-1), create=True)
         copy_bench_tree(vm)
+        results["agent_locked_mib_start"] = locked_mib(vm)
         results["where_the_time_goes"] = where_the_time_goes(vm, agent, cgroups[0])
         results["forwarded_port"] = forwarded_load(vm, cgroups, seconds)
         results["quiet_after_forwarded_s"] = wait_until_quiet(vm)
         results["vsock_in_guest"] = vsock_load(vm, cgroups, seconds)
         results["agent_rss_anon_mib_end"] = round(guest_agent_figures(vm)["rss_anon"] / MIB, 2)
+        results["agent_locked_mib_end"] = locked_mib(vm)
     results["targets"] = load_targets(results["forwarded_port"], results["vsock_in_guest"])
     return results

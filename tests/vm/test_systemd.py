@@ -27,9 +27,9 @@ UNIT = "guestagent.service"
 UNIT_CGROUP = "/system.slice/guestagent.service"
 # The unit's MemoryMin= and MemoryHigh=, the agent's own bounds, and no MemoryMax=.
 UNIT_MEMORY = {"memory.min": str(MEMORY_MIN), "memory.high": str(MEMORY_HIGH), "memory.max": "max"}
-# CapabilityBoundingSet=CAP_SYS_ADMIN CAP_DAC_OVERRIDE CAP_NET_ADMIN (capability numbers 21,
-# 1 and 12).
-UNIT_CAPABILITIES = (1 << 21) | (1 << 1) | (1 << 12)
+# CapabilityBoundingSet=CAP_SYS_ADMIN CAP_DAC_OVERRIDE CAP_NET_ADMIN CAP_IPC_LOCK (capability
+# numbers 21, 1, 12 and 14).
+UNIT_CAPABILITIES = (1 << 21) | (1 << 1) | (1 << 12) | (1 << 14)
 RESULTS: dict[str, object] = {}
 
 
@@ -100,6 +100,8 @@ def test_unit_hardening_is_in_effect(vm: GuestVM) -> None:
     assert status_field(vm, pid, "NoNewPrivs") == "1"
     assert status_field(vm, pid, "Seccomp") == "2"  # SystemCallFilter: a filter is installed.
     assert read_guest(vm, f"/proc/{pid}/oom_score_adj").strip() == "-1000"
+    # CAP_IPC_LOCK: it locked its pages (mlockall), past the unit's RLIMIT_MEMLOCK.
+    assert int(status_field(vm, pid, "VmLck").split()[0]) > 4096, status_field(vm, pid, "VmLck")
     # ProtectSystem=strict: /usr is read-only in the agent's mount namespace, not in the guest's.
     probe = vm.exec(["nsenter", "-t", str(pid), "-m", "touch", "/usr/probe"], check=False)
     assert probe.rc != 0 and "Read-only file system" in probe.stderr, probe

@@ -118,14 +118,21 @@ def agent_pid(vm: GuestVM) -> str:
     return vm.exec(["pgrep", "-o", "-x", "guestagent"]).stdout.strip()
 
 
+def kib_field(text: str, name: str) -> int:
+    """A "Name:   N kB" line's value, in bytes."""
+    line = next(line for line in text.splitlines() if line.startswith(f"{name}:"))
+    return int(line.split()[1]) * 1024
+
+
 def agent_state(vm: GuestVM, pid: str) -> dict[str, int]:
-    """The agent's major faults so far and its memory out in swap, in bytes."""
+    """The agent's major faults so far, its memory out in swap and its pages locked in RAM
+    (smaps_rollup's Locked: resident; VmLck counts whole mappings, touched or not), bytes."""
     stat = read_guest(vm, f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
-    status = read_guest(vm, f"/proc/{pid}/status")
-    swapped = next(
-        int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmSwap:")
-    )
-    return {"major_faults": int(stat[9]), "swapped_bytes": swapped}
+    return {
+        "major_faults": int(stat[9]),
+        "swapped_bytes": kib_field(read_guest(vm, f"/proc/{pid}/status"), "VmSwap"),
+        "locked_bytes": kib_field(read_guest(vm, f"/proc/{pid}/smaps_rollup"), "Locked"),
+    }
 
 
 def guest_counters(vm: GuestVM) -> dict[str, int]:
@@ -180,6 +187,7 @@ def measure_thrash(
         "guest": {k: counters_after[k] - counters_before[k] for k in counters_after},
         "agent_major_faults_in_thrash": agent_after["major_faults"] - agent_before["major_faults"],
         "agent_swapped_mib_after": round(agent_after["swapped_bytes"] / MIB, 1),
+        "agent_locked_mib_after": round(agent_after["locked_bytes"] / MIB, 1),
         "oom_kills": oom_kills(vm) - kills,
         "same_agent": agent_pid(vm) == pid,
     }
