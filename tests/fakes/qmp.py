@@ -31,6 +31,7 @@ class FakeQemu:
     commands: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     _listener: socket.socket | None = None
     _thread: threading.Thread | None = None
+    _conn: socket.socket | None = None
 
     def __enter__(self) -> FakeQemu:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -44,6 +45,11 @@ class FakeQemu:
         assert self._listener is not None
         self._listener.close()
 
+    def hang_up(self) -> None:
+        """End the connection in hand, as a QEMU that was killed."""
+        assert self._conn is not None
+        self._conn.shutdown(socket.SHUT_RDWR)
+
     def writes(self) -> list[str]:
         return [name for name, args in self.commands if name in ("balloon", "qom-set")]
 
@@ -54,6 +60,7 @@ class FakeQemu:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
+            self._conn = conn
             with conn:
                 try:
                     self._session(conn)

@@ -74,15 +74,6 @@ def test_follow_gives_back_the_cold_set_and_lets_the_growth_out(
     assert "left where it is" in last["note"], summary
 
 
-# Strict: once both are fixed the test passes (it did, 2026-12-07, with each a line: exit 3
-# and the gone line 12.8 s after the kill, bound 25 s) and this mark must go.
-@pytest.mark.xfail(
-    strict=True,
-    reason="give-back --follow exits 1 with a traceback when its VM is gone: "
-    "Follower._broken lets the knob's VmmError out of the stream's iteration (follow.py, a "
-    "silent step's balloon command on the dead QMP connection), and QemuMonitor.close lets "
-    "qemu.qmp's EOFError out of the disconnect (vmm/qemu.py _run catches QMPError only)",
-)
 def test_follow_ends_when_its_vm_is_gone(vm: GuestVM, agent: AgentClient, pace: Pace) -> None:
     """The module's last test: it kills the guest's QEMU under a loop holding balloon memory.
     The loop hears that through both its stream (the agent is gone with the VM) and its QMP

@@ -405,7 +405,10 @@ class Follower:
             in_run = steps_in_run(self._run_steps, self._last_step_at, now, self.policy)
             to = round_down(max(0, self._asked - step_back(in_run, self.policy)), self._unit())
             self._run_steps, self._last_step_at = in_run + 1, now
-            self._change(Change(to, "silent", f"the agent is silent: {error}"), None, None, now)
+            try:
+                self._change(Change(to, "silent", f"the agent is silent: {error}"), None, None, now)
+            except VmmError as e:  # The VM is gone with its agent: the VMM's bound ends it.
+                self._vmm_gone(e)
 
     def _unit(self) -> int:
         return self._last_reading.unit if self._last_reading is not None else 4096

@@ -59,8 +59,14 @@ class QemuMonitor:
         return self._run(self._client.execute(name, args), name)
 
     def close(self) -> None:
-        self._run(self._client.disconnect(), "disconnect")
-        self._loop.close()
+        # disconnect raises what ended the connection: EOFError from a QEMU that is gone,
+        # which leaves nothing to close.
+        try:
+            self._run(self._client.disconnect(), "disconnect")
+        except (EOFError, OSError):
+            pass
+        finally:
+            self._loop.close()
 
 
 class QemuVmm:

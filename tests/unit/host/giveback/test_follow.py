@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -475,25 +475,28 @@ def ticking(step: float) -> Any:
     return clock
 
 
+def silent_agent_loop(knob: FakeKnob, lines: list[str], err: Callable[[str], None]) -> Follower:
+    """A loop whose agent's stream always breaks, ending after 10 s of it (one per tick)."""
+    return Follower(
+        DeadStream,
+        FakeAgent(report()),
+        "qemu",
+        knob,
+        POLICY,
+        FollowOptions(json=True, gone_seconds=10.0),
+        out=lines.append,
+        clock=ticking(1.0),
+        err=err,
+    )
+
+
 def test_a_silent_agent_is_let_out_a_step_at_a_time_then_the_loop_ends() -> None:
     """A guest whose agent does not answer may be one that thrashes: each broken stream lets a
     step out of the balloon; past gone_seconds the loop ends with GONE, leaving the device."""
     lines: list[str] = []
     knob = FakeKnob()
     knob.taken = 600 * MIB
-    options = FollowOptions(json=True, gone_seconds=10.0)
-    follower = Follower(
-        DeadStream,
-        FakeAgent(report()),
-        "qemu",
-        knob,
-        POLICY,
-        options,
-        out=lines.append,
-        clock=ticking(1.0),
-        err=lambda line: None,
-    )
-    assert follower.run() == GONE
+    assert silent_agent_loop(knob, lines, lambda line: None).run() == GONE
     events = [json.loads(line) for line in lines]
     silent = [e for e in events if e["event"] == "deflate"]
     assert [e["cause"] for e in silent] == ["silent"] * len(silent) and len(silent) >= 2, events
@@ -579,6 +582,20 @@ def test_a_vmm_gone_for_gone_seconds_ends_the_loop() -> None:
     last = json.loads(lines[-1])
     assert last["event"] == "gone" and "cloud-hypervisor has not answered for" in last["why"]
     assert "vm.info: no answer within 5 s" in errors[0], errors
+
+
+def test_a_vm_gone_with_its_agent_ends_the_loop_on_the_vmms_bound() -> None:
+    """A killed VM: its stream breaks and the silent step's resize fails too. The failure
+    counts toward the VMM's bound; the loop ends with GONE, not with the VMM's error."""
+    knob = FailingKnob(sets_fail=True)
+    knob.taken = 600 * MIB
+    knob.failing = True
+    lines: list[str] = []
+    errors: list[str] = []
+    assert silent_agent_loop(knob, lines, errors.append).run() == GONE
+    last = json.loads(lines[-1])
+    assert last["event"] == "gone" and "has not answered for" in last["why"], last
+    assert any("vm.resize" in line for line in errors), errors
 
 
 def test_the_watchdog_breaks_a_stream_gone_quiet() -> None:

@@ -22,6 +22,7 @@ from guestagent.host.vmm import cloud_hypervisor, firecracker
 from guestagent.host.vmm.base import Balloon, VmmError
 from guestagent.host.vmm.cloud_hypervisor import CloudHypervisorVmm
 from guestagent.host.vmm.firecracker import FirecrackerVmm
+from guestagent.host.vmm.qemu import QemuMonitor
 from guestagent.host.vmm.unixhttp import UnixHttpClient
 from guestagent.sizes import GIB, MIB
 from tests.fakes.giveback import FakeAgent, report
@@ -254,3 +255,16 @@ def test_follows_knob_on_a_virtio_mem_device_counts_what_it_unplugged(
     knob.set(622 * MIB)
     assert qemu.vmem_requested == 402 * MIB and knob.asked() == 622 * MIB
     assert {"requested_size_mib": 402} in [r.body for r in fc.received]
+
+
+def test_a_monitor_whose_qemu_is_gone_fails_its_commands_and_closes_quietly(
+    qemu: FakeQemu,
+) -> None:
+    """A follow loop whose VM was killed closes its connection on the way out: qemu.qmp's
+    disconnect raises the EOFError that ended it, which must not end the loop's last line."""
+    monitor = QemuMonitor(str(qemu.path), 5.0)
+    assert monitor.cmd("query-balloon") == {"actual": qemu.actual}
+    qemu.hang_up()
+    with pytest.raises(VmmError, match="QMP query-balloon"):
+        monitor.cmd("query-balloon")
+    monitor.close()
