@@ -198,23 +198,25 @@ async def test_a_report_after_a_change_shows_it_within_the_sharing_window(
 ) -> None:
     """Reports share readings for up to SHARE_WINDOW_S, but a caller that changed the limits
     sees its change in the next report, however soon it asks."""
+    context: Any = FakeContext()
     request = pb.GetMemoryInfoRequest(cgroups=["pod"])
-    before = await servicer.GetMemoryInfo(request, FakeContext())
+    before = await servicer.GetMemoryInfo(request, context)
     assert before.cgroups[0].max.unlimited
     limits = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=256 << 20))
-    await servicer.SetMemoryLimits(limits, FakeContext())
-    after = await servicer.GetMemoryInfo(request, FakeContext())
+    await servicer.SetMemoryLimits(limits, context)
+    after = await servicer.GetMemoryInfo(request, context)
     assert after.cgroups[0].max.bytes == 256 << 20
 
 
 async def test_reports_within_the_window_share_one_reading(
     servicer: MemoryAgentServicer, fake_root: FakeRoot
 ) -> None:
+    context: Any = FakeContext()
     request = pb.GetMemoryInfoRequest(cgroups=["pod"])
-    first = await servicer.GetMemoryInfo(request, FakeContext())
+    first = await servicer.GetMemoryInfo(request, context)
     # The kernel's figure moves, but a call within the window takes the reading it shares.
     (fake_root.root / "sys/fs/cgroup/pod/memory.current").write_text("12345\n")
-    second = await servicer.GetMemoryInfo(request, FakeContext())
+    second = await servicer.GetMemoryInfo(request, context)
     assert second.collected_at_unix_ns == first.collected_at_unix_ns
     assert second.cgroups[0].current_bytes == first.cgroups[0].current_bytes
 
@@ -225,11 +227,12 @@ async def test_a_change_to_one_cgroup_leaves_the_others_shared(
     """A runtime starting containers sets limits many times a second: each call reads its own
     cgroup afresh, and the other cgroups' readings and the system's stay shared."""
     fake_root.add_cgroup("other")
+    context: Any = FakeContext()
     request = pb.GetMemoryInfoRequest(cgroups=["other"])
-    first = await servicer.GetMemoryInfo(request, FakeContext())
+    first = await servicer.GetMemoryInfo(request, context)
     (fake_root.root / "sys/fs/cgroup/other/memory.current").write_text("12345\n")
     limits = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=256 << 20))
-    await servicer.SetMemoryLimits(limits, FakeContext())
-    second = await servicer.GetMemoryInfo(request, FakeContext())
+    await servicer.SetMemoryLimits(limits, context)
+    second = await servicer.GetMemoryInfo(request, context)
     assert second.collected_at_unix_ns == first.collected_at_unix_ns
     assert second.cgroups[0].current_bytes == first.cgroups[0].current_bytes != 12345
