@@ -161,8 +161,11 @@ class Agent:
             if config.kernel.is_real
             else None
         )
+        self.ager = IdleAger(config.kernel, config.idle_aging_s)
         self.reclaimer = OnFirstUse(
-            functools.partial(started_reclaimer, config.kernel, self.stall, config.reclaim),
+            functools.partial(
+                started_reclaimer, config.kernel, self.stall, config.reclaim, self.ager
+            ),
             "the reclaimer",
         )
         # Whether the reclaimer has work from start: --reclaim, or policies an earlier agent
@@ -170,7 +173,6 @@ class Agent:
         # itself writes that file, and SetReclaimPolicy builds it first.
         policies = statestore.state_file(config.kernel, statestore.RECLAIM_POLICIES)
         self._reclaimer_has_work = bool(config.reclaim) or policies.exists()
-        self.ager = IdleAger(config.kernel, config.idle_aging_s)
         # Health answers from start, without protobuf; the other two are built at their
         # first call.
         self.health.add_to(self.server)
@@ -405,12 +407,13 @@ def swap_manager(kernel: Kernel, confidential: Confidential) -> SwapManager:
 
 
 def started_reclaimer(
-    kernel: Kernel, stall: DelayStallMeter | None, initial: tuple[str, ...]
+    kernel: Kernel, stall: DelayStallMeter | None, initial: tuple[str, ...], ager: IdleAger
 ) -> Reclaimer:
-    """The reclaimer with the host's saved policies reloaded and `initial` (--reclaim) on."""
+    """The reclaimer with the host's saved policies reloaded and `initial` (--reclaim) on; it
+    evicts what the ager's books call cold."""
     from guestagent.ops.workingset.reclaimer import Reclaimer
 
-    reclaimer = Reclaimer(kernel, stall=stall)
+    reclaimer = Reclaimer(kernel, stall=stall, ages=lambda: ager.state)
     reclaimer.start(initial)
     return reclaimer
 

@@ -137,15 +137,19 @@ def reclaim_target_text(target: pb.ReclaimTargetStatus) -> str:
     state = pb.ReclaimState.Name(target.state).removeprefix("RECLAIM_STATE_").lower()
     policy = target.policy
     what = target.cgroup or "workloads"  # The workloads policy names no cgroup.
+    # Which way the last step went (an agent older than the field does not say).
+    last = f" ({target.last_step}, {target.last_step_us / 1000:.0f} ms)" if target.last_step else ""
     return (
         f"reclaim {what}: {state} ({target.reason})\n"
-        f"  reclaimed {mib(target.reclaimed_total_bytes)} in total, "
-        f"{mib(target.reclaimed_last_bytes)} last interval; stall {target.last_stall_us} us, "
+        f"  reclaimed {mib(target.reclaimed_total_bytes)} in total (evicted cold "
+        f"{mib(target.evicted_cold_total_bytes)}, probed {mib(target.probed_total_bytes)}), "
+        f"{mib(target.reclaimed_last_bytes)} last step{last}; stall {target.last_stall_us} us, "
         f"refaults {mib(target.last_refault_bytes)}; memory {mib(target.current_bytes)}, "
         f"floor {mib(target.effective_floor_bytes)}; {target.intervals} intervals\n"
         f"  policy interval {policy.interval_ms} ms  stall target {policy.stall_target_us} us  "
         f"max step {policy.max_step_fraction:g}  floor {mib(policy.floor_bytes)}  "
-        f"anon {'on' if policy.anon else 'off'}  refault guard {policy.refault_guard_fraction:g}"
+        f"anon {'on' if policy.anon else 'off'}  refault guard {policy.refault_guard_fraction:g}  "
+        f"cold after {policy.cold_after_ms / 1000:g} s"
         + (f"\n  runs on {', '.join(target.signals)}" if target.signals else "")
         + "".join(f"\n  without {a.feature}: {a.reason}" for a in target.absent)
     )

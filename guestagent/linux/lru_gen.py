@@ -1,21 +1,27 @@
 """The multi-gen LRU's debugfs file, /sys/kernel/debug/lru_gen: its generations per memcg and
-node (read), and its aging command (write).
+node (read), and its aging and eviction commands (write).
 
 The format is mm/vmscan.c's lru_gen_seq_show (Documentation/admin-guide/mm/multigen_lru.rst):
 "memcg <id> <path>", then per node " node <nid>", then per generation, oldest first,
 "<seq> <age_ms> <anon_pages> <file_pages>". Writing "+ <memcg_id> <nid> <max_seq> 1 1" ages a
 generation list: it walks the page tables of the memcg's processes and opens a new youngest
 generation (the last two numbers: scan anon as well, and age even with MAX_NR_GENS in use).
+Writing "- <memcg_id> <nid> <seq> <swappiness> <nr_to_reclaim>" evicts the generations up to
+seq, oldest first, until nr_to_reclaim pages are reclaimed (mm/vmscan.c run_eviction); the
+kernel cannot be stopped mid-write except by a signal, so the count bounds each write.
 
 debugfs is often not mounted in a guest: `debugfs` mounts it for one use when it is not and
-unmounts it after, so the guest's mount table is left as found.
+unmounts it after, so the guest's mount table is left as found. The agent's threads (the
+aging loop, the reclaimer's evictions) share one mount while any of them uses it: one that
+unmounted under another's open would fail the other's write.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from guestagent.errors import AgentError, KernelFormat, kernel_error
@@ -25,6 +31,13 @@ from guestagent.linux.fs import KernelFS
 from guestagent.records import record
 
 DEBUGFS = "debugfs"
+# The two youngest generations are not fully aged (the equivalent of the active list): the
+# kernel refuses to evict them (mm/vmscan.c run_eviction, MIN_NR_GENS).
+MIN_NR_GENS = 2
+# An eviction's swappiness: file pages only, or anonymous pages before file ones (the
+# command's largest value; mm/vmscan.c isolate_folios takes anon first at it).
+FILE_ONLY = 0
+ANON_FIRST = 200
 
 
 @record
@@ -47,6 +60,22 @@ class Lruvec:
     @property
     def max_seq(self) -> int:
         return self.generations[-1].seq
+
+    def evictable(self, seq: int) -> bool:
+        """Whether the kernel evicts generation `seq` of this lruvec."""
+        return seq + MIN_NR_GENS <= self.max_seq
+
+
+@record
+class Eviction:
+    """One eviction command: up to `pages` pages of the memcg's generations up to `seq` on
+    the node, anonymous ones (into swap) before file ones when `anon`, else file ones only."""
+
+    memcg_id: int
+    node: int
+    seq: int
+    anon: bool
+    pages: int
 
 
 def _number(text: str, line: str) -> int:
@@ -101,6 +130,12 @@ def aging_command(lruvecs: tuple[Lruvec, ...]) -> str:
     return ";".join(f"+ {v.memcg_id} {v.node} {v.max_seq} 1 1" for v in lruvecs)
 
 
+def eviction_command(eviction: Eviction) -> str:
+    swappiness = ANON_FIRST if eviction.anon else FILE_ONLY
+    e = eviction
+    return f"- {e.memcg_id} {e.node} {e.seq} {swappiness} {e.pages}"
+
+
 def lru_gen_path(fs: KernelFS) -> str:
     return fs.sys("kernel", "debug", "lru_gen")
 
@@ -123,30 +158,64 @@ def debugfs_absence(fs: KernelFS) -> Absent | None:
     return None
 
 
+class SharedMount:
+    """A mount the agent's threads share: the first that needs it mounts it, the last to leave
+    unmounts it, and one found mounted by someone else is left alone."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._mounted = False
+
+    def enter(self, present: Callable[[], bool], mount: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._mounted and not present():
+                mount()
+                self._mounted = True
+            self._users += 1
+
+    def leave(self, unmount: Callable[[], None]) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._mounted:
+                self._mounted = False
+                unmount()
+
+
+_DEBUGFS = SharedMount()
+
+
 @contextmanager
 def debugfs(fs: KernelFS, path: str | None = None) -> Iterator[str]:
     """A debugfs path (lru_gen's unless given), with debugfs mounted for the duration if the
-    path is not there (then unmounted). AgentError naming the mount when it cannot be
-    mounted (e.g. kernel lockdown)."""
+    path is not there (then unmounted once no thread of the agent uses it). AgentError
+    naming the mount when it cannot be mounted (e.g. kernel lockdown)."""
     path = lru_gen_path(fs) if path is None else path
-    if fs.exists(path) or not fs.is_real:
+    if not fs.is_real:
         yield path
         return
     where = fs.sys("kernel", "debug")
     mountpoint = os.fspath(where)
-    try:
-        syscalls.mount(DEBUGFS, mountpoint, DEBUGFS, syscalls.MS_NOSUID | syscalls.MS_NODEV)
-    except OSError as e:
-        raise kernel_error("mount debugfs on", where, None, e) from e
-    try:
-        yield path
-    finally:
+
+    def mount() -> None:
+        try:
+            syscalls.mount(DEBUGFS, mountpoint, DEBUGFS, syscalls.MS_NOSUID | syscalls.MS_NODEV)
+        except OSError as e:
+            raise kernel_error("mount debugfs on", where, None, e) from e
+
+    def unmount() -> None:
         try:
             syscalls.umount(mountpoint)
         except OSError as e:
-            # Busy: someone else started using it meanwhile; theirs to unmount now.
+            # Busy: someone outside the agent started using it meanwhile; theirs to unmount.
             if e.errno != errno.EBUSY:
                 raise
+
+    _DEBUGFS.enter(lambda: fs.exists(path), mount)
+    try:
+        yield path
+    finally:
+        _DEBUGFS.leave(unmount)
 
 
 def read_lruvecs(fs: KernelFS, path: str) -> tuple[Lruvec, ...]:
@@ -169,3 +238,15 @@ def write_aging(fs: KernelFS, path: str, lruvecs: tuple[Lruvec, ...]) -> None:
             except AgentError as each:
                 if each.errno != errno.EINVAL:
                     raise
+
+
+def write_eviction(fs: KernelFS, path: str, eviction: Eviction) -> bool:
+    """Evict as the command says; False when the kernel refused it (EINVAL: the memcg died, or
+    the generation is no longer evictable)."""
+    try:
+        fs.write(path, eviction_command(eviction))
+    except AgentError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return False
+    return True

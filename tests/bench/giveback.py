@@ -22,12 +22,11 @@ from tests.bench import alone
 from tests.bench.plotting import rss_timelines
 from tests.bench.vm import booted
 from tests.vm.guest import make_cgroup
+from tests.workloads.cold_count import COLD_AFTER_MS, counted_cold
 from tests.workloads.giveback import (
-    COLD_AFTER_MS,
     COLD_MIB,
     HOT_MIB,
     MIB,
-    counted_cold,
     done,
     full_size,
     give_back,
@@ -42,7 +41,7 @@ RECLAIMER = pb.ReclaimPolicy(anon=True)
 def wait_cold(agent: AgentClient, cgroup: str) -> tuple[float, int, int]:
     """Seconds until the agent counts the cold set cold (counted_cold), and its figures then."""
     started = time.monotonic()
-    guest, cgroup_cold = counted_cold(agent, cgroup, 600)
+    guest, cgroup_cold = counted_cold(agent, cgroup, 600, COLD_MIB * MIB)
     return time.monotonic() - started, guest, cgroup_cold
 
 

@@ -4,7 +4,7 @@ two aging rounds in a row, not at the first step of a count that climbs."""
 from __future__ import annotations
 
 from guestagent.sizes import MIB
-from tests.workloads.giveback import ColdReading, count_held
+from tests.workloads.cold_count import ColdReading, count_held
 
 SET = 400 * MIB
 ROUND_NS = 10 * 1_000_000_000

@@ -30,11 +30,10 @@ from tests.vm.guest import (
     wait_until,
 )
 from tests.vm.pace import Pace
+from tests.workloads.cold_count import COLD_AFTER_MS, counted_cold
 from tests.workloads.giveback import (
-    COLD_AFTER_MS,
     COLD_MIB,
     HOT_MIB,
-    counted_cold,
     done,
     full_size,
     give_back,
@@ -83,7 +82,9 @@ def test_safe_balloon_takes_the_cold_set_and_spares_the_hot_loop(
     kills = oom_kills(vm)
     out = start_workload(vm, "gb", COLD_MIB + HOT_MIB, HOT_MIB)
     baseline_from = guest_time(vm)
-    guest_cold, cgroup_cold = counted_cold(agent, "gb", pace.scale(COLD_AFTER_MS / 1000 * 4))
+    guest_cold, cgroup_cold = counted_cold(
+        agent, "gb", pace.scale(COLD_AFTER_MS / 1000 * 4), COLD_MIB * MIB
+    )
     during_from = guest_time(vm)
     run = give_back(vm, "--safe", "--via", "balloon")
     after_from = guest_time(vm)

@@ -21,6 +21,7 @@ from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
 from tests.vm.guest import filler_ready, oom_kills, start_filler, stop_filler, wait_until
+from tests.workloads.cold_count import COLD_AFTER_MS, counted_cold
 from tests.workloads.reclaim import (
     Iteration,
     guest_time,
@@ -32,9 +33,6 @@ from tests.workloads.reclaim import (
 )
 
 COLD_MIB, HOT_MIB = 400, 100
-# Memory idle this long counts as cold: shorter than the agent's 60 s default, so a run
-# waits less; the figure is the same kind either way.
-COLD_AFTER_MS = 30_000
 GUESTCTL = Path(sys.executable).with_name("guestctl")
 
 
@@ -58,66 +56,6 @@ def guest_rss(rss: dict[str, Any]) -> int:
     """A give-back JSON's `rss_before` or `rss_after` without TCG's translated code: the
     guest's memory and QEMU's own."""
     return int(rss["rss_bytes"]) - int(rss["tcg_code_rss_bytes"])
-
-
-def cold_report(agent: AgentClient, cgroup: str) -> pb.MemoryInfo:
-    """The report with the cold threshold give-back asks for, and the cgroup's figures."""
-    request = pb.GetMemoryInfoRequest(cgroups=[cgroup], cold_after_ms=COLD_AFTER_MS)
-    info: pb.MemoryInfo = agent.stub.GetMemoryInfo(request, timeout=agent.timeout)
-    return info
-
-
-# The agent counts the set cold in steps, one an aging round (10 s by default): under a slow
-# guest the set's fill spans two rounds, and a give-back read at the first step took 0.764 of
-# the set (CI, 2026-12-06). So the count must also have held from one round to the next.
-COUNTED_FRACTION = 0.85
-HELD_WITHIN_FRACTION = 0.02
-
-
-@dataclass(frozen=True)
-class ColdReading:
-    """One read of the agent's cold figures: the cgroup's aging round and cold bytes, and the
-    guest's cold bytes."""
-
-    aged_at_unix_ns: int
-    cgroup_bytes: int
-    guest_bytes: int
-
-
-def count_held(earlier: ColdReading, later: ColdReading, set_bytes: int) -> bool:
-    """Whether the two readings come from different aging rounds, both count
-    COUNTED_FRACTION of a set of set_bytes cold, and the later grew by at most
-    HELD_WITHIN_FRACTION of it: the whole set is counted, not one round's part of it."""
-    counted = COUNTED_FRACTION * set_bytes
-    return (
-        later.aged_at_unix_ns > earlier.aged_at_unix_ns
-        and min(earlier.cgroup_bytes, later.cgroup_bytes) >= counted
-        and later.cgroup_bytes - earlier.cgroup_bytes <= HELD_WITHIN_FRACTION * set_bytes
-    )
-
-
-def counted_cold(agent: AgentClient, cgroup: str, timeout: float) -> tuple[int, int]:
-    """(the guest's cold bytes, the cgroup's) once the agent counts the COLD_MIB set cold in
-    two aging rounds in a row (count_held); fails past timeout."""
-    previous_round: ColdReading | None = None
-    last: ColdReading | None = None
-
-    def held() -> tuple[int, int] | None:
-        nonlocal previous_round, last
-        info = cold_report(agent, cgroup)
-        reading = ColdReading(
-            info.cgroups[0].idle.aged_at_unix_ns,
-            info.cgroups[0].giveback.cold.bytes,
-            info.giveback.cold.bytes,
-        )
-        if last is not None and last.aged_at_unix_ns < reading.aged_at_unix_ns:
-            previous_round = last
-        last = reading
-        if previous_round is not None and count_held(previous_round, reading, COLD_MIB * MIB):
-            return reading.guest_bytes, reading.cgroup_bytes
-        return None
-
-    return wait_until(held, timeout, f"the agent to count the {COLD_MIB} MiB set cold", every=2.0)
 
 
 def full_size(vm: GuestVM) -> int:
@@ -214,7 +152,7 @@ def grow_after_give_back(
     kills = oom_kills(vm)
     out = start_workload(vm, "gb", COLD_MIB + HOT_MIB, HOT_MIB)
     baseline_from = guest_time(vm)
-    cold = counted_cold(agent, "gb", scale(COLD_AFTER_MS / 1000 * 4))
+    cold = counted_cold(agent, "gb", scale(COLD_AFTER_MS / 1000 * 4), COLD_MIB * MIB)
     baseline_until = guest_time(vm)
     rss_before = vm.qemu_guest_rss_bytes()
     started = time.monotonic()

@@ -285,6 +285,32 @@ def reclaim_families(targets: Iterable[pb.ReclaimTargetStatus]) -> list[Family]:
             ("cgroup",),
             tuple(Sample((t.cgroup,), float(t.reclaimed_total_bytes)) for t in targets),
         ),
+        Family(
+            "guestagent_reclaim_step_bytes_total",
+            "counter",
+            "what the cgroup's working-set reclaimer has reclaimed each way: evict_cold (what "
+            "the idle ages call cold) or probe (memory.reclaim)",
+            ("cgroup", "way"),
+            tuple(
+                Sample((t.cgroup, way), float(taken))
+                for t in targets
+                for way, taken in (
+                    ("evict_cold", t.evicted_cold_total_bytes),
+                    ("probe", t.probed_total_bytes),
+                )
+            ),
+        ),
+        Family(
+            "guestagent_reclaim_last_step_seconds",
+            "gauge",
+            "how long the cgroup's working-set reclaimer's last step took, by the way it went",
+            ("cgroup", "way"),
+            tuple(
+                Sample((t.cgroup, t.last_step), t.last_step_us / 1e6)
+                for t in targets
+                if t.last_step
+            ),
+        ),
     ]
 
 

@@ -141,6 +141,8 @@ class ReclaimReading:
     refault_pages: int
     current: int
     protected: int  # max(memory.min, memory.low): the kernel's own floor for the cgroup.
+    # The subtree's LRU pages now, anon and file, in bytes (memory.stat).
+    lru: tuple[int, int] = (0, 0)
 
 
 @record
@@ -281,10 +283,16 @@ class MemoryCgroup:
             stall = stall_total_us()
         else:
             stall = self._read("memory.pressure", parse_pressure).some.total_us
-        refaults = self.stat().refaults
+        stat = self.stat()
         protected = self.protection()
         current = self._read(_CURRENT, int)
-        return ReclaimReading(stall, refaults, current, current if protected is None else protected)
+        return ReclaimReading(
+            stall,
+            stat.refaults,
+            current,
+            current if protected is None else protected,
+            (stat.lru_anon, stat.lru_file),
+        )
 
 
 def memory_cgroup(fs: KernelFS, name: CgroupName) -> MemoryCgroup:

@@ -2,12 +2,14 @@
 
 Each interval the loop (reclaimer.py) measures a target cgroup: how long its tasks
 stalled on memory (memory.pressure `some` total, delta), how much of what was reclaimed
-came back (workingset refaults, delta) and memory.current. `decide` turns that into how many
-bytes to ask memory.reclaim for: a step proportional to the slack below the stall target
-and the refault guard, never more than the policy's fraction of memory.current, never below
-the floor. Over the target it stops and holds off for a number of intervals that grows
-fourfold with each back-off, and quarters its steps for each; a step that caused no refaults
-or stall works one back-off off again.
+came back (workingset refaults, delta), memory.current, and, where the multi-gen LRU's ages
+are read, how much of it has been idle at least the policy's `cold_after_ms` (cold.py).
+`decide` turns that into a step: all that is cold, evicted at once (`evict_cold`), else a
+probe of memory.reclaim proportional to the slack below the stall target and the refault
+guard, never more than the policy's fraction of memory.current (`probe`); never below the
+floor. Over the target it stops and holds off for a number of intervals that grows
+fourfold with each back-off, and quarters its probes for each; a step that caused no
+refaults or stall works one back-off off again.
 
 A step is written to memory.reclaim in chunks (`stop_step_after_chunk` judges each): once the
 kernel steals few of the pages it scans, the rest of the cgroup is referenced, the working set,
@@ -21,6 +23,7 @@ from dataclasses import replace
 
 from guestagent.errors import InvalidArgument
 from guestagent.linux.abi import LONG_MAX
+from guestagent.ops.idle import DEFAULT_COLD_AFTER_MS
 from guestagent.records import record
 from guestagent.sizes import MIB
 
@@ -39,9 +42,18 @@ UNPRODUCTIVE = 4
 # memory.reclaim is asked this much at a time, so a step that reaches the working set stops
 # after one chunk, not after the whole step (one large write scans on, unseen by PSI).
 CHUNK_BYTES = 1 * MIB
+# An eviction of cold generations is asked this much at a time: the kernel cannot cut the
+# write short, and this bounds one to tens of ms under TCG (docs/measurements.md), so a
+# step still stops within a write of what stops it.
+EVICT_CHUNK_BYTES = 4 * MIB
 # A step spends at most its interval in memory.reclaim, so the loop keeps its cadence (less
 # cut steps of cold anon short where swap-out is slow).
 WRITE_BUDGET_SHARE = 1.0
+
+
+# cold_after_ms's range: the ages' resolution is the aging interval (10 s by default), and a
+# day is longer than any layer the idle ager keeps apart.
+COLD_AFTER_RANGE_MS = (1_000, 86_400_000)
 
 
 class Mode(enum.Enum):
@@ -49,6 +61,14 @@ class Mode(enum.Enum):
     BACKING_OFF = "backing_off"
     AT_FLOOR = "at_floor"
     DISABLED = "disabled"
+
+
+class StepKind(enum.Enum):
+    """Which way a step went: what the ages call cold, evicted from the multi-gen LRU's
+    oldest generations, or a probe of memory.reclaim."""
+
+    EVICT_COLD = "evict_cold"
+    PROBE = "probe"
 
 
 @record
@@ -64,6 +84,9 @@ class ReclaimPolicy:
     # Back off when more than this fraction of memory.current refaulted in one interval;
     # 0 turns the guard off.
     refault_guard_fraction: float = 0.005
+    # Memory idle at least this long (by the multi-gen LRU's ages) is evicted at once: the
+    # give-back figures' threshold.
+    cold_after_ms: int = DEFAULT_COLD_AFTER_MS
 
 
 def _within(name: str, value: float, low: float, high: float) -> None:
@@ -90,6 +113,7 @@ def validate_policy(policy: ReclaimPolicy) -> ReclaimPolicy:
     _within("max_step_fraction", policy.max_step_fraction, 0.0001, 0.5)
     _within("refault_guard_fraction", policy.refault_guard_fraction, 0.0, 1.0)
     _within("floor_bytes", policy.floor_bytes, 0, LONG_MAX)
+    _within("cold_after_ms", policy.cold_after_ms, *COLD_AFTER_RANGE_MS)
     return policy
 
 
@@ -105,6 +129,12 @@ class Sample:
     # Why the previous step stopped early because the kernel found the rest referenced
     # ("" if it did not): as good as a refault, and caught before one happens.
     low_yield: str = ""
+    # What the ages say may be evicted now (idle at least cold_after_ms, within the swap
+    # rule and the floors: cold.py); 0 without ages.
+    cold_bytes: int = 0
+    # What the ages say has not been used since the last aging (cold.py): all a probe may
+    # find; None without ages (a probe is then bounded by its step alone).
+    cooling_bytes: int | None = None
 
 
 @record
@@ -115,6 +145,7 @@ class ControllerState:
     backoffs: int = 0  # Sets the next hold: 4**(backoffs-1) intervals, up to MAX_HOLD_INTERVALS.
     last_step: int = 0  # The previous interval's step, 0 for none: this sample judges it.
     clean_steps: int = 0  # Clean steps in a row since the last back-off was worked off.
+    last_kind: StepKind = StepKind.PROBE  # Which way the previous step went.
 
     @property
     def stepped(self) -> bool:
@@ -125,6 +156,7 @@ class ControllerState:
 class Decision:
     step_bytes: int
     state: ControllerState
+    kind: StepKind = StepKind.PROBE
 
 
 def floor_of(policy: ReclaimPolicy, protected: int) -> int:
@@ -138,8 +170,13 @@ def decide(
     over_stall = sample.stall_us > policy.stall_target_us
     over_refault = policy.refault_guard_fraction > 0 and sample.refault_bytes > guard_bytes
     # The kernel found little to take: what is left is referenced, the working set. Asking
-    # again only burns the guest's CPU scanning it, slowing the workload.
-    unproductive = state.stepped and sample.reclaimed_bytes * UNPRODUCTIVE < state.last_step
+    # again only burns the guest's CPU scanning it, slowing the workload. An eviction asks
+    # for what the ages call cold, and one cut short by its time budget is not a sign of it.
+    unproductive = (
+        state.stepped
+        and state.last_kind == StepKind.PROBE
+        and sample.reclaimed_bytes * UNPRODUCTIVE < state.last_step
+    )
     low_yield = state.stepped and bool(sample.low_yield)
     if over_stall or over_refault or unproductive or low_yield:
         backoffs = state.backoffs + 1
@@ -179,6 +216,19 @@ def decide(
         why = f"memory.current {sample.current} B is at the floor {floor} B"
         return Decision(0, ControllerState(Mode.AT_FLOOR, why, 0, backoffs, 0, clean_steps))
 
+    # What the ages call cold goes at once, whatever the slack: it is not the working set.
+    cold = min(sample.cold_bytes, headroom)
+    cold -= cold % page_size
+    if cold > 0:
+        why = (
+            f"evicting {cold} B idle at least {policy.cold_after_ms / 1000:g} s "
+            f"of {sample.current} B (floor {floor} B)"
+        )
+        state = ControllerState(
+            Mode.PROBING, why, 0, backoffs, cold, clean_steps, StepKind.EVICT_COLD
+        )
+        return Decision(cold, state, StepKind.EVICT_COLD)
+
     slack = 1.0 - sample.stall_us / policy.stall_target_us
     if policy.refault_guard_fraction > 0 and guard_bytes > 0:
         slack = min(slack, 1.0 - sample.refault_bytes / guard_bytes)
@@ -191,6 +241,17 @@ def decide(
         step = max(step, page_size)  # The smallest probe is a page, so back-offs wear off.
     step = min(step, headroom)
     step -= step % page_size
+    # With ages, memory used since the last aging is the working set: a probe only ever looks
+    # for what is cooling, and less than a chunk of it is not worth one, since the kernel
+    # takes at least 32 pages a write whatever it is asked (mm/vmscan.c SWAP_CLUSTER_MAX).
+    if sample.cooling_bytes is not None and step > 0:
+        if sample.cooling_bytes < CHUNK_BYTES:
+            why = (
+                f"the ages show {sample.cooling_bytes} B unused since the last aging, under "
+                f"{CHUNK_BYTES} B: nothing worth a probe"
+            )
+            return Decision(0, ControllerState(Mode.PROBING, why, 0, backoffs, 0, clean_steps))
+        step = min(step, sample.cooling_bytes - sample.cooling_bytes % page_size)
     if step <= 0:
         why = f"slack {slack:.2f} below the target leaves less than a page to reclaim"
         return Decision(0, ControllerState(Mode.PROBING, why, 0, backoffs, 0, clean_steps))

@@ -3,16 +3,19 @@
 One thread serves every target cgroup. It sleeps until the next target is due (or a policy
 changes), then for each due target reads the interval's stall (memory.pressure, or delay
 accounting where the guest has no PSI: linux/delayacct.py), refaults
-(memory.stat) and memory.current, asks policy.decide for a step and has the writer
-(writer.py) give it to memory.reclaim. The compaction trigger (compaction.py) runs after.
-Policies are kept in a state file under /run, so an agent restart carries on with what the
-host set.
+(memory.stat) and memory.current, and, where the idle ager reads the multi-gen LRU's ages,
+what of the cgroup has been idle past the policy's cold_after_ms (cold.py). policy.decide
+says the step: evict that cold memory, or probe; the writer (writer.py) gives it to the
+multi-gen LRU's eviction command or to memory.reclaim. The compaction trigger
+(compaction.py) runs after. Policies are kept in a state file under /run, so an agent
+restart carries on with what the host set.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -21,17 +24,37 @@ from dataclasses import asdict, dataclass, field, replace
 from guestagent.errors import AgentError, FailedPrecondition, quoted
 from guestagent.jsonlog import EventLog
 from guestagent.linux.abi import PAGE_SIZE
-from guestagent.linux.cgroup.memory import MemoryCgroup
+from guestagent.linux.cgroup.memory import MemoryCgroup, ReclaimReading
 from guestagent.linux.cgroup.name import CgroupName, cgroup_name
 from guestagent.linux.cgroup.procs import read_own_cgroup
 from guestagent.linux.cgroup.tree import top_level_cgroups
 from guestagent.linux.delayacct import DELAYACCT_STALL, PSI_STALL, DelayStallMeter
-from guestagent.linux.features import Absent, read_cgroup_psi_absence, read_mglru_absence
+from guestagent.linux.features import (
+    MGLRU,
+    Absent,
+    read_cgroup_psi_absence,
+    read_mglru_absence,
+)
 from guestagent.linux.kernel import Kernel
+from guestagent.linux.lru_gen import (
+    Eviction,
+    Lruvec,
+    debugfs,
+    read_lruvecs,
+    write_eviction,
+)
 from guestagent.linux.mm import read_lru_gen
 from guestagent.linux.statestore import RECLAIM_POLICIES, StateFileError, state_file
 from guestagent.linux.swaps import active_swaps
 from guestagent.linux.syscalls import name_thread
+from guestagent.ops.giveback_figures import cgroup_swap_room
+from guestagent.ops.idle import IdleState, in_subtree
+from guestagent.ops.workingset.cold import (
+    ColdBounds,
+    booked_cold,
+    cooling_bytes,
+    eviction_plan,
+)
 from guestagent.ops.workingset.compaction_trigger import (
     CompactionRule,
     CompactionStatus,
@@ -42,6 +65,7 @@ from guestagent.ops.workingset.policy import (
     Mode,
     ReclaimPolicy,
     Sample,
+    StepKind,
     decide,
     floor_of,
     validate_policy,
@@ -72,6 +96,11 @@ class Progress:
 
     reclaimed_total: int = 0
     reclaimed_last: int = 0
+    # What each way has taken: evicting what the ages call cold, and probing.
+    evicted_cold_total: int = 0
+    probed_total: int = 0
+    last_step: StepKind | None = None  # Which way the last step went; None before the first.
+    last_step_us: int = 0  # How long its writes took.
     # Why the last step stopped at the working set, "" if it did not.
     low_yield: str = ""
     last_stall_us: int = 0
@@ -123,6 +152,10 @@ class _Target:
             f.floor,
             (self.stall_source, *GUARDS),
             self.absent,
+            f.last_step.value if f.last_step is not None else "",
+            f.last_step_us,
+            f.evicted_cold_total,
+            f.probed_total,
         )
 
 
@@ -146,7 +179,7 @@ class SavedPolicies:
 def decode_policies(value: object) -> SavedPolicies:
     """The saved policies by canonical cgroup name, and the workloads policy; TypeError or an
     AgentError for a value that is not what _save_locked writes (the loader then moves the
-    file aside)."""
+    file aside). A field an older agent did not save takes its default."""
     if not isinstance(value, dict):
         raise TypeError(f"policies are {type(value).__name__}, not an object")
     fields = {f.name: f.type for f in dataclasses.fields(ReclaimPolicy)}
@@ -155,13 +188,10 @@ def decode_policies(value: object) -> SavedPolicies:
         if not isinstance(entry, dict) or set(entry) != {"enabled", "policy"}:
             raise TypeError(f"entry for {quoted(str(cgroup))} is not enabled and policy")
         enabled, given = entry["enabled"], entry["policy"]
-        if (
-            not isinstance(enabled, bool)
-            or not isinstance(given, dict)
-            or set(given) != set(fields)
-        ):
+        if not isinstance(enabled, bool) or not isinstance(given, dict) or set(given) - set(fields):
             raise TypeError(f"entry for {quoted(str(cgroup))} has the wrong fields or types")
-        for name, text in fields.items():
+        for name in given:
+            text = fields[name]
             wanted = _JSON_TYPES[str(text)]
             if not isinstance(given[name], wanted) or (
                 text != "bool" and isinstance(given[name], bool)
@@ -181,11 +211,16 @@ class Reclaimer:
         compaction_rule: CompactionRule | None = None,
         write: WriteReclaim = MemoryCgroup.reclaim,
         stall: DelayStallMeter | None = None,
+        ages: Callable[[], IdleState] | None = None,
     ) -> None:
         """`write` is the one memory.reclaim write (tests give a fake kernel's); `stall` the
-        agent's delay-accounting meter, the stall source where PSI is not (None: PSI only)."""
+        agent's delay-accounting meter, the stall source where PSI is not (None: PSI only);
+        `ages` the idle ager's last books (None: no ages, probing only)."""
         self.kernel = kernel
         self._stall = stall
+        self._ages = ages
+        # The targets whose cold memory could not be planned, said once each.
+        self._cold_unread: set[CgroupName] = set()
         self._clock = clock
         self._writer = StepWriter(clock, PAGE_SIZE, write)
         self._compaction = CompactionTrigger(kernel, clock, PAGE_SIZE, compaction_rule, stall)
@@ -495,6 +530,7 @@ class Reclaimer:
                 self._drop(target, "the cgroup was removed")
                 return
             raise
+        plan, cooling = self._age_figures(target, reading)
         with self._lock:
             generation, policy = target.generation, target.policy
             interval = policy.interval_ms / 1000
@@ -522,6 +558,8 @@ class Reclaimer:
                 reading.protected,
                 progress.reclaimed_last,
                 progress.low_yield,
+                sum(e.pages for e in plan) * PAGE_SIZE,
+                cooling,
             )
             decision = decide(sample, policy, target.state, PAGE_SIZE)
             target.state = decision.state
@@ -534,25 +572,116 @@ class Reclaimer:
                 low_yield="",
             )
         if decision.step_bytes:
-            result = self._writer.write_step(
-                target.memory,
-                decision.step_bytes,
-                reading.current,
-                policy,
-                lambda: self._still_on(target, generation),
-            )
+            still_on = functools.partial(self._still_on, target, generation)
+            step_started = self._clock()
+            if decision.kind == StepKind.EVICT_COLD:
+                with debugfs(self.kernel) as path:
+                    result = self._writer.evict_step(
+                        target.memory,
+                        plan,
+                        decision.step_bytes,
+                        policy,
+                        still_on,
+                        functools.partial(write_eviction, self.kernel, path),
+                    )
+            else:
+                result = self._writer.write_step(
+                    target.memory, decision.step_bytes, reading.current, policy, still_on
+                )
+            took_us = int((self._clock() - step_started) * 1e6)
             with self._lock:
                 if target.generation == generation:
+                    f = target.progress
+                    evicted = result.reclaimed if decision.kind == StepKind.EVICT_COLD else 0
                     target.progress = replace(
-                        target.progress,
+                        f,
                         reclaimed_last=result.reclaimed,
                         low_yield=result.low_yield,
-                        reclaimed_total=target.progress.reclaimed_total + result.reclaimed,
+                        reclaimed_total=f.reclaimed_total + result.reclaimed,
+                        evicted_cold_total=f.evicted_cold_total + evicted,
+                        probed_total=f.probed_total + result.reclaimed - evicted,
+                        last_step=decision.kind,
+                        last_step_us=took_us,
                     )
                     self._compaction.reclaimed(result.reclaimed)
                     if result.stopped:
                         why = f"{target.state.why}; stopped after {result.reclaimed} B: "
                         target.state = replace(target.state, why=why + result.stopped)
+
+    def _age_figures(
+        self, target: _Target, reading: ReclaimReading
+    ) -> tuple[tuple[Eviction, ...], int | None]:
+        """What the idle ages say of the target: the evictions for what is cold (cold.py),
+        and the bytes a probe may still find (None: no ages, at the first reading, or the
+        cgroup not aged yet). No evictions in a hold or when the books show nothing cold
+        (then the generations are not read either)."""
+        if (
+            self._ages is None
+            or target.baseline is None
+            or any(a.feature == MGLRU for a in target.absent)
+        ):
+            return (), None
+        ages = self._ages()
+        view = ages.view(target.cgroup)
+        if view is None:
+            return (), None
+        cooling = cooling_bytes(view, reading.lru, PAGE_SIZE)
+        policy = target.policy
+        headroom = reading.current - floor_of(policy, reading.protected)
+        if (
+            headroom < PAGE_SIZE
+            or target.state.hold > 0
+            or not booked_cold(ages.books, target.cgroup, policy.cold_after_ms)
+        ):
+            return (), cooling
+        try:
+            with debugfs(self.kernel) as path:
+                lruvecs = read_lruvecs(self.kernel, path)
+            bounds = ColdBounds(
+                headroom // PAGE_SIZE,
+                self._swap_room_pages(target),
+                self._protected_below(target, lruvecs),
+                ages.swap_barred,
+            )
+        except AgentError as e:
+            if target.cgroup not in self._cold_unread:
+                self._cold_unread.add(target.cgroup)
+                log.warning("reclaim_cold_unread", cgroup=target.cgroup, error=str(e))
+            return (), cooling
+        plan = eviction_plan(lruvecs, ages.books, target.cgroup, policy.cold_after_ms, bounds)
+        return plan, cooling
+
+    def _swap_room_pages(self, target: _Target) -> int | None:
+        """Room for anon in swap, in pages, as the cold figure counts it: the active areas'
+        free space cut to the target's memory.swap.max; None without anon or swap."""
+        if not target.policy.anon:
+            return None
+        areas = active_swaps(self.kernel)
+        if not areas:
+            return None
+        room = cgroup_swap_room(
+            sum(max(0, a.size_bytes - a.used_bytes) for a in areas), target.memory.swap()
+        )
+        return None if room is None else room // PAGE_SIZE
+
+    def _protected_below(self, target: _Target, lruvecs: tuple[Lruvec, ...]) -> dict[str, int]:
+        """Pages each protected memcg below the target holds above its memory.min/low: the
+        eviction command applies neither (cold.py)."""
+        top = "/" + target.cgroup
+        found = {}
+        paths = {v.path for v in lruvecs if v.path != top and in_subtree(v.path, target.cgroup)}
+        for path in sorted(paths):
+            try:
+                memory = self.kernel.cgroup(cgroup_name(path.lstrip("/")))
+                protection = memory.protection()
+                current = memory.current_or_zero() if protection else 0
+            except AgentError:
+                continue  # Gone meanwhile: the kernel refuses its evictions.
+            if protection == 0:
+                continue
+            above = 0 if protection is None else max(0, current - protection)
+            found[path] = above // PAGE_SIZE
+        return found
 
     def _stall_reader(self, target: _Target) -> Callable[[], int] | None:
         if target.stall_source != DELAYACCT_STALL or self._stall is None:

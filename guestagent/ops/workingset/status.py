@@ -59,6 +59,12 @@ class TargetStatus:
     signals: tuple[str, ...] = (PSI_STALL, *GUARDS)
     # Kernel features the target runs without, each with why (the multi-gen LRU).
     absent: tuple[Absent, ...] = ()
+    # Which way the last step went ("evict_cold" or "probe", policy.StepKind; "" before the
+    # first), how long its writes took, and what each way has taken in all.
+    last_step: str = ""
+    last_step_us: int = 0
+    evicted_cold_total: int = 0
+    probed_total: int = 0
 
 
 @record

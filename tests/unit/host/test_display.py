@@ -3,7 +3,12 @@
 import pytest
 
 from guestagent.agent.wire import hotplug_pb, memory_info_pb, overhead_pb, report_pb
-from guestagent.host.display import memory_info_text, overhead_text, swap_area_text
+from guestagent.host.display import (
+    memory_info_text,
+    overhead_text,
+    reclaim_target_text,
+    swap_area_text,
+)
 from guestagent.linux.features import MGLRU, PSI, Absent
 from guestagent.linux.memblocks import HotplugReport, RegionBlocks, VirtioMemRegion
 from guestagent.linux.meminfo import MemoryReport, SystemMemory
@@ -131,3 +136,21 @@ def test_delay_accountings_stall_is_shown_with_its_source() -> None:
     text = memory_info_text(info)
     assert "pressure (no PSI)" in text
     assert "stall    2.500 s in all (delayacct_stall, summed over tasks)" in text
+
+
+def test_the_reclaim_line_says_which_way_the_last_step_went_and_each_ways_total() -> None:
+    status = pb.ReclaimTargetStatus(
+        cgroup="pod",
+        reclaimed_total_bytes=300 * MIB,
+        reclaimed_last_bytes=40 * MIB,
+        evicted_cold_total_bytes=290 * MIB,
+        probed_total_bytes=10 * MIB,
+        last_step="evict_cold",
+        last_step_us=987_000,
+        policy=pb.ReclaimPolicy(cold_after_ms=60_000),
+    )
+    text = reclaim_target_text(status)
+    assert "reclaimed 300.0 MiB in total (evicted cold 290.0 MiB, probed 10.0 MiB)" in text
+    assert "40.0 MiB last step (evict_cold, 987 ms)" in text
+    assert "cold after 60 s" in text
+    assert "last step;" in reclaim_target_text(pb.ReclaimTargetStatus(cgroup="pod"))

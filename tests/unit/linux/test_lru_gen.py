@@ -5,15 +5,19 @@ import os
 
 import pytest
 
-from guestagent.errors import KernelFormat, kernel_error
+from guestagent.errors import AgentError, KernelFormat, kernel_error
 from guestagent.linux.lru_gen import (
+    Eviction,
     Generation,
     Lruvec,
+    SharedMount,
     aging_command,
     debugfs_absence,
+    eviction_command,
     lru_gen_path,
     parse_lru_gen,
     write_aging,
+    write_eviction,
 )
 from tests.fakes.root import FakeRoot
 
@@ -112,3 +116,49 @@ def test_absent_without_the_multigen_lru_or_debugfs(fake_root: FakeRoot) -> None
 def test_lruvec_max_seq_is_the_youngest() -> None:
     v = Lruvec(1, "/", 0, (Generation(1, 9, 0, 0), Generation(2, 1, 0, 0)))
     assert v.max_seq == 2
+
+
+def test_only_generations_two_below_the_youngest_are_evictable() -> None:
+    (root, *_) = parse_lru_gen(LRU_GEN)  # Generations 3 .. 6.
+    assert [root.evictable(seq) for seq in (3, 4, 5, 6)] == [True, True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("anon", "command"),
+    [(False, "- 7 1 10 0 1024"), (True, "- 7 1 10 200 1024")],
+)
+def test_the_eviction_command_says_which_kinds_go(anon: bool, command: str) -> None:
+    assert eviction_command(Eviction(7, 1, 10, anon, 1024)) == command
+
+
+def test_an_eviction_the_kernel_refuses_is_false_and_other_errors_raise(
+    fake_root: FakeRoot,
+) -> None:
+    path = fake_root.write("sys/kernel/debug/lru_gen", LRU_GEN)
+    fs = fake_root.fs
+    assert write_eviction(fs, str(path), Eviction(7, 0, 10, False, 256))
+    assert path.read_text() == "- 7 0 10 0 256"
+    fake_root.kernel.fail("write", path, errno.EINVAL)
+    assert not write_eviction(fs, str(path), Eviction(9, 0, 10, False, 256))
+    fake_root.kernel.fail("write", path, errno.ENOMEM)
+    with pytest.raises(AgentError, match="Cannot allocate memory"):
+        write_eviction(fs, str(path), Eviction(7, 0, 10, True, 256))
+
+
+def test_threads_share_one_mount_and_the_last_to_leave_unmounts() -> None:
+    events: list[str] = []
+    shared = SharedMount()
+    shared.enter(lambda: False, lambda: events.append("mount"))  # The ager.
+    shared.enter(lambda: True, lambda: events.append("mount"))  # The reclaimer, meanwhile.
+    shared.leave(lambda: events.append("umount"))  # The ager is done: not under the other.
+    assert events == ["mount"]
+    shared.leave(lambda: events.append("umount"))
+    assert events == ["mount", "umount"]
+
+
+def test_a_mount_found_in_place_is_left_alone() -> None:
+    events: list[str] = []
+    shared = SharedMount()
+    shared.enter(lambda: True, lambda: events.append("mount"))
+    shared.leave(lambda: events.append("umount"))
+    assert events == []

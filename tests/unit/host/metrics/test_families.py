@@ -263,8 +263,17 @@ def test_the_reclaimers_stall_signal_per_target() -> None:
     info.reclaim.add(
         cgroup="pod",
         reclaimed_total_bytes=8 * MIB,
+        evicted_cold_total_bytes=6 * MIB,
+        probed_total_bytes=2 * MIB,
+        last_step="probe",
+        last_step_us=250_000,
         signals=["delayacct_stall", "refaults", "reclaim_yield"],
     )
     found = by_name(families(up(info)))
     assert values(found["guestagent_reclaim_stall_signal"]) == {("pod", "delayacct_stall"): 1.0}
     assert values(found["guestagent_reclaim_reclaimed_bytes_total"]) == {("pod",): 8.0 * MIB}
+    assert values(found["guestagent_reclaim_step_bytes_total"]) == {
+        ("pod", "evict_cold"): 6.0 * MIB,
+        ("pod", "probe"): 2.0 * MIB,
+    }
+    assert values(found["guestagent_reclaim_last_step_seconds"]) == {("pod", "probe"): 0.25}

@@ -12,6 +12,7 @@ from guestagent.ops.workingset.policy import (
     Mode,
     ReclaimPolicy,
     Sample,
+    StepKind,
     decide,
     stop_step_after_chunk,
     validate_policy,
@@ -29,8 +30,9 @@ def sample(
     protected: int = 0,
     reclaimed: int = 0,
     low_yield: str = "",
+    cold: int = 0,
 ) -> Sample:
-    return Sample(stall, refault, current, protected, reclaimed, low_yield)
+    return Sample(stall, refault, current, protected, reclaimed, low_yield, cold)
 
 
 @pytest.mark.parametrize(
@@ -254,6 +256,7 @@ def test_over_target_never_steps(s: Sample, policy: ReclaimPolicy, state: Contro
         (ReclaimPolicy(max_step_fraction=float("nan")), "max_step_fraction nan"),
         (ReclaimPolicy(refault_guard_fraction=-0.1), "refault_guard_fraction -0.1"),
         (ReclaimPolicy(floor_bytes=-1), "floor_bytes -1 is outside"),
+        (ReclaimPolicy(cold_after_ms=999), "cold_after_ms 999 is outside [1000, 86400000]"),
     ],
 )
 def test_out_of_range_names_value_and_range(policy: ReclaimPolicy, named: str) -> None:
@@ -263,3 +266,68 @@ def test_out_of_range_names_value_and_range(policy: ReclaimPolicy, named: str) -
 
 def test_defaults_are_valid() -> None:
     assert validate_policy(ReclaimPolicy()) == ReclaimPolicy()
+
+
+def test_what_the_ages_call_cold_goes_at_once_whatever_the_probe_would_be() -> None:
+    # Half the stall target used: a probe would be half a step (5 MiB); the cold 60 MiB goes.
+    decision = decide(sample(stall=500, cold=60 * MIB), POLICY, ControllerState(), PAGE)
+    assert (decision.kind, decision.step_bytes) == (StepKind.EVICT_COLD, 60 * MIB)
+    assert decision.state.last_kind == StepKind.EVICT_COLD
+    assert "evicting 62914560 B idle at least 60 s" in decision.state.why
+
+
+def test_cold_is_evicted_down_to_the_floor_only() -> None:
+    decision = decide(sample(cold=60 * MIB, protected=70 * MIB), POLICY, ControllerState(), PAGE)
+    assert (decision.kind, decision.step_bytes) == (StepKind.EVICT_COLD, 30 * MIB)
+
+
+@pytest.mark.parametrize(
+    ("s", "state"),
+    [
+        (sample(stall=1001, cold=60 * MIB), ControllerState()),  # Over the stall target.
+        (sample(refault=2 * MIB, cold=60 * MIB), ControllerState()),  # Over the refault guard.
+        (sample(cold=60 * MIB), ControllerState(hold=3, backoffs=2)),  # Holding.
+    ],
+)
+def test_the_stall_budget_and_the_refault_guard_stop_eviction_too(
+    s: Sample, state: ControllerState
+) -> None:
+    decision = decide(s, POLICY, state, PAGE)
+    assert decision.step_bytes == 0 and decision.state.mode == Mode.BACKING_OFF
+
+
+def test_an_eviction_cut_short_by_its_time_is_no_sign_of_the_working_set() -> None:
+    # An eviction asked for 300 MiB and its interval's writes took 40 MiB; 260 are still cold.
+    state = ControllerState(last_step=300 * MIB, last_kind=StepKind.EVICT_COLD)
+    decision = decide(sample(reclaimed=40 * MIB, cold=260 * MIB), POLICY, state, PAGE)
+    assert (decision.kind, decision.step_bytes) == (StepKind.EVICT_COLD, 100 * MIB)
+    # Nothing cold left: a probe, at full size.
+    decision = decide(sample(reclaimed=40 * MIB), POLICY, state, PAGE)
+    assert (decision.kind, decision.step_bytes) == (StepKind.PROBE, 10 * MIB)
+
+
+def test_an_eviction_that_met_the_working_set_backs_off() -> None:
+    state = ControllerState(last_step=300 * MIB, last_kind=StepKind.EVICT_COLD)
+    why = "20 pages refaulted while it reclaimed 40960 B: it reached the working set"
+    decision = decide(sample(reclaimed=40960, low_yield=why, cold=MIB), POLICY, state, PAGE)
+    assert decision.step_bytes == 0 and decision.state.mode == Mode.BACKING_OFF
+
+
+@pytest.mark.parametrize(
+    ("cooling", "step"),
+    [
+        (None, 10 * MIB),  # No ages: the step alone bounds a probe.
+        (64 * MIB, 10 * MIB),
+        (3 * MIB + 100, 3 * MIB),  # Only what the ages say is cooling.
+        (MIB, MIB),
+        (MIB - PAGE, 0),  # Under a chunk: not worth a probe.
+        (0, 0),  # All of it used since the last aging: nothing to look for.
+    ],
+)
+def test_with_ages_a_probe_looks_only_for_what_is_cooling(cooling: int | None, step: int) -> None:
+    s = replace(sample(), cooling_bytes=cooling)
+    decision = decide(s, POLICY, ControllerState(), PAGE)
+    assert (decision.kind, decision.step_bytes) == (StepKind.PROBE, step)
+    assert decision.state.mode == Mode.PROBING
+    if step == 0:
+        assert "nothing worth a probe" in decision.state.why

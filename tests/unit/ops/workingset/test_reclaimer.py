@@ -4,7 +4,7 @@ import errno
 import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -13,9 +13,11 @@ from guestagent.errors import FailedPrecondition, InvalidArgument, NotFound, ker
 from guestagent.linux.cgroup.memory import MemoryCgroup
 from guestagent.linux.cgroup.name import cgroup_name
 from guestagent.linux.delayacct import DelayStallMeter
+from guestagent.linux.features import Absent
 from guestagent.linux.statestore import RECLAIM_POLICIES, check_directory, state_file
-from guestagent.ops.workingset.policy import CHUNK_BYTES, Mode, ReclaimPolicy
-from guestagent.ops.workingset.reclaimer import Reclaimer
+from guestagent.ops.idle import Book, IdleState, Layer
+from guestagent.ops.workingset.policy import CHUNK_BYTES, EVICT_CHUNK_BYTES, Mode, ReclaimPolicy
+from guestagent.ops.workingset.reclaimer import Reclaimer, decode_policies
 from guestagent.ops.workingset.status import ReclaimPolicyRequest, overview_without_policies
 from guestagent.sizes import MIB
 from tests.fakes.root import FakeRoot
@@ -496,3 +498,229 @@ def test_the_overview_without_policies_is_a_new_reclaimers(fake_root: FakeRoot) 
             overview_without_policies(names)
         assert (str(unbuilt.value), unbuilt.value.reason) == (str(built.value), built.value.reason)
         assert unbuilt.value.metadata == built.value.metadata
+
+
+# The pod's generations as the kernel lists them (mm/vmscan.c lru_gen_seq_show): its oldest
+# holds a cold set (8,000 anon and 4,000 file pages), the youngest two its hot loop.
+POD_LRU_GEN = """\
+memcg     1 /
+ node     0
+          3      40000       1000       2000
+          4      30000          0          0
+          5      10000          0          0
+memcg     5 /pod
+ node     0
+         10      40000       8000       4000
+         11      30000          0          0
+         12      20000       2000          0
+         13          0          0          0
+"""
+# The idle ager's books for them: the oldest generation idle 45 s at the last aging.
+POD_BOOKS = {
+    (5, "/pod", 0): Book(
+        0, {10: (Layer(45_000, 8000, 4000),), 11: (), 12: (Layer(0, 2000, 0),), 13: ()}
+    )
+}
+COLD_POLICY = replace(POLICY, cold_after_ms=30_000)
+
+
+@dataclass
+class Generations:
+    """The multi-gen LRU's debugfs file as the kernel answers eviction commands: each is
+    recorded, and what it evicts counts in the pod's memory.stat pgsteal."""
+
+    directory: Path
+    commands: list[str] = field(default_factory=list)
+    # Pages the kernel evicts for a command asking for `pages`, and pages refaulted meanwhile.
+    evicts: Callable[[int], int] = lambda pages: pages
+    refaults: Callable[[int], int] = lambda pages: 0
+
+    def __call__(self, path: Path, value: str, proceed: Callable[[str], None]) -> None:
+        if path.name != "lru_gen" or not value.startswith("-"):
+            proceed(value)
+            return
+        self.commands.append(value)
+        stat_path = self.directory / "memory.stat"
+        stat = dict(line.split() for line in stat_path.read_text().splitlines())
+        evicted = self.evicts(int(value.split()[-1]))
+        for counter in ("pgscan", "pgsteal"):
+            stat[counter] = str(int(stat.get(counter, 0)) + evicted)
+        refaulted = int(stat.get("workingset_refault_file", 0)) + self.refaults(evicted)
+        stat["workingset_refault_file"] = str(refaulted)
+        stat_path.write_text("".join(f"{k} {v}\n" for k, v in stat.items()))
+
+
+@dataclass
+class Ages:
+    """The idle ager's books as the reclaimer asks for them; a test ages them by setting."""
+
+    state: IdleState
+
+    def __call__(self) -> IdleState:
+        return self.state
+
+
+def lru_now(directory: Path, anon_pages: int, file_pages: int) -> None:
+    """The pod's LRU as memory.stat counts it now, with its pgscan and pgsteal counters."""
+    stat = directory / "memory.stat"
+    kept = [line for line in stat.read_text().splitlines() if "active_" not in line]
+    lru = [f"inactive_anon {anon_pages * 4096}", f"inactive_file {file_pages * 4096}"]
+    counters = [] if any("pgsteal" in line for line in kept) else ["pgscan 0", "pgsteal 0"]
+    stat.write_text("\n".join(kept + lru + counters) + "\n")
+
+
+def with_ages(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim, ages: IdleState
+) -> tuple[Reclaimer, Generations, Ages]:
+    """A reclaimer on the pod with the multi-gen LRU on, swap, and the ager's books, whose
+    LRU now holds what the books do."""
+    directory = make_target(fake_root)
+    lru_now(directory, 10_000, 4_000)
+    fake_root.write("sys/kernel/mm/lru_gen/enabled", "0x0007\n")
+    fake_root.write("sys/kernel/debug/lru_gen", POD_LRU_GEN)
+    fake_root.write("proc/swaps", SWAPS)
+    generations = Generations(directory)
+    fake_root.kernel.on("write", generations)
+    now = Ages(ages)
+    return Reclaimer(fake_root.fs, clock=clock, write=kernel, ages=now), generations, now
+
+
+def cold_pod_on(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> tuple[Reclaimer, Generations]:
+    """The pod on with COLD_POLICY (no anon) and the books of POD_BOOKS, its baseline read."""
+    reclaimer, generations, _ = with_ages(fake_root, clock, kernel, IdleState(POD_BOOKS, None))
+    reclaimer.set_policy(ReclaimPolicyRequest(cgroup_name("pod"), True, COLD_POLICY))
+    reclaimer.run_due()
+    return reclaimer, generations
+
+
+def test_what_the_ages_call_cold_is_evicted_at_once_file_first_then_probing(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    reclaimer, generations, ages = with_ages(fake_root, clock, kernel, IdleState(POD_BOOKS, None))
+    anon = replace(COLD_POLICY, anon=True)
+    reclaimer.set_policy(ReclaimPolicyRequest(cgroup_name("pod"), True, anon))
+    reclaimer.run_due()  # The baseline.
+    clock.now += 1
+    reclaimer.run_due()
+    # 12,000 cold pages of a 100 MiB pod: all of it (the probe would have been 10 MiB), in
+    # writes of EVICT_CHUNK_BYTES, the file pages first.
+    chunk = EVICT_CHUNK_BYTES // 4096
+    assert generations.commands == [f"- 5 0 10 0 {chunk}"] * 3 + [
+        f"- 5 0 10 0 {4000 - 3 * chunk}"
+    ] + [f"- 5 0 10 200 {chunk}"] * 7 + [f"- 5 0 10 200 {8000 - 7 * chunk}"]
+    assert kernel.asked() == []
+    status = reclaimer.status()[0]
+    assert (status.last_step, status.evicted_cold_total, status.probed_total) == (
+        "evict_cold",
+        12000 * 4096,
+        0,
+    )
+    assert status.reclaimed_total == 12000 * 4096
+    assert "idle at least 30 s" in status.why
+    # The kernel has taken the generation: what is left, the hot loop, was in use at the
+    # last aging, so there is nothing for a probe to find either.
+    fake_root.write("sys/kernel/debug/lru_gen", POD_LRU_GEN.replace("8000       4000", "0 0"))
+    lru_now(fake_root.root / "sys/fs/cgroup/pod", 2_000, 0)
+    clock.now += 1
+    reclaimer.run_due()
+    assert kernel.asked() == [] and len(generations.commands) == 12
+    assert "nothing worth a probe" in reclaimer.status()[0].why
+    # The next aging finds 1,000 pages of it unused for 10 s: cooling, and a probe looks
+    # for no more than that.
+    ages.state = IdleState(
+        {(5, "/pod", 0): Book(0, {12: (Layer(10_000, 1_000, 0),), 13: (Layer(0, 1_000, 0),)})},
+        None,
+    )
+    clock.now += 1
+    reclaimer.run_due()
+    assert kernel.asked() == [str(CHUNK_BYTES)] * 3 + [str(1_000 * 4096 - 3 * CHUNK_BYTES)]
+    status = reclaimer.status()[0]
+    assert (status.last_step, status.probed_total) == ("probe", 1_000 * 4096)
+
+
+def test_without_ages_or_with_nothing_cold_it_probes_as_before(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    no_ages = IdleState({}, Absent("mglru", "the agent ages no generations (--idle-aging 0)"))
+    reclaimer, generations, _ = with_ages(fake_root, clock, kernel, no_ages)
+    reclaimer.set_policy(ReclaimPolicyRequest(cgroup_name("pod"), True, COLD_POLICY))
+    reclaimer.run_due()
+    clock.now += 1
+    reclaimer.run_due()
+    assert kernel.asked() == chunks(10 * MIB, " swappiness=0")
+    assert generations.commands == []
+    # Ages that call nothing cold yet: the generations are not even read.
+    fake_root.write("sys/kernel/debug/lru_gen", "not what the kernel prints\n")
+    young = IdleState(POD_BOOKS, None)
+    reclaimer = Reclaimer(fake_root.fs, clock=clock, write=kernel, ages=lambda: young)
+    reclaimer.set_policy(ReclaimPolicyRequest(cgroup_name("pod"), True, POLICY))  # 60 s.
+    reclaimer.run_due()
+    clock.now += 1
+    reclaimer.run_due()
+    assert kernel.asked() == chunks(10 * MIB, " swappiness=0")
+    assert reclaimer.status()[0].last_step == "probe"
+
+
+def test_without_anon_only_cold_file_pages_are_evicted(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    reclaimer, generations = cold_pod_on(fake_root, clock, kernel)
+    clock.now += 1
+    reclaimer.run_due()
+    assert {c.split()[4] for c in generations.commands} == {"0"}
+    assert reclaimer.status()[0].evicted_cold_total == 4000 * 4096
+
+
+def test_an_eviction_stops_when_what_it_took_comes_back(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    reclaimer, generations = cold_pod_on(fake_root, clock, kernel)
+    generations.refaults = lambda pages: pages  # All it takes comes straight back.
+    clock.now += 1
+    reclaimer.run_due()
+    assert len(generations.commands) == 1
+    status = reclaimer.status()[0]
+    assert "it reached the working set" in status.why
+    clock.now += 1
+    reclaimer.run_due()
+    assert reclaimer.status()[0].mode == Mode.BACKING_OFF
+    assert len(generations.commands) == 1
+
+
+def test_turning_off_mid_eviction_stops_before_the_next_write(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    reclaimer, generations = cold_pod_on(fake_root, clock, kernel)
+
+    def host_turns_it_off(pages: int) -> int:
+        if len(generations.commands) == 2:
+            reclaimer.set_policy(ReclaimPolicyRequest(cgroup_name("pod"), False, COLD_POLICY))
+        return pages
+
+    generations.evicts = host_turns_it_off
+    clock.now += 1
+    reclaimer.run_due()
+    assert len(generations.commands) == 2
+
+
+def test_a_generation_that_moved_on_ends_its_eviction(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    # An aging folded generation 10 into 11 after the plan was made: the kernel evicts
+    # nothing at or below 10, so the step ends and the next interval plans again.
+    reclaimer, generations = cold_pod_on(fake_root, clock, kernel)
+    generations.evicts = lambda pages: 0
+    clock.now += 1
+    reclaimer.run_due()
+    assert len(generations.commands) == 1
+    assert reclaimer.status()[0].evicted_cold_total == 0
+
+
+def test_a_policy_saved_before_cold_after_ms_takes_its_default() -> None:
+    older = {k: v for k, v in asdict(POLICY).items() if k != "cold_after_ms"}
+    saved = decode_policies({"pod": {"enabled": True, "policy": older}})
+    assert saved.targets[cgroup_name("pod")] == (True, POLICY)
+    with pytest.raises(TypeError, match="wrong fields"):
+        decode_policies({"pod": {"enabled": True, "policy": {**older, "colder": 1}}})
