@@ -13,6 +13,7 @@ from guestagent.sizes import MIB
 from tests.workloads.reclaim import (
     SETTLED_HOLD,
     STALL_TARGET_US,
+    assert_cold_evicted_bounds,
     assert_off_then_on_bounds,
     first_stall_over_target,
     holding_settled,
@@ -137,3 +138,13 @@ def test_off_then_on_holds_the_stall_to_the_bound_at_the_guests_pace() -> None:
         assert_off_then_on_bounds(off_then_on_figures(2463), 1.0)
     with pytest.raises(AssertionError):
         assert_off_then_on_bounds(off_then_on_figures(4861), 2.43)
+
+
+def test_with_ages_the_cold_set_must_go_by_eviction_and_soon() -> None:
+    figures = {**off_then_on_figures(0), "evicted_cold_mib": 558.7, "seconds_to_80_percent": 12.4}
+    assert_cold_evicted_bounds(figures, 1.0)
+    with pytest.raises(AssertionError):  # Probing alone's pace, 2026-12-04.
+        assert_cold_evicted_bounds({**figures, "seconds_to_80_percent": 39.6}, 1.0)
+    assert_cold_evicted_bounds({**figures, "seconds_to_80_percent": 39.6}, 1.4)
+    with pytest.raises(AssertionError):  # Fast, but by probing.
+        assert_cold_evicted_bounds({**figures, "evicted_cold_mib": 3.5}, 1.0)

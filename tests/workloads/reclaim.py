@@ -606,6 +606,22 @@ def assert_off_then_on_bounds(figures: dict[str, Any], pace_factor: float = 1.0)
     assert figures["stall_us_per_s_on"] <= bound, summary
 
 
+# Where the guest has idle ages: the share of the cold set the ages' way must take, and how
+# soon 80 % must be back at an idle host's pace (probing alone: 39.6-44.3 s, 2026-12-04).
+EVICTED_AT_LEAST = 0.9
+COLD_80_WITHIN_S = 30.0
+
+
+def assert_cold_evicted_bounds(figures: dict[str, Any], pace_factor: float = 1.0) -> None:
+    """With idle ages (the multi-gen LRU's): the cold set went by eviction, not by probing,
+    and 80 % of it was out of QEMU's RSS within 30 s of the policy going on, at the guest's
+    pace (tests/vm/pace.py)."""
+    summary = without_timelines(figures)
+    assert figures["evicted_cold_mib"] >= EVICTED_AT_LEAST * COLD_MIB, summary
+    seconds = figures["seconds_to_80_percent"]
+    assert seconds is not None and seconds <= COLD_80_WITHIN_S * max(1.0, pace_factor), summary
+
+
 def assert_no_thrash_bounds(figures: dict[str, Any], pace_factor: float = 1.0) -> None:
     """Backed off: reclaimed bytes flat, few refaults, stall within the target, measured over
     the last 20 s, which start once the reclaimer has settled at the edge of the hot set
