@@ -724,3 +724,27 @@ def test_a_policy_saved_before_cold_after_ms_takes_its_default() -> None:
     assert saved.targets[cgroup_name("pod")] == (True, POLICY)
     with pytest.raises(TypeError, match="wrong fields"):
         decode_policies({"pod": {"enabled": True, "policy": {**older, "colder": 1}}})
+
+
+def test_a_protected_cgroup_below_the_target_keeps_its_protection(
+    fake_root: FakeRoot, clock: Clock, kernel: KernelReclaim
+) -> None:
+    # The container holds 24 MiB, 16 of them under memory.low: only 8 MiB of its cold
+    # 4,000 file pages may go, whatever the books say.
+    ctr_books = {(6, "/pod/ctr", 0): Book(0, {10: (Layer(45_000, 0, 4_000),)})}
+    reclaimer, generations, _ = with_ages(
+        fake_root, clock, kernel, IdleState({**POD_BOOKS, **ctr_books}, None)
+    )
+    ctr = fake_root.add_cgroup("pod/ctr", current=24 * MIB)
+    (ctr / "memory.low").write_text(f"{16 * MIB}\n")
+    fake_root.write(
+        "sys/kernel/debug/lru_gen",
+        POD_LRU_GEN + "memcg     6 /pod/ctr\n node     0\n 10 40000 0 4000\n 11 0 0 0\n 12 0 0 0\n",
+    )
+    reclaimer.set_policy(ReclaimPolicyRequest(cgroup_name("pod"), True, COLD_POLICY))
+    reclaimer.run_due()
+    clock.now += 1
+    reclaimer.run_due()
+    asked = [c.split() for c in generations.commands]
+    assert sum(int(c[5]) for c in asked if c[1] == "6") == 8 * MIB // 4096
+    assert sum(int(c[5]) for c in asked if c[1] == "5") == 4_000  # The pod's own: not bound.
