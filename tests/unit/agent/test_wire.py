@@ -25,7 +25,13 @@ from guestagent.ops.swap_area import (
     SwapArea,
     SwapEncryption,
 )
-from guestagent.ops.workingset.status import ReclaimPolicyRequest, WorkloadReclaimRequest
+from guestagent.ops.workingset.policy import ReclaimPolicy
+from guestagent.ops.workingset.status import (
+    Mode,
+    ReclaimPolicyRequest,
+    TargetStatus,
+    WorkloadReclaimRequest,
+)
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 
@@ -211,6 +217,31 @@ def test_reclaim_result() -> None:
     message = wire.reclaim_result_pb(ReclaimResult("pod", 9 << 20, 8 << 20, False))
     assert (message.current_before_bytes, message.current_after_bytes) == (9 << 20, 8 << 20)
     assert not message.complete
+
+
+def test_reclaim_status_says_which_way_the_last_step_went_and_what_each_way_took() -> None:
+    status = TargetStatus(
+        "pod",
+        True,
+        ReclaimPolicy(cold_after_ms=30_000),
+        Mode.PROBING,
+        "",
+        9 << 20,
+        4 << 20,
+        0,
+        0,
+        3,
+        0,
+        0,
+        last_step="evict_cold",
+        last_step_us=812_000,
+        evicted_cold_total=5 << 20,
+        probed_total=4 << 20,
+    )
+    message = wire.reclaim_target_pb(status)
+    assert (message.last_step, message.last_step_us) == ("evict_cold", 812_000)
+    assert (message.evicted_cold_total_bytes, message.probed_total_bytes) == (5 << 20, 4 << 20)
+    assert message.policy.cold_after_ms == 30_000
 
 
 @pytest.mark.parametrize(
