@@ -25,9 +25,8 @@ from guestagent.ops.swap_area import (
     SwapArea,
     SwapEncryption,
 )
-from guestagent.ops.workingset.policy import ReclaimPolicy
+from guestagent.ops.workingset.policy import Mode, ReclaimPolicy
 from guestagent.ops.workingset.status import (
-    Mode,
     ReclaimPolicyRequest,
     TargetStatus,
     WorkloadReclaimRequest,
