@@ -36,7 +36,7 @@ from guestagent.host.giveback.follow import (
     stall_sample,
     stall_share,
 )
-from guestagent.host.node.config import NodePolicy
+from guestagent.host.node.config import Guest, NodePolicy
 from guestagent.host.node.pressure import Headroom, HostMemory, headroom
 from guestagent.host.node.sandboxes import AgentUrlError, Balloon, Sandbox
 from guestagent.host.node.shim import ask_agent_address
@@ -101,6 +101,16 @@ def setup_plan(info: pb.AgentInfo | None, sandbox: Sandbox, policy: NodePolicy) 
     if follow and "idle_ages" in absent:
         missing.append(f"cold memory in the safe figure: {absent['idle_ages']}")
     return SetupPlan(reclaim, bool(policy.guest.swap_serial), follow, tuple(missing))
+
+
+def reclaim_policy(guest: Guest) -> pb.ReclaimPolicy:
+    """The reclaimer's policy for a guest's workloads: the agent's defaults but for anonymous
+    memory, and the node's idle age for cold, so that what the reclaimer evicts as cold is what
+    the give-back figure counts as cold (an agent before eviction by ages ignores the field)."""
+    policy = pb.ReclaimPolicy(anon=guest.reclaim_anon)
+    if guest.cold_after_ms:
+        policy.cold_after_ms = guest.cold_after_ms
+    return policy
 
 
 @dataclass(frozen=True)
@@ -307,7 +317,7 @@ class GuestLoop:
             request = pb.EnableSwapRequest(device=pb.DeviceSelector(serial=guest.swap_serial))
             self._step("swap", lambda: agent.enable_swap(request).device)
         if plan.reclaim:
-            policy = pb.ReclaimPolicy(anon=True) if guest.reclaim_anon else pb.ReclaimPolicy()
+            policy = reclaim_policy(guest)
             self._step("reclaim", lambda: agent.set_workload_reclaim(True, policy).reason)
 
     def _step(self, what: str, call: Callable[[], str]) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from guestagent.host.giveback.follow import Reading
-from guestagent.host.node.config import Host, NodePolicy
-from guestagent.host.node.guest import HeadroomKnob, retry_delay, setup_plan
+from guestagent.host.node.config import Guest, Host, NodePolicy
+from guestagent.host.node.guest import HeadroomKnob, reclaim_policy, retry_delay, setup_plan
 from guestagent.host.node.pressure import Headroom, HostMemory, headroom, host_short
 from guestagent.host.node.sandboxes import DECLARED, Balloon, Sandbox, Vmm
 from guestagent.linux.cgroup.process_memory import CgroupMemoryUse
@@ -112,3 +112,22 @@ def test_the_headroom_is_left_out_of_the_figure() -> None:
     assert knob.read(pb.MemoryInfo()).safe == 400 * MIB
     room[0] = Headroom(GIB, "")
     assert knob.read(pb.MemoryInfo()).safe == 0
+
+
+@pytest.mark.parametrize(
+    ("guest", "policy"),
+    [
+        (Guest(), pb.ReclaimPolicy(anon=False)),
+        # The node's cold age reaches the reclaimer as it reaches the give-back figure.
+        (
+            Guest(reclaim_anon=True, cold_after_ms=30_000),
+            pb.ReclaimPolicy(anon=True, cold_after_ms=30_000),
+        ),
+    ],
+)
+def test_the_reclaimers_policy_takes_the_nodes_cold_age(
+    guest: Guest, policy: pb.ReclaimPolicy
+) -> None:
+    made = reclaim_policy(guest)
+    assert made == policy
+    assert made.HasField("cold_after_ms") == bool(guest.cold_after_ms)
