@@ -42,7 +42,7 @@ class ReportAdmission:
                 if waiter.done() and not waiter.cancelled():
                     self._running -= 1  # Given a slot as it was cancelled: give it back.
                     self._wake()
-                else:
+                elif waiter in self._waiting:  # A release's wake-up may have dropped it.
                     self._waiting.remove(waiter)
                 raise
         else:

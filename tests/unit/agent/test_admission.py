@@ -104,3 +104,34 @@ async def test_a_slot_given_as_its_waiter_is_cancelled_goes_back() -> None:
     assert reports.running[-1] == 2
     reports.release[2].set()
     await third
+
+
+async def test_a_waiter_cancelled_and_dropped_by_a_release_before_it_runs_leaves_quietly() -> None:
+    # The hostile flood's streams (CI, 2026-12-07): a stream's task is cancelled while it
+    # waits; before it runs, a report ends and its wake-up drops the cancelled waiter; the
+    # task then must not look for it in the queue again.
+    admission = ReportAdmission(1)
+    holding = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with admission.report():
+            holding.set()
+            await release.wait()
+
+    async def wait_in_turn() -> None:
+        async with admission.report():
+            pass
+
+    holder = asyncio.create_task(hold())
+    await holding.wait()
+    waiter = asyncio.create_task(wait_in_turn())
+    await settle()
+    release.set()  # The holder runs first: its slot's release wakes the queue ...
+    waiter.cancel()  # ... whose waiter is cancelled by then, its task run after.
+    await holder
+    results = await asyncio.gather(waiter, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError), results
+    assert admission.open_slots == 1
+    async with asyncio.timeout(1):
+        await wait_in_turn()  # The slot is free for the next.
