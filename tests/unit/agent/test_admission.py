@@ -111,27 +111,16 @@ async def test_a_waiter_cancelled_and_dropped_by_a_release_before_it_runs_leaves
     # waits; before it runs, a report ends and its wake-up drops the cancelled waiter; the
     # task then must not look for it in the queue again.
     admission = ReportAdmission(1)
-    holding = asyncio.Event()
-    release = asyncio.Event()
-
-    async def hold() -> None:
-        async with admission.report():
-            holding.set()
-            await release.wait()
-
-    async def wait_in_turn() -> None:
-        async with admission.report():
-            pass
-
-    holder = asyncio.create_task(hold())
-    await holding.wait()
-    waiter = asyncio.create_task(wait_in_turn())
+    reports = Reports(admission)
+    holder = asyncio.create_task(reports.report(0))
     await settle()
-    release.set()  # The holder runs first: its slot's release wakes the queue ...
+    waiter = asyncio.create_task(reports.report(1))
+    await settle()
+    reports.release[0].set()  # The holder runs first: its slot's release wakes the queue ...
     waiter.cancel()  # ... whose waiter is cancelled by then, its task run after.
     await holder
     results = await asyncio.gather(waiter, return_exceptions=True)
     assert isinstance(results[0], asyncio.CancelledError), results
-    assert admission.open_slots == 1
-    async with asyncio.timeout(1):
-        await wait_in_turn()  # The slot is free for the next.
+    assert admission.open_slots == 1 and reports.running == [0]
+    async with asyncio.timeout(1), admission.report():
+        pass  # The slot is free for the next.
