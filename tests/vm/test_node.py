@@ -62,10 +62,14 @@ DROPPED_WITHIN = 5.0
 # The hot loop's pace before the daemon, over as long as the daemon then takes: ten
 # iterations (1-2 s under TCG) made ratios of 0.92x to 1.19x from run to run (2026-12-07).
 BASELINE_SECONDS = 30.0
-# ... against its pace over the daemon's first minute, its burst and after: with eviction by
-# the idle ages the cold sets are out in 15-20 s, and a window that ends with the fall held
-# only the burst's few iterations (1.00x-1.13x from run to run, 2026-12-07).
-DURING_SECONDS = 60.0
+# ... against its pace over the daemon's first two minutes: its burst (with eviction by the
+# idle ages the cold sets are out in 15-30 s, the guest's one vCPU writing them to swap) and
+# what following then costs. A window ending with the fall held only the burst (1.00x-1.13x
+# from run to run), one of 60 s 1.08x alone and 1.12x-1.13x beside CI's other lane, whose
+# guests contend for the host's memory more than the paced reference loop shows (2026-12-07);
+# the first minute's figure is recorded beside.
+DURING_SECONDS = 120.0
+BURST_SECONDS = 60.0
 AGENT_PORT = 6464
 STEPS = ("vm_inflate", "vm_deflate")
 MEMINFO = (
@@ -299,7 +303,7 @@ def test_the_node_gives_back_both_guests_cold_sets_and_drops_a_sandbox_that_goes
         for name, guest in guests.items():
             wait_until(
                 logged_for(guest, outs[name], during_from[name], DURING_SECONDS),
-                pace.scale(120),
+                pace.scale(DURING_SECONDS + 60),
                 f"{DURING_SECONDS:.0f} s of hot-loop iterations in {name} with the daemon",
             )
         after_until = {name: during_from[name] + DURING_SECONDS for name in guests}
@@ -320,14 +324,17 @@ def test_the_node_gives_back_both_guests_cold_sets_and_drops_a_sandbox_that_goes
         sandboxes.close()
     logs = node.lines
     RESULTS["log_events"] = sorted({str(line.get("event")) for line in logs})
-    hot, counted = {}, {}
+    hot, counted, burst = {}, {}, {}
     for name, guest in guests.items():
         log = iteration_log(guest, outs[name])
         off = within(log, baseline_from[name], during_from[name])
         on = within(log, during_from[name], after_until[name])
         hot[name], counted[name] = slowdown(off, on), [len(off), len(on)]
+        first = within(log, during_from[name], during_from[name] + BURST_SECONDS)
+        burst[name] = slowdown(off, first)
     RESULTS["hot_iterations_before_and_during"] = counted
     RESULTS["hot_slowdown_paced"] = hot
+    RESULTS["hot_slowdown_paced_first_minute"] = burst
     RESULTS["oom_kills"] = {name: oom_kills(guest) - kills[name] for name, guest in guests.items()}
     assert rc == 0 and node.events("node_stopped"), logs[-5:]
     # Left where it was: the guest reaches the last size the daemon asked for and stays
