@@ -53,6 +53,19 @@ log = EventLog("guestagent.node")
 # Contract revision 4 finds the guest's workloads itself (SetReclaimPolicy.workloads).
 WORKLOADS_REVISION = 4
 RETRY_FIRST, RETRY_CAP = 1.0, 30.0
+# A set-up step that failed with one of these did not happen for want of time or a
+# connection, not because the guest refuses it: the round fails and is tried again, as a lost
+# agent is (under a loaded host an EnableSwap or a SetReclaimPolicy can outlast its deadline,
+# and a VM served without its reclaimer would never give back what it does not free itself).
+TRANSIENT = frozenset(
+    {
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+    }
+)
 
 
 class Phase(Enum):
@@ -321,9 +334,13 @@ class GuestLoop:
             self._step("reclaim", lambda: agent.set_workload_reclaim(True, policy).reason)
 
     def _step(self, what: str, call: Callable[[], str]) -> None:
+        """A refusal is said once and the next step goes on; a transient failure ends the
+        round (both steps are idempotent, so the next round asks again)."""
         try:
             self._log("vm_set_up", step=what, result=call())
         except grpc.RpcError as e:
+            if e.code() in TRANSIENT:
+                raise
             log.warning("vm_set_up_refused", vm=self.sandbox.id, step=what, error=describe_error(e))
 
     def _seen(self, report: pb.MemoryInfo) -> None:

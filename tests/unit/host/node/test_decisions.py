@@ -3,13 +3,26 @@ cgroup), what it sets up from the agent's GetAgentInfo, and its retries."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import grpc
 import pytest
 
+from guestagent.host.async_calls import AsyncCalls
 from guestagent.host.giveback.follow import Reading
 from guestagent.host.node.config import Guest, Host, NodePolicy
-from guestagent.host.node.guest import HeadroomKnob, reclaim_policy, retry_delay, setup_plan
+from guestagent.host.node.guest import (
+    TRANSIENT,
+    GuestLoop,
+    HeadroomKnob,
+    SetupPlan,
+    reclaim_policy,
+    retry_delay,
+    setup_plan,
+)
 from guestagent.host.node.pressure import Headroom, HostMemory, headroom, host_short
 from guestagent.host.node.sandboxes import DECLARED, Balloon, Sandbox, Vmm
+from guestagent.host.streams import Watchdog
 from guestagent.linux.cgroup.process_memory import CgroupMemoryUse
 from guestagent.sizes import GIB, MIB
 from guestagent.v1 import agent_pb2 as pb
@@ -131,3 +144,80 @@ def test_the_reclaimers_policy_takes_the_nodes_cold_age(
     made = reclaim_policy(guest)
     assert made == policy
     assert made.HasField("cold_after_ms") == bool(guest.cold_after_ms)
+
+
+class Failed(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return f"{self._code.name} by the test"
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+class SetUpAgent:
+    """The two set-up calls, each failing with the code it is given (None: done)."""
+
+    def __init__(self, swap: grpc.StatusCode | None, reclaim: grpc.StatusCode | None) -> None:
+        self.fails = {"swap": swap, "reclaim": reclaim}
+        self.asked: list[str] = []
+
+    def _answer(self, step: str) -> None:
+        self.asked.append(step)
+        code = self.fails[step]
+        if code is not None:
+            raise Failed(code)
+
+    def enable_swap(self, request: pb.EnableSwapRequest) -> pb.SwapArea:
+        self._answer("swap")
+        return pb.SwapArea(device=f"/dev/disk/by-id/virtio-{request.device.serial}")
+
+    def set_workload_reclaim(self, on: bool, policy: pb.ReclaimPolicy) -> pb.ReclaimTargetStatus:
+        self._answer("reclaim")
+        return pb.ReclaimTargetStatus(reason="on")
+
+
+@pytest.fixture
+def loop() -> Iterator[GuestLoop]:
+    watchdog, calls = Watchdog(), AsyncCalls()
+    yield GuestLoop(
+        sandbox(), NodePolicy(), lambda: HostMemory(8 * GIB, 4 * GIB, 0.0), watchdog, calls
+    )
+    watchdog.stop()
+    calls.stop()
+
+
+PLAN = SetupPlan(reclaim=True, swap=True, follow=False, missing=())
+
+
+@pytest.mark.parametrize("code", sorted(TRANSIENT, key=str))
+def test_a_set_up_step_cut_short_ends_the_round_to_be_tried_again(
+    loop: GuestLoop, code: grpc.StatusCode
+) -> None:
+    """Under a loaded host EnableSwap can outlast its deadline: the round fails, and run()
+    tries it again after its wait, rather than serving the VM without the step."""
+    agent = SetUpAgent(swap=code, reclaim=None)
+    with pytest.raises(grpc.RpcError):
+        loop._set_up(agent, PLAN)  # type: ignore[arg-type]
+    assert agent.asked == ["swap"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    ],
+)
+def test_a_refused_set_up_step_is_said_and_the_next_goes_on(
+    loop: GuestLoop, code: grpc.StatusCode
+) -> None:
+    agent = SetUpAgent(swap=code, reclaim=None)
+    loop._set_up(agent, PLAN)  # type: ignore[arg-type]
+    assert agent.asked == ["swap", "reclaim"]
