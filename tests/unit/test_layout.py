@@ -570,3 +570,50 @@ def test_the_daemon_keeps_nothing_of_argparse_once_its_options_are_parsed() -> N
     )
     out = run_probe(probe).splitlines()
     assert out == ["", "['unix:///run/a.sock']"]
+
+
+# What the node daemon keeps out (docs/measurements.md, the node daemon): http.client and
+# http.server, and what they bring, 1.8 MiB of its memory for a GET on a unix socket and two
+# paths served. The daemon's own imports, and the backends it follows a balloon through.
+NODE_KEEPS_OUT = ("http", "email", "socketserver", "mimetypes", "html")
+NODE_IMPORTS = (
+    "guestagent.host.ctl",
+    "guestagent.host.commands.node",
+    "guestagent.host.node.daemon",
+    "guestagent.host.metrics.server",
+    "guestagent.host.vmm.cloud_hypervisor",
+    "guestagent.host.vmm.firecracker",
+)
+
+
+def node_loads(*planted: str) -> list[str]:
+    """Each module of NODE_KEEPS_OUT that `guestctl node`'s imports (then `planted`'s) load in
+    a fresh interpreter run as the node's runtime runs it (no site), as 'module <- importer'."""
+    probe = (
+        "import sys\n"
+        "class Watch:\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        f"        if name.split('.')[0] in {NODE_KEEPS_OUT!r}:\n"
+        "            frame = sys._getframe(1)\n"
+        "            while frame.f_globals['__name__'].startswith(('importlib', '_frozen')):\n"
+        "                frame = frame.f_back\n"
+        "            print(name, '<-', frame.f_globals['__name__'])\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        "from guestagent.host.tls import keep_ssl_out\n"
+        "keep_ssl_out()\n"
+        f"for module in {(*NODE_IMPORTS, *planted)!r}:\n"
+        "    __import__(module)\n"
+    )
+    done = subprocess.run(siteless_command(probe), check=True, capture_output=True, text=True)
+    return done.stdout.splitlines()
+
+
+def test_the_node_daemon_loads_no_http_client_or_server() -> None:
+    assert node_loads() == []
+
+
+def test_the_node_probe_sees_a_breach(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "planted_node_module.py").write_text("import http.client\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = node_loads("planted_node_module")
+    assert "http.client <- planted_node_module" in found, found
