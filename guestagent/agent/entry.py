@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from guestagent.agent.load_on_use import LOADED_ON_USE, load_on_use
+from guestagent.load_on_use import LOADED_ON_USE, load_on_use
 
 
 def entry() -> int:

@@ -42,7 +42,7 @@ class TcpAddress:
         if self.host == "localhost":
             return True
         # Here, not at the top: any second `import ipaddress` runs the module that the agent's
-        # entry defers (agent/load_on_use.py), and only a tcp listener needs it.
+        # entry defers (load_on_use.py), and only a tcp listener needs it.
         import ipaddress
 
         try:

@@ -19,7 +19,7 @@ SERVING = b"\x08\x01"  # grpc.health.v1.HealthCheckResponse{status: SERVING}
 
 def main(target: str) -> None:
     sys.modules["ssl"] = None  # type: ignore[assignment]  # As the floor: no TLS, no ssl.
-    from guestagent.agent.load_on_use import load_on_use
+    from guestagent.load_on_use import load_on_use
 
     load_on_use()
     import asyncio

@@ -380,7 +380,7 @@ import ctypes, gc, importlib, json, sys
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # No huge pages, as the agent: else 2 MiB steps.
 sys.modules["ssl"] = None
 sys.path.append(sys.argv[1])
-DEFERRAL = "guestagent.agent.load_on_use"  # Installed as entry() does, before protobuf loads.
+DEFERRAL = "guestagent.load_on_use"  # Installed as entry() does, before protobuf loads.
 STAGES = [
     ("interpreter", []),
     ("entry()'s load_on_use", [DEFERRAL]),

@@ -38,7 +38,7 @@ CONTRACT_MODULES = (
 PROBE = r"""
 import asyncio, json, sys
 sys.modules.setdefault("ssl", None)
-from guestagent.agent.load_on_use import LOADED_ON_USE, load_on_use
+from guestagent.load_on_use import LOADED_ON_USE, load_on_use
 load_on_use(LOADED_ON_USE)
 from pathlib import Path
 from guestagent.agent.daemon import Agent, ServerConfig

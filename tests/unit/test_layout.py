@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "guestagent"
 
 # Leaf modules at the top of the package that any layer may use: what both sides of the vsock
 # share. A guest-only module lives on the guest side (linux/, ops/, agent/).
-SHARED = {"errors", "jsonlog", "transport", "sizes", "records"}
+SHARED = {"errors", "jsonlog", "transport", "sizes", "records", "load_on_use"}
 # The agent's own state files (/run/guestagent): kept by ops/ and agent/, built on linux/.
 STATE_STORE = "guestagent.linux.statestore"
 # The byte units: the one module the build may share with the agent.
@@ -458,7 +458,7 @@ def test_the_daemon_runs_none_of_protobufs_pure_python_implementation() -> None:
     unloaded, and the first read of it still gets the whole module."""
     probe = (
         "import sys\n"
-        "from guestagent.agent.load_on_use import PROTOBUF_PURE_PYTHON, load_on_use\n"
+        "from guestagent.load_on_use import PROTOBUF_PURE_PYTHON, load_on_use\n"
         "load_on_use(PROTOBUF_PURE_PYTHON)\n"
         "import guestagent.agent.daemon\n"
         "from google.protobuf.internal import api_implementation\n"
@@ -501,7 +501,7 @@ def test_protobufs_timestamps_load_calendar_only_when_used() -> None:
     through the contract's messages, and a Timestamp still converts."""
     probe = (
         "import sys\n"
-        "from guestagent.agent.load_on_use import LOADED_ON_USE, load_on_use\n"
+        "from guestagent.load_on_use import LOADED_ON_USE, load_on_use\n"
         "load_on_use(LOADED_ON_USE)\n"
         "from guestagent.v1 import agent_pb2\n"
         "agent_pb2.MemoryInfo.FromString(agent_pb2.MemoryInfo(reason=1).SerializeToString())\n"
@@ -586,9 +586,10 @@ NODE_IMPORTS = (
 )
 
 
-def node_loads(*planted: str) -> list[str]:
+def node_loads(*planted: str, then: str = "") -> list[str]:
     """Each module of NODE_KEEPS_OUT that `guestctl node`'s imports (then `planted`'s) load in
-    a fresh interpreter run as the node's runtime runs it (no site), as 'module <- importer'."""
+    a fresh interpreter run as the node's runtime runs it (no site, guestctl's entry), as
+    'module <- importer'; then what `then` prints."""
     probe = (
         "import sys\n"
         "class Watch:\n"
@@ -599,10 +600,14 @@ def node_loads(*planted: str) -> list[str]:
         "                frame = frame.f_back\n"
         "            print(name, '<-', frame.f_globals['__name__'])\n"
         "sys.meta_path.insert(0, Watch())\n"
-        "from guestagent.host.tls import keep_ssl_out\n"
-        "keep_ssl_out()\n"
+        "sys.argv = ['guestctl', 'node', '--help']\n"
+        "import contextlib, io\n"
+        "from guestagent.host.entry import entry\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    entry()  # Its help: the parse, after every command's imports.\n"
         f"for module in {(*NODE_IMPORTS, *planted)!r}:\n"
         "    __import__(module)\n"
+        f"{then}"
     )
     done = subprocess.run(siteless_command(probe), check=True, capture_output=True, text=True)
     return done.stdout.splitlines()
@@ -617,3 +622,20 @@ def test_the_node_probe_sees_a_breach(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.syspath_prepend(str(tmp_path))
     found = node_loads("planted_node_module")
     assert "http.client <- planted_node_module" in found, found
+
+
+def test_the_node_daemon_runs_none_of_protobufs_pure_python_or_timestamps() -> None:
+    """guestctl's entry defers them as the agent's does: the contract's and the CRI's messages
+    and the node's families leave both unrun, 0.5-0.7 MiB (docs/measurements.md)."""
+    then = (
+        "from guestagent.host.node import cri_pb2\n"
+        "from guestagent.host.node.metrics import node_families\n"
+        "from guestagent.v1 import agent_pb2\n"
+        "info = agent_pb2.MemoryInfo(system=agent_pb2.SystemMemory(mem_total_bytes=1 << 30))\n"
+        "back = agent_pb2.MemoryInfo.FromString(info.SerializeToString())\n"
+        "cri_pb2.ListPodSandboxRequest.FromString(cri_pb2.ListPodSandboxRequest().SerializeToString())\n"
+        "node_families([], {}, None, None)\n"
+        "names = ('google.protobuf.internal.python_message', 'calendar')\n"
+        "print(back.system.mem_total_bytes, *(type(sys.modules[n]).__name__ for n in names))\n"
+    )
+    assert node_loads(then=then) == ["1073741824 _LazyModule _LazyModule"]

@@ -1,11 +1,13 @@
-"""Modules a library imports but the agent never runs, executed only if something reads them.
+"""Modules a library imports but neither the agent nor the node daemon runs, executed only if
+something reads them.
 
 protobuf's descriptor_pool imports its pure-Python message implementation (python_message,
 and through it text_format, decoder, encoder, type_checkers, datetime and pickle) whichever
 implementation serves the messages. Under upb, the agent's, nothing calls into it, yet it is
-about 1 MiB of every guest's anonymous memory (0.97 MiB; docs/measurements.md). importlib's
-LazyLoader puts the module in sys.modules at once and runs its code at the first attribute
-read, so an `import` of it stays cheap and any real use still gets the whole module.
+about 1 MiB of every guest's anonymous memory (0.97 MiB; docs/measurements.md), and 0.7 MiB
+of the node daemon's (host/entry.py). importlib's LazyLoader puts the module in sys.modules at
+once and runs its code at the first attribute read, so an `import` of it stays cheap and any
+real use still gets the whole module.
 
 The standard library's ipaddress is the other: urllib.parse imports it for bracketed hosts,
 and pathlib imports urllib.parse, so every agent loaded it at start while its kernel paths were
