@@ -6,13 +6,12 @@ other direction: a private unix socket whose connections are joined to the guest
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import shutil
+import os
 import socket
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -65,6 +64,23 @@ class WatchStream(Protocol):
     def cancel(self) -> bool: ...
 
 
+RELAY_SOCKET = "relay.sock"
+
+
+def private_directory() -> str:
+    """A new directory only this user may enter, under $TMPDIR or /tmp, as tempfile.mkdtemp
+    makes one (a random name, mode 0700, created, never reused), without tempfile: it
+    brings shutil, random, bz2 and lzma into the node daemon."""
+    parent = os.environ.get("TMPDIR") or "/tmp"
+    while True:
+        path = os.path.join(parent, f"guestctl-{os.urandom(6).hex()}")
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
+
+
 class AgentTarget:
     """What grpc dials to reach the agent at `target`: the agent itself (unix, tcp), or a
     private unix socket relayed to its vsock or hybrid vsock, which grpcio cannot dial; use as
@@ -74,7 +90,7 @@ class AgentTarget:
     def __init__(self, target: str, timeout: float) -> None:
         self.target, self.timeout = target, timeout
         self._relay: SocketRelay | None = None
-        self._relay_dir: Path | None = None
+        self._relay_dir: str | None = None
         self.dial_failure: OSError | None = None
         address = parse_address(target)
         if isinstance(address, VsockAddress | HybridVsockAddress):
@@ -82,8 +98,8 @@ class AgentTarget:
         self.grpc_target = grpc_target(address)
 
     def _start_relay(self, address: VsockAddress | HybridVsockAddress) -> UnixAddress:
-        self._relay_dir = Path(tempfile.mkdtemp(prefix="guestctl-"))
-        path = str(self._relay_dir / "relay.sock")
+        self._relay_dir = private_directory()
+        path = os.path.join(self._relay_dir, RELAY_SOCKET)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
         listener.listen(16)
@@ -104,7 +120,12 @@ class AgentTarget:
         if self._relay is not None:
             self._relay.close()
         if self._relay_dir is not None:
-            shutil.rmtree(self._relay_dir, ignore_errors=True)
+            for remove, path in (
+                (os.unlink, os.path.join(self._relay_dir, RELAY_SOCKET)),
+                (os.rmdir, self._relay_dir),
+            ):
+                with contextlib.suppress(OSError):
+                    remove(path)
 
     def __enter__(self) -> AgentTarget:
         return self

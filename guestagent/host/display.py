@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, get_args
 
-from google.protobuf.json_format import MessageToDict
-
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 
@@ -16,6 +14,9 @@ GIVEBACK_FIGURES: tuple[GivebackFigure, ...] = get_args(GivebackFigure)
 
 
 def as_json(message: Any) -> str:
+    # Here, not at the top: only a command's --json output reads it, and never the node daemon.
+    from google.protobuf.json_format import MessageToDict
+
     return json.dumps(
         MessageToDict(
             message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True

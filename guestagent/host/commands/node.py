@@ -8,7 +8,6 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -25,7 +24,6 @@ MALLOC_ARENAS = 2
 def _node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
-        type=Path,
         help=f"the node's policy, TOML (default {DEFAULT_CONFIG} if it exists, else the "
         "defaults docs/node.md lists)",
     )
@@ -45,11 +43,12 @@ def _node_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _policy_text(path: Path | None) -> tuple[str, str]:
+def _policy_text(path: str | None) -> tuple[str, str]:
     """(the policy's text, where it came from); the default file may be absent."""
-    chosen = path or Path(DEFAULT_CONFIG)
+    chosen = path or DEFAULT_CONFIG
     try:
-        return chosen.read_text(), str(chosen)
+        with open(chosen) as policy:
+            return policy.read(), chosen
     except FileNotFoundError:
         if path is None:
             return "", "the defaults"

@@ -9,7 +9,6 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
@@ -91,7 +90,7 @@ def _plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--block-size", type=size, help="hotplug granularity (default: 128Mi, as Kata's)"
     )
     parser.add_argument(
-        "--model", type=Path, help="overhead model from measure-overhead --out (default: built in)"
+        "--model", help="overhead model from measure-overhead --out (default: built in)"
     )
     parser.add_argument(
         "--platform",
@@ -120,7 +119,8 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         model = platform_model(args.platform)
         if args.model is not None:
-            model = model_from_dict(json.loads(args.model.read_text()))
+            with open(args.model) as model_file:
+                model = model_from_dict(json.load(model_file))
     except (AgentError, OSError, ValueError) as e:
         print(f"guestctl: plan: model {args.model}: {e}", file=sys.stderr)
         return 2
@@ -168,10 +168,9 @@ def _measure_overhead_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MIB,MIB,...",
         help="guest memory sizes to boot (default 306,406,756,1280,2304)",
     )
-    parser.add_argument("--out", type=Path, help="write the model as JSON, for plan --model")
+    parser.add_argument("--out", help="write the model as JSON, for plan --model")
     parser.add_argument(
         "--image-dir",
-        type=Path,
         help=f"where `make image` wrote the guest (image/build; default: ${IMAGE_DIRECTORY})",
     )
     parser.add_argument(
@@ -183,7 +182,10 @@ def _measure_overhead(args: argparse.Namespace) -> int:
     # The harness drives QEMU over QMP; a host install without the vm extra lacks it.
     if missing_extra("measure-overhead", "qemu.qmp", "vm"):
         return 2
-    # Imported here: it brings in the QEMU harness, which nothing else in guestctl needs.
+    # Imported here: it brings in the QEMU harness, which nothing else in guestctl needs (nor
+    # pathlib, which the node daemon goes without).
+    from pathlib import Path
+
     from guestagent.host.sizing.measure import MeasureError, measure_size, table_text
     from guestagent.host.sizing.model import fit_model, model_to_dict
 
@@ -202,7 +204,8 @@ def _measure_overhead(args: argparse.Namespace) -> int:
     model = fit_model(samples, f"measured under {samples[0].accel} at {booted} MiB")
     document = model_to_dict(model)
     if args.out:
-        args.out.write_text(json.dumps(document, indent=2) + "\n")
+        with open(args.out, "w") as out:
+            out.write(json.dumps(document, indent=2) + "\n")
     print(json_or_text(args, document, table_text(model)))
     return 0
 

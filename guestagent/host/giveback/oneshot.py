@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
-from google.protobuf.json_format import MessageToDict
-
 from guestagent.host.client import AgentClient
 from guestagent.host.display import mib
 from guestagent.host.giveback.plan import (
@@ -92,6 +90,10 @@ class GuestFigures:
 
 
 def guest_figures(info: pb.MemoryInfo) -> GuestFigures:
+    # Here, not at the top: the follow loop, the node daemon's, imports this module for its
+    # Agent and reports no figures as JSON.
+    from google.protobuf.json_format import MessageToDict
+
     return GuestFigures(
         mem_total_bytes=info.system.mem_total_bytes,
         mem_free_bytes=info.system.mem_free_bytes,
@@ -219,6 +221,8 @@ def _holding(step: Step, size: int) -> str:
 
 
 def compaction(agent: Agent) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict  # As guest_figures: not the node's.
+
     return MessageToDict(agent.compact(), preserving_proto_field_name=True)
 
 
