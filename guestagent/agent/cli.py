@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from guestagent import jsonlog
 from guestagent.errors import AgentError
+from guestagent.help_formatter import help_formatter
 from guestagent.linux.confidential import SETTINGS
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.syscalls import limit_malloc_arenas, refuse_huge_pages
@@ -52,22 +53,6 @@ def forget_modules(names: Sequence[str]) -> None:
     for name in names:
         sys.modules.pop(name, None)
     gc.collect()  # A module's functions and its namespace hold each other.
-
-
-def help_formatter(prog: str) -> argparse.HelpFormatter:
-    """argparse's formatter, at the width shutil.get_terminal_size would give (COLUMNS, else
-    stdout's terminal, else 80) but without importing shutil: argparse makes a formatter for
-    every argument added, and its own width lookup brings shutil, bz2 and lzma into every
-    agent at start, for help text nobody reads there."""
-    columns = os.environ.get("COLUMNS", "")
-    if not (columns.isdigit() and int(columns) > 0):
-        try:
-            columns = str(os.get_terminal_size(sys.__stdout__.fileno()).columns)  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):  # No stdout, or not a terminal.
-            columns = "80"
-    import argparse
-
-    return argparse.HelpFormatter(prog, width=int(columns) - 2)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Sequence
 
+from guestagent.help_formatter import help_formatter
 from guestagent.host.commands import agent, giveback, metrics, node, sizing
 from guestagent.host.commands.common import Command, Run, UsageError, seconds
 from guestagent.host.units import SIZE_HELP
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="guestctl",
         description="talk to a guest's agent",
         epilog=f"Sizes: {SIZE_HELP}.",
+        formatter_class=help_formatter,
     )
     parser.add_argument(
         "--target",
@@ -52,15 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
         group, _, sub = name.partition(" ")
         if sub:
             if group not in groups:
-                group_parser = commands.add_parser(group, help=GROUPS[group])
+                group_parser = commands.add_parser(
+                    group, help=GROUPS[group], formatter_class=help_formatter
+                )
                 if group in GROUP_ARGUMENTS:
                     GROUP_ARGUMENTS[group](group_parser)
                 groups[group] = group_parser.add_subparsers(
                     dest=f"{group}_command", required=group not in GROUP_ARGUMENTS
                 )
-            subparser = groups[group].add_parser(sub, help=command.help)
+            subparser = groups[group].add_parser(
+                sub, help=command.help, formatter_class=help_formatter
+            )
         else:
-            subparser = commands.add_parser(name, help=command.help)
+            subparser = commands.add_parser(name, help=command.help, formatter_class=help_formatter)
         command.add_arguments(subparser)
         subparser.set_defaults(run=command.run)
     return parser
