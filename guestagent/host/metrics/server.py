@@ -3,9 +3,9 @@
 then, from what the caller last saw: never a call to a guest, so a slow one delays none.
 
 An asyncio server on a loop of its own, not http.server: that brings socketserver, email
-and mimetypes, 1.5 MiB of the node daemon's memory for two paths (docs/measurements.md, the
-node daemon). HTTP/1.0 as http.server answered: one request a connection, then the close;
-a request's head is at most 64 KiB and arrives within 10 s, or the connection is dropped.
+and mimetypes (with http.client, 1.6 MiB of the node daemon's memory; docs/measurements.md).
+HTTP/1.0 as http.server answered: one request a connection, then the close; a request's head
+is at most 64 KiB and arrives within 10 s, or the connection is dropped.
 """
 
 from __future__ import annotations

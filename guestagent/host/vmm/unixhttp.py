@@ -3,9 +3,9 @@ Kata's shims serve their monitor (text).
 
 A request per connection, its answer read by Content-Length, chunks, or to the close, the
 status line and headers at most 64 KiB and the body at most 4 MiB, all within the timeout.
-Not http.client: it brings email and half of http with it, 2 MiB of the node daemon's
-memory for one GET (docs/measurements.md, the node daemon). The peer's pid comes from the
-socket's credentials, as for QEMU's monitor, so the VMM's RSS can be read.
+Not http.client: it brings email and half of http with it (with http.server, 1.6 MiB of the
+node daemon's memory; docs/measurements.md). The peer's pid comes from the socket's
+credentials, as for QEMU's monitor, so the VMM's RSS can be read.
 """
 
 from __future__ import annotations
