@@ -39,11 +39,15 @@ class _Reader:
         self.buffer = bytearray()
         self.closed = False
 
-    def _fill(self) -> None:
+    def settle(self) -> None:
+        """The socket's timeout: what is left of the deadline."""
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
         self.sock.settimeout(left)
+
+    def _fill(self) -> None:
+        self.settle()
         data = self.sock.recv(65536)
         if not data:
             self.closed = True
@@ -153,8 +157,9 @@ def exchange(
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(path)
-        sock.sendall(request)
         reader = _Reader(sock, deadline)
+        reader.settle()
+        sock.sendall(request)
         status, reason, answer_headers = _head(reader)
         return status, reason, _body(reader, method, status, answer_headers)
 
