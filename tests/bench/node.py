@@ -32,7 +32,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def start_node(config: Path) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "guestagent.host.entry", "node", "--config", str(config)]
+    command = [sys.executable, "-m", "guestagent.host.ctl", "node", "--config", str(config)]
     return subprocess.Popen(command, stderr=subprocess.DEVNULL, text=True)
 
 
