@@ -18,15 +18,10 @@ def serve_metrics(target: str, listen: TcpAddress, cgroups: Sequence[str], inter
     with AgentClient(target) as client:
         feed = WatchFeed(client, cgroups, interval_ms)
         server = MetricsServer(listen, lambda: families(feed.snapshot()), f"metrics of {target}")
-        # SIGTERM as SIGINT: KeyboardInterrupt in the main thread leaves serve_forever.
-        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
         feed.start()
         try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            pass
+            server.serve_until_signalled((signal.SIGTERM, signal.SIGINT))
         finally:
-            signal.signal(signal.SIGTERM, previous)
             server.server_close()
             feed.stop()
     return 0

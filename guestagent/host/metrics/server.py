@@ -25,6 +25,7 @@ Build = Callable[[], Iterable[Family]]
 Announce = Callable[[str, str], None]
 HEAD_LIMIT = 64 * 1024
 HEAD_SECONDS = 10.0
+CLOSE_GRACE_SECONDS = 1.0  # For the connections in flight at shutdown.
 TEXT = "text/plain; charset=utf-8"
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 501: "Not Implemented"}
 
@@ -63,7 +64,7 @@ async def _request_line(reader: asyncio.StreamReader) -> bytes:
 class MetricsServer:
     """/metrics over HTTP; it says where it listens (on stderr unless told otherwise), `what`
     naming what it serves. serve_forever() runs it in the calling thread until shutdown()
-    from another, or KeyboardInterrupt."""
+    from another; serve_until_signalled() until a signal."""
 
     def __init__(
         self, address: TcpAddress, build: Build, what: str, announce: Announce = _stderr
@@ -71,7 +72,6 @@ class MetricsServer:
         self.build = build
         self._loop = asyncio.new_event_loop()
         self._stopped = threading.Event()
-        self._serving: set[asyncio.Task[None]] = set()  # Connections in flight.
         # An IPv6 address (`[::]:9464`) needs an AF_INET6 socket.
         family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -91,9 +91,6 @@ class MetricsServer:
         announce(f"http://{bound}/metrics", what)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._serving.add(task)
         try:
             line = await asyncio.wait_for(_request_line(reader), HEAD_SECONDS)
             status, kind, body = answer(line, self.build)
@@ -111,8 +108,11 @@ class MetricsServer:
             ConnectionError,
         ):
             pass  # A scraper that went, or a request too slow or too long: dropped.
+        except asyncio.CancelledError:
+            # Closing: the connection ends here. Not re-raised: Python 3.11's stream callback
+            # asks a cancelled task for its exception and prints the CancelledError it gets.
+            pass
         finally:
-            self._serving.discard(task)
             writer.close()
 
     def serve_forever(self) -> None:
@@ -122,15 +122,34 @@ class MetricsServer:
         finally:
             self._stopped.set()
 
+    def serve_until_signalled(self, signals: tuple[int, ...]) -> None:
+        """In the main thread: serve until one of `signals`. The loop stops between two
+        callbacks, so a scrape being answered is never cut by the signal (a KeyboardInterrupt
+        raised inside a connection's callback is a traceback asyncio prints)."""
+        for number in signals:
+            self._loop.add_signal_handler(number, self._loop.stop)
+        try:
+            self.serve_forever()
+        finally:
+            for number in signals:
+                self._loop.remove_signal_handler(number)
+
     def shutdown(self) -> None:
         """From another thread: serve_forever() has returned when this does."""
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._stopped.wait()
 
     async def _close_connections(self) -> None:
-        for task in self._serving:
-            task.cancel()
-        await asyncio.gather(*self._serving, return_exceptions=True)
+        # Every connection's task, not only those seen started: one accepted as the loop
+        # stopped has not run yet. Each is let finish (a scrape takes milliseconds) before the
+        # rest, a client too slow to ask, are cancelled: a task cancelled before its first step
+        # cannot catch it, and Python 3.11's stream callback prints its CancelledError.
+        others = asyncio.all_tasks() - {asyncio.current_task()}
+        if others:
+            _, slow = await asyncio.wait(others, timeout=CLOSE_GRACE_SECONDS)
+            for task in slow:
+                task.cancel()
+            await asyncio.gather(*slow, return_exceptions=True)
         await self._server.wait_closed()
 
     def server_close(self) -> None:
