@@ -13,16 +13,21 @@ GivebackFigure = Literal["free_reportable", "free_fragmented", "cold", "safe_bal
 GIVEBACK_FIGURES: tuple[GivebackFigure, ...] = get_args(GivebackFigure)
 
 
-def as_json(message: Any) -> str:
-    # Here, not at the top: only a command's --json output reads it, and never the node daemon.
+def message_dict(message: Any, every_field: bool = False) -> dict[str, Any]:
+    """A message as a dict under its proto field names; `every_field` adds the unset ones."""
+    # Here, not at the top: only --json output and give-back's records read it, never the
+    # node daemon.
     from google.protobuf.json_format import MessageToDict
 
-    return json.dumps(
-        MessageToDict(
-            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-        ),
-        indent=2,
+    return MessageToDict(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=every_field,
     )
+
+
+def as_json(message: Any) -> str:
+    return json.dumps(message_dict(message, every_field=True), indent=2)
 
 
 def mib(value: int) -> str:

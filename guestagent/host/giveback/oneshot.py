@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from guestagent.host.client import AgentClient
-from guestagent.host.display import mib
+from guestagent.host.display import message_dict, mib
 from guestagent.host.giveback.plan import (
     BALLOON,
     STILL_SECONDS,
@@ -90,16 +90,12 @@ class GuestFigures:
 
 
 def guest_figures(info: pb.MemoryInfo) -> GuestFigures:
-    # Here, not at the top: the follow loop, the node daemon's, imports this module for its
-    # Agent and reports no figures as JSON.
-    from google.protobuf.json_format import MessageToDict
-
     return GuestFigures(
         mem_total_bytes=info.system.mem_total_bytes,
         mem_free_bytes=info.system.mem_free_bytes,
         swap_free_bytes=info.system.swap_free_bytes,
         vmstat={name: getattr(info.vmstat, name) for name in VMSTAT_FIELDS},
-        giveback=MessageToDict(info.giveback, preserving_proto_field_name=True),
+        giveback=message_dict(info.giveback),
     )
 
 
@@ -221,9 +217,7 @@ def _holding(step: Step, size: int) -> str:
 
 
 def compaction(agent: Agent) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict  # As guest_figures: not the node's.
-
-    return MessageToDict(agent.compact(), preserving_proto_field_name=True)
+    return message_dict(agent.compact())
 
 
 def give_back(agent: Agent, vmm: Vmm, options: Options, pid: int | None) -> GiveBack:
