@@ -26,6 +26,14 @@ class Reports:
             self.running.append(n)
             await self.release[n].wait()
 
+    async def holding_and_waiting(self) -> tuple[asyncio.Task[None], asyncio.Task[None]]:
+        """Report 0 holding the one slot, report 1 queued behind it."""
+        holder = asyncio.create_task(self.report(0))
+        await settle()
+        waiter = asyncio.create_task(self.report(1))
+        await settle()
+        return holder, waiter
+
 
 async def test_reports_beyond_the_slots_wait_in_turn() -> None:
     reports = Reports(ReportAdmission(2))
@@ -88,10 +96,7 @@ async def test_a_report_cancelled_while_waiting_takes_no_slot() -> None:
 async def test_a_slot_given_as_its_waiter_is_cancelled_goes_back() -> None:
     admission = ReportAdmission(1)
     reports = Reports(admission)
-    first = asyncio.create_task(reports.report(0))
-    await settle()
-    second = asyncio.create_task(reports.report(1))
-    await settle()
+    first, second = await reports.holding_and_waiting()
     reports.release[0].set()
     while not first.done():  # The first ends and hands its slot to the second...
         await asyncio.sleep(0)
@@ -112,10 +117,7 @@ async def test_a_waiter_cancelled_and_dropped_by_a_release_before_it_runs_leaves
     # task then must not look for it in the queue again.
     admission = ReportAdmission(1)
     reports = Reports(admission)
-    holder = asyncio.create_task(reports.report(0))
-    await settle()
-    waiter = asyncio.create_task(reports.report(1))
-    await settle()
+    holder, waiter = await reports.holding_and_waiting()
     reports.release[0].set()  # The holder runs first: its slot's release wakes the queue ...
     waiter.cancel()  # ... whose waiter is cancelled by then, its task run after.
     await holder
