@@ -174,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         "kernel has it (on, the default), or leave it as found (keep)",
     )
     serve_cmd.add_argument(
+        "--pcp-lists",
+        choices=kernel_switches.MODES,
+        default=kernel_switches.ON,
+        help="bound the kernel's per-CPU free lists at start (vm.percpu_pagelist_high_fraction "
+        f"{kernel_switches.PCP_HIGH_FRACTION}), whose pages free page reporting never hands "
+        "back (on, the default), or leave them as found (keep)",
+    )
+    serve_cmd.add_argument(
         "--stall-signal",
         choices=("auto", "delayacct"),
         default="auto",
@@ -238,6 +246,7 @@ def run(args: SimpleNamespace) -> int:
             idle_aging_s=args.idle_aging,
             delayacct=args.delayacct,
             mglru=args.mglru,
+            pcp_lists=args.pcp_lists,
             stall_signal=args.stall_signal,
         )
         asyncio.run(serve(config))

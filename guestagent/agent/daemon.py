@@ -104,9 +104,11 @@ class ServerConfig:
     confidential: str = "auto"
     # How often the one aging loop ages the multi-gen LRU (0: never; the idle figures absent).
     idle_aging_s: float = DEFAULT_AGING_INTERVAL_S
-    # --delayacct and --mglru: turn each on at start ("on") or leave it as found ("keep").
+    # --delayacct, --mglru and --pcp-lists: turn each on (bound the lists) at start ("on")
+    # or leave it as found ("keep").
     delayacct: str = kernel_switches.ON
     mglru: str = kernel_switches.ON
+    pcp_lists: str = kernel_switches.ON
     # --stall-signal: "auto" (PSI where there is PSI, else delay accounting) or "delayacct".
     stall_signal: str = "auto"
 
@@ -372,12 +374,14 @@ class Agent:
 
 
 def switch_kernel_features(config: ServerConfig) -> None:
-    """Delay accounting and the multi-gen LRU on, unless kept as found; logged and audited."""
+    """Delay accounting and the multi-gen LRU on, the per-CPU free lists bounded, unless kept
+    as found; logged and audited."""
     if not config.kernel.is_real:
         return
     for switch in (
         kernel_switches.switch_delayacct(config.kernel, config.delayacct),
         kernel_switches.switch_mglru(config.kernel, config.mglru),
+        kernel_switches.switch_pcp_lists(config.kernel, config.pcp_lists),
     ):
         log.info(
             "kernel_setting",

@@ -1,6 +1,6 @@
 """The memory manager's system-wide files: free blocks per order (/proc/buddyinfo), pages
-present (/proc/zoneinfo), compaction, drop_caches, the multi-gen LRU switch and this
-process's own footprint."""
+present (/proc/zoneinfo), compaction, the per-CPU free lists' bound, drop_caches, the multi-gen
+LRU switch and this process's own footprint."""
 
 from __future__ import annotations
 
@@ -111,6 +111,26 @@ def read_present_bytes(fs: KernelFS, page_size: int) -> int | None:
 
 def read_own_rss(fs: KernelFS) -> int:
     return rss_bytes(fs.read(fs.proc("self", "status")))
+
+
+def pcp_high_fraction_path(fs: KernelFS) -> str:
+    return fs.proc("sys", "vm", "percpu_pagelist_high_fraction")
+
+
+def read_pcp_high_fraction(fs: KernelFS) -> int | None:
+    """vm.percpu_pagelist_high_fraction (0: the kernel's default, the per-CPU free lists as
+    large as the zone's low watermark); None before Linux 5.14, which has no such sysctl."""
+    text = fs.read_optional(pcp_high_fraction_path(fs))
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise KernelFormat(f"percpu_pagelist_high_fraction reads {text!r}") from None
+
+
+def write_pcp_high_fraction(fs: KernelFS, fraction: int) -> None:
+    fs.write(pcp_high_fraction_path(fs), str(fraction))
 
 
 def drop_caches(fs: KernelFS, level: int) -> None:
