@@ -199,9 +199,12 @@ func main() {
 	}
 
 	setLimit("SetMemoryLimits(again)") // The cgroup, created again under its name.
+	// A report read while the call ran may show the cgroup made and its limit not yet written
+	// (max 0: none); the stream shows it back once a report has the limit.
 	for {
 		message := next("after the cgroup came back")
-		if len(message.RemovedCgroups) == 0 && len(message.Cgroups) == 1 {
+		if len(message.RemovedCgroups) == 0 && len(message.Cgroups) == 1 &&
+			message.Cgroups[0].Max.GetBytes() == uint64(limit) {
 			fmt.Printf("WatchMemory: %s %s is back, max=%d\n", message.Reason,
 				message.Cgroups[0].Path, message.Cgroups[0].Max.Bytes)
 			break
