@@ -144,6 +144,10 @@ class Reporter:
                 if now - at < KEEP_READINGS_S
             }
 
+    def _wait_for_makings(self, cgroups: tuple[CgroupName, ...]) -> None:
+        if cgroups and not self.being_made.wait_for(cgroups):
+            log.warning("report_read_while_making", cgroups=list(cgroups))
+
     def report(
         self, spec: InfoSpec, removed_ok: bool = False, fresh_from: float | None = None
     ) -> Report:
@@ -152,14 +156,20 @@ class Reporter:
         cgroup that does not exist in the report's `removed` (a stream's, after its first
         message) instead of refusing the call."""
         since = max(self.fresh_from() if fresh_from is None else fresh_from, self._all_changed_at)
-        if spec.cgroups and not self.being_made.wait_for(spec.cgroups):
-            log.warning("report_read_while_making", cgroups=list(spec.cgroups))
+        begun = self.being_made.begun(spec.cgroups) if spec.cgroups else 0
+        self._wait_for_makings(spec.cgroups)
         snapshot = self._system.get(None, max(since, self._system_changed_at))
 
         def cgroup(name: CgroupName) -> CgroupMemory:
             return self._cgroups.get(name, max(since, self._cgroup_changed_at.get(name, since)))
 
         cgroups, removed = read_cgroups(spec.cgroups, cgroup, removed_ok)
+        if spec.cgroups and self.being_made.begun(spec.cgroups) != begun:
+            # A making began after the wait, so this read may hold a cgroup between its
+            # mkdir and its limits: read again once it is done, from then on.
+            self._wait_for_makings(spec.cgroups)
+            since = self._clock()
+            cgroups, removed = read_cgroups(spec.cgroups, cgroup, removed_ok)
         report = report_of(snapshot.reading, cgroups, removed)
         return Report(
             report,

@@ -54,28 +54,40 @@ _lock = threading.Lock()
 # How long a report waits for a cgroup's limits to be written after its mkdir: an empty
 # cgroup's writes take milliseconds; past this it is read as it stands.
 MAKING_WAIT_S = 2.0
+MAX_BEGUN_KEPT = 1024
 
 
 class CgroupsBeingMade:
     """The cgroups a SetMemoryLimits call is making, from their mkdir until their limits are
     written or rolled back. cgroup v2 cannot make a cgroup with its limits in one step (nor
     rename one into place), and a watch stream wakes on the mkdir: a report read meanwhile
-    would show the new cgroup unlimited. Reports wait for them instead (wait_for)."""
+    would show the new cgroup unlimited. Reports wait for them instead (wait_for), and a
+    report whose read a making began during reads again (begun)."""
 
     def __init__(self) -> None:
         self._names: set[CgroupName] = set()
+        self._begun: dict[CgroupName, int] = {}  # Makings begun, per cgroup.
         self._changed = threading.Condition()
 
     @contextlib.contextmanager
     def making(self, name: CgroupName) -> Iterator[None]:
         with self._changed:
             self._names.add(name)
+            if len(self._begun) >= MAX_BEGUN_KEPT:  # A count dropped only costs a read.
+                self._begun = {n: c for n, c in self._begun.items() if n in self._names}
+            self._begun[name] = self._begun.get(name, 0) + 1
         try:
             yield
         finally:
             with self._changed:
                 self._names.discard(name)
                 self._changed.notify_all()
+
+    def begun(self, names: Iterable[CgroupName]) -> int:
+        """How many makings of `names` have begun: a read that sees this change between its
+        start and its end may have caught one between its mkdir and its writes."""
+        with self._changed:
+            return sum(self._begun.get(name, 0) for name in names)
 
     def wait_for(self, names: Iterable[CgroupName], timeout_s: float = MAKING_WAIT_S) -> bool:
         """Until none of `names` is being made; False when `timeout_s` passed first."""

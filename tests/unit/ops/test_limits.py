@@ -3,13 +3,14 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
 
 from guestagent.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from guestagent.linux.abi import LONG_MAX
-from guestagent.linux.cgroup.name import cgroup_name
+from guestagent.linux.cgroup.name import CgroupName, cgroup_name
 from guestagent.ops.info import InfoSpec, Report, Reporter
 from guestagent.ops.limits import (
     AppliedLimits,
@@ -405,11 +406,48 @@ def test_a_report_waits_for_the_limits_of_a_cgroup_being_made(
     assert [r.report.cgroups[0].max for r in reports] == [GiB]
 
 
+class MakingDuringTheRead(CgroupsBeingMade):
+    """A making that begins after the report's wait and ends at its next one: the read
+    between catches the cgroup after its mkdir, before its limit."""
+
+    def __init__(self, finish: Callable[[], None]) -> None:
+        super().__init__()
+        self.finish, self.waits, self.count = finish, 0, 0
+
+    def begun(self, names: Iterable[CgroupName]) -> int:
+        return self.count
+
+    def wait_for(self, names: Iterable[CgroupName], timeout_s: float = 2.0) -> bool:
+        self.waits += 1
+        if self.waits == 1:
+            self.count += 1  # Begins as the wait returns, before the read.
+        else:
+            self.finish()
+        return True
+
+
+def test_a_report_whose_read_a_making_began_during_reads_again(
+    fake_root: FakeRoot, kernel: FakeCgroupKernel
+) -> None:
+    """The wait saw nothing being made, then the mkdir came before the read: the read shows
+    the cgroup unlimited, so it is read again once the making is done."""
+    ctr = cgroup_name("pod/ctr")
+    apply_memory_limits(fake_root.fs, SetLimitsSpec(ctr, MemorySpec(), create=True))
+    limit = fake_root.root / "sys/fs/cgroup/pod/ctr/memory.max"
+    assert limit.read_text().strip() == "max"
+    making = MakingDuringTheRead(lambda: limit.write_text(str(GiB)))
+    report = Reporter(fake_root.fs, being_made=making).report(InfoSpec((ctr,)))
+    assert [c.max for c in report.report.cgroups] == [GiB]
+    assert making.waits == 2
+
+
 def test_cgroups_being_made() -> None:
     made = CgroupsBeingMade()
     ctr, pod, other = (cgroup_name(name) for name in ("pod/ctr", "pod", "other"))
     assert made.wait_for([ctr], timeout_s=0)
+    assert made.begun([ctr]) == 0
     with made.making(ctr):
+        assert made.begun([ctr, other]) == 1 and made.begun([other]) == 0
         assert not made.wait_for([ctr], timeout_s=0.01)
         assert made.wait_for([pod, other], timeout_s=0)
         assert not made.wait_for([other, cgroup_name("pod//ctr/")], timeout_s=0.01)
