@@ -410,7 +410,7 @@ class MakingDuringTheRead(CgroupsBeingMade):
     """A making that begins after the report's wait and ends at its next one: the read
     between catches the cgroup after its mkdir, before its limit."""
 
-    def __init__(self, finish: Callable[[], None]) -> None:
+    def __init__(self, finish: Callable[[], object]) -> None:
         super().__init__()
         self.finish, self.waits, self.count = finish, 0, 0
 
