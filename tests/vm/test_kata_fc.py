@@ -1,9 +1,8 @@
 """The "kata-fc" kernel configuration: PSI built but off (booted psi=0) and the multi-gen LRU
 built but off at boot, as Kata's and Firecracker's guest kernels ship (tests/vm/kernels.py).
 The agent turns the multi-gen LRU and delay accounting on as it starts and bounds the per-CPU
-free lists, each on record. The
-reclaimer's scenarios on delay accounting run on the "apple" boot, the same kernel with the
-classic LRU (tests/vm/kernels.py says why that one)."""
+free lists, each on record. The reclaimer's scenarios on delay accounting run on the "apple"
+boot, the same kernel with the classic LRU (tests/vm/kernels.py says why that one)."""
 
 from __future__ import annotations
 

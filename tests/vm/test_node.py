@@ -33,6 +33,7 @@ from guestagent.host.client import AgentClient
 from guestagent.host.sizing.boot import Disk, VMConfig, free_tcp_port
 from guestagent.host.sizing.measure import guest_ram_resident
 from guestagent.host.vmm.rss import read_vmm_memory
+from guestagent.linux.mm import zoneinfo_sum
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
 from guestagent.vm.qemu import GuestVM
@@ -199,8 +200,7 @@ def where_the_rest_is(guest: GuestVM) -> dict[str, Any]:
 def pcp_list_pages(guest: GuestVM) -> int:
     """Free pages on the per-CPU lists (zoneinfo's pagesets' "count:"): free memory that
     MemFree and buddyinfo leave out and free page reporting never sees."""
-    zoneinfo = guest.exec(["cat", "/proc/zoneinfo"]).stdout
-    return sum(int(line.split()[1]) for line in zoneinfo.splitlines() if "count:" in line)
+    return zoneinfo_sum(guest.exec(["cat", "/proc/zoneinfo"]).stdout, "count:")
 
 
 def fall_account(node: Node) -> dict[str, Any]:
