@@ -16,6 +16,8 @@ tmpfiles or sysctl.d. `keep` leaves each as found (and the figures that need it 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from guestagent.errors import AgentError
 from guestagent.linux.delayacct import read_task_delayacct, write_task_delayacct
 from guestagent.linux.features import (
@@ -95,39 +97,53 @@ def _shown(value: bool | None) -> str:
     return "absent" if value is None else str(int(value))
 
 
+def _switched(
+    setting: str,
+    shown: str,
+    decision: tuple[bool, str],
+    write: Callable[[], None],
+    read_after: Callable[[], str],
+) -> Switch:
+    """A decision carried out: the setting written and read back, or left and why (the
+    decision's reason, or the kernel's refusal)."""
+    turn, why = decision
+    if not turn:
+        return Switch(setting, shown, shown, why)
+    try:
+        write()
+    except AgentError as e:
+        return Switch(setting, shown, shown, str(e))
+    return Switch(setting, shown, read_after())
+
+
 def switch_delayacct(kernel: Kernel, mode: str) -> Switch:
     before = read_task_delayacct(kernel)
-    turn, why = delayacct_switch(mode, before)
-    if not turn:
-        return Switch(DELAYACCT_SETTING, _shown(before), _shown(before), why)
-    try:
-        write_task_delayacct(kernel, True)
-    except AgentError as e:
-        return Switch(DELAYACCT_SETTING, _shown(before), _shown(before), str(e))
-    return Switch(DELAYACCT_SETTING, _shown(before), _shown(read_task_delayacct(kernel)))
+    return _switched(
+        DELAYACCT_SETTING,
+        _shown(before),
+        delayacct_switch(mode, before),
+        lambda: write_task_delayacct(kernel, True),
+        lambda: _shown(read_task_delayacct(kernel)),
+    )
 
 
 def switch_mglru(kernel: Kernel, mode: str) -> Switch:
     before = read_lru_gen_enabled(kernel)
-    shown = (before or "absent").strip()
-    turn, why = mglru_switch(mode, before)
-    if not turn:
-        return Switch(MGLRU_SETTING, shown, shown, why)
-    try:
-        write_lru_gen_enabled(kernel, "y")
-    except AgentError as e:
-        return Switch(MGLRU_SETTING, shown, shown, str(e))
-    return Switch(MGLRU_SETTING, shown, (read_lru_gen_enabled(kernel) or "absent").strip())
+    return _switched(
+        MGLRU_SETTING,
+        (before or "absent").strip(),
+        mglru_switch(mode, before),
+        lambda: write_lru_gen_enabled(kernel, "y"),
+        lambda: (read_lru_gen_enabled(kernel) or "absent").strip(),
+    )
 
 
 def switch_pcp_lists(kernel: Kernel, mode: str) -> Switch:
     before = read_pcp_high_fraction(kernel)
-    shown = "absent" if before is None else str(before)
-    turn, why = pcp_switch(mode, before)
-    if not turn:
-        return Switch(PCP_SETTING, shown, shown, why)
-    try:
-        write_pcp_high_fraction(kernel, PCP_HIGH_FRACTION)
-    except AgentError as e:
-        return Switch(PCP_SETTING, shown, shown, str(e))
-    return Switch(PCP_SETTING, shown, str(read_pcp_high_fraction(kernel)))
+    return _switched(
+        PCP_SETTING,
+        "absent" if before is None else str(before),
+        pcp_switch(mode, before),
+        lambda: write_pcp_high_fraction(kernel, PCP_HIGH_FRACTION),
+        lambda: str(read_pcp_high_fraction(kernel)),
+    )
