@@ -76,13 +76,18 @@ KERNELS = {
     ),
 }
 
-# argv: anon MiB, hot MiB, file path or "-", file MiB, output directory.
+# argv: anon MiB, hot MiB, file path or "-", file MiB, output directory, reference kind.
 # Every page of the allocation gets bytes of its own, so none is a zero page; the hot loop
 # only reads, as a working set mostly does, and logs "wall_time seconds reference_seconds" per
-# iteration. The reference is a fixed loop of arithmetic that touches no page of the
-# allocation, timed right after: on a busy host the guest's pace changes between windows by
-# more than the 20 % a test allows (seen: 1.1x-3.7x per boot), and hot/reference cancels it,
-# while a hot set that faults slows only the hot pass.
+# iteration. The reference, timed right after, touches no page of the allocation: on a busy
+# host the guest's pace changes between windows by more than the 20 % a test allows (seen:
+# 1.1x-3.7x per boot), and hot/reference cancels it, while a hot set that faults slows only
+# the hot pass. The "arithmetic" reference is a fixed loop of sums; the "locked" one reads a
+# page of its own as the hot pass does, over as many pages, mlock()ed so nothing in the guest
+# reclaims or balloons them: it takes as long as the hot pass and meets the host's memory as
+# the hot pass does, so it also cancels what the arithmetic one does not (a host whose other
+# guests contend for its caches and its CPUs slows a pass that walks pages more than sums;
+# 2026-12-08, tests/vm/test_node.py), at the cost of the hot set's size in locked memory.
 WORKLOAD = """
 import mmap, os, sys, time
 anon_mib, hot_mib, file_mib = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
@@ -101,6 +106,16 @@ if path != "-":
             break
         left -= len(chunk)
 hot = hot_mib << 20
+locked = None
+if sys.argv[6] == "locked":
+    import ctypes
+    locked = mmap.mmap(-1, hot)
+    for offset in range(0, hot, page):
+        locked[offset:offset + 8] = (offset + 1).to_bytes(8, "little")
+    libc = ctypes.CDLL(None, use_errno=True)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(locked))
+    if libc.mlock(ctypes.c_void_p(address), ctypes.c_size_t(hot)) != 0:
+        raise OSError(ctypes.get_errno(), "mlock of the reference pages")
 log = open(out + "/times", "a", buffering=1)
 open(out + "/ready", "w").write("ready")
 while True:
@@ -112,7 +127,18 @@ while True:
     started = time.monotonic()
     for i in range(20000):
         total += i
-    log.write(f"{time.time():.3f} {hot_seconds:.6f} {time.monotonic() - started:.6f}\\n")
+    arithmetic_seconds = time.monotonic() - started
+    if locked is None:
+        log.write(f"{time.time():.3f} {hot_seconds:.6f} {arithmetic_seconds:.6f}\\n")
+        continue
+    started = time.monotonic()
+    for offset in range(0, hot, page):
+        total += locked[offset]
+    locked_seconds = time.monotonic() - started
+    # The locked pass is the reference; the arithmetic one's time goes beside it.
+    log.write(
+        f"{time.time():.3f} {hot_seconds:.6f} {locked_seconds:.6f} {arithmetic_seconds:.6f}\\n"
+    )
 """
 
 
@@ -128,16 +154,25 @@ def fill_data_disk(vm: GuestVM, mib: int) -> str:
 
 
 def start_workload(
-    vm: GuestVM, cgroup: str, anon_mib: int, hot_mib: int, path: str = "-", file_mib: int = 0
+    vm: GuestVM,
+    cgroup: str,
+    anon_mib: int,
+    hot_mib: int,
+    path: str = "-",
+    file_mib: int = 0,
+    reference: str = "arithmetic",
 ) -> str:
-    """Start the workload in the cgroup (made here); returns its output directory."""
+    """Start the workload in the cgroup (made here); returns its output directory. reference:
+    "arithmetic" or "locked" (WORKLOAD's comment says which cancels what)."""
+    if reference not in ("arithmetic", "locked"):
+        raise ValueError(f"reference {reference!r}: arithmetic or locked")
     out = f"/run/wl-{cgroup}"
     make_cgroup(vm, cgroup)
     vm.exec(["mkdir", "-p", out])
     vm.exec(["sh", "-c", f"cat > {out}/wl.py"], stdin=WORKLOAD)
     vm.exec(
         f"sh -c 'echo $$ > /sys/fs/cgroup/{cgroup}/cgroup.procs; echo $$ > {out}/pid; "
-        f"exec python3 {out}/wl.py {anon_mib} {hot_mib} {path} {file_mib} {out}' "
+        f"exec python3 {out}/wl.py {anon_mib} {hot_mib} {path} {file_mib} {out} {reference}' "
         f"</dev/null >{out}/log 2>&1 &"
     )
     wait_until(
@@ -161,14 +196,23 @@ class Iteration:
     stamp: float  # Guest wall time at its end.
     seconds: float  # The hot pass.
     reference_seconds: float  # The reference loop right after it.
+    # Where the reference is the locked pass: the arithmetic one's time beside it.
+    arithmetic_seconds: float | None = None
 
 
 def iteration_log(vm: GuestVM, out: str) -> list[Iteration]:
     """Each hot-loop iteration so far."""
     rows = []
     for line in vm.exec(["cat", f"{out}/times"]).stdout.splitlines():
-        stamp, seconds, reference = line.split()
-        rows.append(Iteration(float(stamp), float(seconds), float(reference)))
+        stamp, seconds, reference, *arithmetic = line.split()
+        rows.append(
+            Iteration(
+                float(stamp),
+                float(seconds),
+                float(reference),
+                float(arithmetic[0]) if arithmetic else None,
+            )
+        )
     return rows
 
 
@@ -176,11 +220,18 @@ def within(log: list[Iteration], since: float, until: float) -> list[Iteration]:
     return [i for i in log if since <= i.stamp < until]
 
 
-def slowdown(off: list[Iteration], on: list[Iteration]) -> float:
+def slowdown(off: list[Iteration], on: list[Iteration], arithmetic: bool = False) -> float:
     """Median hot/reference with the policy on over the same with it off: the hot loop's
-    time in units of the guest's pace."""
-    on_paced = statistics.median(i.seconds / i.reference_seconds for i in on)
-    off_paced = statistics.median(i.seconds / i.reference_seconds for i in off)
+    time in units of the guest's pace (arithmetic: paced by the arithmetic loop logged beside
+    a locked reference)."""
+
+    def paced(i: Iteration) -> float:
+        reference = i.arithmetic_seconds if arithmetic else i.reference_seconds
+        assert reference is not None, "no arithmetic reference logged beside the locked one"
+        return i.seconds / reference
+
+    on_paced = statistics.median(paced(i) for i in on)
+    off_paced = statistics.median(paced(i) for i in off)
     return round(on_paced / off_paced, 3)
 
 
