@@ -37,11 +37,24 @@ class CompactionRule:
     # Sooner than min_gap_s once the reclaimer has freed this much since the last run and
     # paused: what a long burst of reclaim freed after the first run is scattered again.
     settled_after_bytes: int = 32 * MIB
+    # ... or once it has paused after freeing anything since a run that came in the middle
+    # of its burst, with this much more in small blocks than that run left: the burst's
+    # tail. A run at 10 s into an eviction that went on to 11 s left 0.938 of the cold set
+    # back at 30 s and 95 % only at 74.6 s, after the next standing run (kata-fc boot,
+    # 2026-12-08). Never twice on the same stranded memory: what compaction cannot move (free
+    # pages between the kernel's own) does not count again.
+    settled_growth_bytes: int = 8 * MIB
     settled_min_gap_s: float = 10.0
     # ... and then a lower bar, as that run is once per burst and what the burst scattered is
     # where compaction pays: after 380 MiB reclaimed, a guest kept 29.7 MiB free in blocks
     # under 2 MiB, short of stranded_bytes, in QEMU's RSS for minutes (2026-12-07).
     settled_stranded_bytes: int = 8 * MIB
+
+
+def small_free_bytes(free_blocks: tuple[int, ...], page_size: int) -> int:
+    """Free memory in blocks under the order free page reporting hands back."""
+    order = reporting_order(page_size)
+    return sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < order)
 
 
 def compaction_decision(
@@ -53,17 +66,29 @@ def compaction_decision(
     rule: CompactionRule = CompactionRule(),
     reclaimed_since_bytes: int = 0,
     reclaiming: bool = False,
+    small_after_last_run_bytes: int | None = None,
 ) -> tuple[bool, str]:
     """Whether compacting now pays: free memory mostly in blocks free page reporting cannot
     take, the guest calm, and the last run long enough ago (or the reclaimer has freed a lot
-    since and paused: what it freed is scattered). Returns (run, why)."""
+    since and paused, or paused after a run in its burst with more stranded since: what it
+    freed is scattered). `small_after_last_run_bytes`: free memory in small blocks as the
+    last run ended (None: no run yet). Returns (run, why)."""
     order = reporting_order(page_size)
-    small = sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < order)
+    small = small_free_bytes(free_blocks, page_size)
     total = sum(n * (page_size << o) for o, n in enumerate(free_blocks))
     share = small / total if total else 0.0
     block = (page_size << order) // MIB
     figures = f"{small // MIB} MiB of {total // MIB} MiB free is in blocks under {block} MiB"
-    settled = not reclaiming and reclaimed_since_bytes >= rule.settled_after_bytes
+    burst_over = not reclaiming and reclaimed_since_bytes >= rule.settled_after_bytes
+    # More in small blocks than the last run left (none: no run yet).
+    grown = 0 if small_after_last_run_bytes is None else small - small_after_last_run_bytes
+    burst_tail = (
+        not reclaiming
+        and reclaimed_since_bytes > 0
+        and small_after_last_run_bytes is not None
+        and grown >= rule.settled_growth_bytes
+    )
+    settled = burst_over or burst_tail
     gap = rule.settled_min_gap_s if settled else rule.min_gap_s
     if since_last_s is not None and since_last_s < gap:
         return False, f"ran {since_last_s:.0f} s ago (at most every {gap:.0f} s)"
@@ -72,6 +97,8 @@ def compaction_decision(
     if small < (rule.settled_stranded_bytes if settled else rule.stranded_bytes):
         return False, f"not worth it: {figures}"
     after = f"; {reclaimed_since_bytes // MIB} MiB reclaimed since the last run" if settled else ""
+    if burst_tail and not burst_over:
+        after += f", {grown // MIB} MiB more in small blocks than it left"
     return True, f"{figures} ({share:.0%}){after}"
 
 
@@ -110,6 +137,7 @@ class CompactionTrigger:
         self._compacted_at: float | None = None
         self._system_stall_us: int | None = None
         self._reclaimed_since = 0
+        self._small_after_run: int | None = None  # Free in small blocks as the last run ended.
 
     @property
     def checked(self) -> bool:
@@ -144,15 +172,17 @@ class CompactionTrigger:
             self._rule,
             self._reclaimed_since,
             reclaiming,
+            self._small_after_run,
         )
         runs, last_run = self.status.runs, self.status.last_run_unix_ns
         if run:
             try:
-                self._compactor.compact_blocking()
+                result = self._compactor.compact_blocking()
             except (AgentError, OSError) as e:
                 why = f"compaction failed: {e}"
             else:
                 runs, last_run = runs + 1, time.time_ns()
+                self._small_after_run = small_free_bytes(result.free_blocks_after, self._page_size)
                 why = f"ran: {why}"
             self._compacted_at = self._clock()
             self._reclaimed_since = 0

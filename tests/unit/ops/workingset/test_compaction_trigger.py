@@ -102,3 +102,70 @@ def test_without_psi_the_calm_bar_is_delay_accountings_stall(tmp_path: Path) -> 
     trigger.maybe_compact([ReclaimPolicy()], False)
     assert trigger.status.runs == 1, trigger.status
     assert (fake.root / "proc/sys/vm/compact_memory").read_text() == "1"
+
+
+@pytest.mark.parametrize(
+    ("small_mib", "left_mib", "reclaimed", "reclaiming", "since", "run", "why"),
+    [
+        # A run in the burst left 20 MiB; the burst's tail freed 5 MiB and scattered 10 more.
+        (30, 20, 5 * MIB, False, 15.0, True, "10 MiB more in small blocks than it left"),
+        (27, 20, 5 * MIB, False, 15.0, False, "at most every 60 s"),  # 7 MiB more: not yet.
+        (30, 20, 5 * MIB, True, 15.0, False, "at most every 60 s"),  # Still reclaiming.
+        (30, 20, 0, False, 15.0, False, "at most every 60 s"),  # Nothing freed since.
+        (30, 20, 5 * MIB, False, 5.0, False, "at most every 10 s"),
+        (30, None, 5 * MIB, False, None, False, "not worth it"),  # No run yet: 32 MiB bar.
+    ],
+)
+def test_a_run_in_the_middle_of_a_burst_is_followed_by_one_for_its_tail(
+    small_mib: int,
+    left_mib: int | None,
+    reclaimed: int,
+    reclaiming: bool,
+    since: float | None,
+    run: bool,
+    why: str,
+) -> None:
+    left = None if left_mib is None else left_mib * MIB
+    decided, reason = compaction_decision(
+        blocks(small_mib * 256, 300),
+        PAGE,
+        0,
+        1000,
+        since,
+        CompactionRule(),
+        reclaimed,
+        reclaiming,
+        left,
+    )
+    assert decided is run, reason
+    assert why in reason
+
+
+def test_the_trigger_counts_what_is_stranded_after_its_own_run(tmp_path: Path) -> None:
+    """What a run could not gather does not count again; what the reclaimer scatters after it
+    does, once it pauses. (The fake's compaction moves nothing: a run leaves what it saw.)"""
+    fake = make_fake_root(tmp_path / "root")
+
+    def stranded(mib: int) -> None:
+        fake.write("proc/buddyinfo", f"Node 0, zone Normal {mib * 256} 0 0 0 0 0 0 0 0 300 0\n")
+
+    fake.write("proc/sys/vm/compact_memory", "")
+    fake.write("proc/vmstat", "compact_stall 0\n")
+    now = [1000.0]
+    trigger = CompactionTrigger(fake.fs, lambda: now[0], PAGE)
+    policies = [ReclaimPolicy()]
+
+    def check(reclaimed_mib: int, mib: int) -> int:
+        trigger.reclaimed(reclaimed_mib * MIB)
+        stranded(mib)
+        now[0] += 11
+        trigger.maybe_compact(policies, False)
+        return trigger.status.runs
+
+    stranded(26)
+    trigger.maybe_compact(policies, True)  # The baseline.
+    assert check(64, 26) == 1  # A burst's end: 26 MiB stranded, over the 8 MiB bar.
+    assert check(4, 30) == 1, trigger.status  # 4 MiB more than the run left: not yet.
+    assert check(0, 35) == 2, trigger.status  # 9 MiB more: the tail is worth a run...
+    assert "9 MiB more in small blocks than it left" in trigger.status.last_decision
+    assert check(4, 35) == 2, trigger.status  # ... once: what it could not move stays out.
