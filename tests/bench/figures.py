@@ -68,6 +68,21 @@ def cpu_seconds(stat: str, ticks_per_second: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks_per_second
 
 
+def thread_kind(stat: str) -> str:
+    """A thread's name from /proc/PID/task/TID/stat less its number (read_1 and read_2 are
+    both "read"), so a pool's threads add up under one name."""
+    return stat[stat.index("(") + 1 : stat.rindex(")")].rstrip("0123456789_-")
+
+
+def cpu_by_thread_kind(stats: list[str], ticks_per_second: int) -> dict[str, float]:
+    """CPU seconds so far by thread_kind, from each thread's stat."""
+    seconds: dict[str, float] = {}
+    for stat in stats:
+        kind = thread_kind(stat)
+        seconds[kind] = seconds.get(kind, 0.0) + cpu_seconds(stat, ticks_per_second)
+    return seconds
+
+
 def load_sample(
     status: str, smaps_rollup: str, stat: str, ticks_per_second: int
 ) -> dict[str, float]:

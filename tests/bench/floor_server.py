@@ -1,7 +1,9 @@
-"""The floor: the least a grpcio server can be. One unary method and one server stream on raw
+"""The floor: the least a grpcio server can be. Unary methods and one server stream on raw
 bytes (no protobuf, no contract), grpc.aio, no ssl. Whatever the agent costs above this is its
-own. The stream is the floor's side of the footprint bench's watch phase: one message a second,
-as an agent's WatchMemory sends by default.
+own. Echo answers what it is sent (sent nothing, it does nothing); Answer sends ANSWER_BYTES
+already encoded, as many as a GetMemoryInfo's answer for one cgroup on the bench's fake root.
+The stream is the floor's side of the footprint bench's watch phase: one message a second, as
+an agent's WatchMemory sends by default.
 
 Usage: python -OO floor_server.py unix:///path
 """
@@ -9,7 +11,9 @@ Usage: python -OO floor_server.py unix:///path
 import sys
 
 METHOD = "/floor.Floor/Echo"
+ANSWER_METHOD = "/floor.Floor/Answer"
 STREAM_METHOD = "/floor.Floor/Ticks"
+ANSWER_BYTES = 701
 
 
 def main(target: str) -> None:
@@ -22,6 +26,11 @@ def main(target: str) -> None:
     async def echo(request: bytes, context: object) -> bytes:
         return request
 
+    answer = b"x" * ANSWER_BYTES
+
+    async def fixed(request: bytes, context: object) -> bytes:
+        return answer
+
     async def ticks(request: bytes, context: object) -> object:
         while True:
             yield request
@@ -33,6 +42,7 @@ def main(target: str) -> None:
             "floor.Floor",
             {
                 "Echo": grpc.unary_unary_rpc_method_handler(echo),
+                "Answer": grpc.unary_unary_rpc_method_handler(fixed),
                 "Ticks": grpc.unary_stream_rpc_method_handler(ticks),
             },
         )

@@ -8,6 +8,7 @@ import pytest
 
 from tests.bench.figures import (
     audit_ms,
+    cpu_by_thread_kind,
     cpu_seconds,
     exact_memory,
     footprint,
@@ -45,6 +46,12 @@ def test_footprint_counts_memory_from_smaps_rollup_and_threads_from_status() -> 
         "Pss": 20 << 20,
     }
     assert status_memory(STATUS) == {"VmRSS": 30 << 20, "RssAnon": 12 << 20, "Threads": 8}
+
+
+def test_cpu_adds_up_by_thread_kind() -> None:
+    stat = "9 (read_{}) S 1 1 1 0 -1 4194560 0 0 0 0 {} 1 0 0 20 0 1 0 5 0 0"
+    stats = [stat.format(1, 100), stat.format(2, 50), STAT]
+    assert cpu_by_thread_kind(stats, 100) == {"read": 1.52, "py (x) y": 3.0}
 
 
 def test_cpu_seconds_are_utime_plus_stime() -> None:
