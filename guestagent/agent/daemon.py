@@ -228,7 +228,7 @@ class Agent:
 
     def _build_memory_agent_handlers(self) -> list[grpc.GenericRpcHandler]:
         # With the wire conversions, the reports and the operations: the contract's code.
-        from guestagent.agent.rpc import MemoryAgentServicer
+        from guestagent.agent.rpc import ENCODED_ANSWERS, MemoryAgentServicer
         from guestagent.v1 import agent_pb2_grpc
 
         servicer = MemoryAgentServicer(
@@ -247,7 +247,8 @@ class Agent:
         return recorded_handlers(
             lambda server: agent_pb2_grpc.add_MemoryAgentServicer_to_server(
                 servicer, cast(grpc.aio.Server, server)
-            )
+            ),
+            ENCODED_ANSWERS,
         )
 
     async def start(self) -> None:

@@ -19,21 +19,43 @@ log = EventLog("guestagent.first_call")
 
 class HandlerRecorder:
     """Stands in for the server when generated code registers a servicer, keeping the method
-    handlers it would have added."""
+    handlers it would have added. The unary methods named in encoded_answers answer bytes
+    their servicer encoded (agent/shared_answers.py): grpc sends them as they are."""
 
-    def __init__(self) -> None:
+    def __init__(self, encoded_answers: frozenset[str] = frozenset()) -> None:
         self.handlers: list[grpc.GenericRpcHandler] = []
+        self._encoded_answers = encoded_answers
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self.handlers.extend(handlers)
 
     def add_registered_method_handlers(self, service: str, methods: dict[str, Any]) -> None:
-        self.handlers.append(grpc.method_handlers_generic_handler(service, methods))
+        methods = {
+            name: answered_encoded(name, handler) if name in self._encoded_answers else handler
+            for name, handler in methods.items()
+        }
+        # Found before the generic handlers generated code adds beside them, as grpc's server
+        # finds registered methods first.
+        self.handlers.insert(0, grpc.method_handlers_generic_handler(service, methods))
 
 
-def recorded_handlers(register: Callable[[HandlerRecorder], None]) -> list[grpc.GenericRpcHandler]:
+def answered_encoded(
+    method: str, handler: grpc.RpcMethodHandler[Any, Any]
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A unary handler whose behaviour returns its answer encoded: no serializer, grpc sends
+    the bytes."""
+    if handler.unary_unary is None:
+        raise TypeError(f"{method} is not a unary method: its answers cannot be sent encoded")
+    return grpc.unary_unary_rpc_method_handler(
+        handler.unary_unary, request_deserializer=handler.request_deserializer
+    )
+
+
+def recorded_handlers(
+    register: Callable[[HandlerRecorder], None], encoded_answers: frozenset[str] = frozenset()
+) -> list[grpc.GenericRpcHandler]:
     """The handlers `register` adds to a server (a generated add_*Servicer_to_server)."""
-    recorder = HandlerRecorder()
+    recorder = HandlerRecorder(encoded_answers)
     register(recorder)
     return recorder.handlers
 

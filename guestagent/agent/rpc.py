@@ -22,6 +22,7 @@ from guestagent.agent import wire
 from guestagent.agent.admission import ReportAdmission
 from guestagent.agent.audit import audit
 from guestagent.agent.peers import PeerTable
+from guestagent.agent.shared_answers import SharedAnswers
 from guestagent.agent.status import details_metadata
 from guestagent.agent.threads import IdleExitPool
 from guestagent.agent.watch_stream import WatchSpec, WatchUpdate, watch_memory
@@ -71,6 +72,9 @@ STATUS_BY_ERROR: dict[type[errors.AgentError], grpc.StatusCode] = {
 # thread of their own: 200 streams ticking together queued a GetMemoryInfo behind 200 reports.
 READ_THREADS = 2
 STREAM_READ_THREADS = 1
+# Methods whose answers the servicer encodes itself (GetMemoryInfo's are shared:
+# agent/shared_answers.py); their handlers send the bytes as they are (agent/first_call.py).
+ENCODED_ANSWERS = frozenset({"GetMemoryInfo"})
 
 
 async def run_on(
@@ -97,7 +101,8 @@ Req = TypeVar("Req", bound=Message)
 # What a unary decoder takes: the RPC's request or, for a decoder that serves several RPCs, a
 # union. The generated base class still checks each method takes its own request type.
 Decodable = TypeVar("Decodable", bound=Message)
-Resp = TypeVar("Resp", bound=Message)
+# An answer, or its bytes where the servicer encodes it (ENCODED_ANSWERS).
+Resp = TypeVar("Resp", bound=Message | bytes)
 Spec = TypeVar("Spec")
 Result = TypeVar("Result")
 Params = ParamSpec("Params")
@@ -253,6 +258,7 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         self.signals = SignalHub(
             kernel, max_watches
         )  # Every stream's inotify watches and triggers.
+        self.answers = SharedAnswers()
         self._readers = IdleExitPool(READ_THREADS, "read", after_burst=give_heap_back)
         self.admission = ReportAdmission(READ_THREADS)
         self._stream_readers = IdleExitPool(
@@ -273,8 +279,13 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
                 self._stream_readers, self.reporter.report, spec, removed_ok, fresh_from
             )
 
-    def _encoded_report(self, spec: InfoSpec, fresh_from: float) -> pb.MemoryInfo:
-        return wire.report_pb(self.reporter.report(spec, False, fresh_from))
+    def _encoded_report(self, spec: InfoSpec, fresh_from: float) -> bytes:
+        readings = self.reporter.readings(spec, False, fresh_from)
+        return self.answers.answer(
+            spec,
+            readings,
+            lambda: wire.report_pb(self.reporter.report_from(spec, readings)).SerializeToString(),
+        )
 
     @unary(wire.no_arguments, wire.agent_info_pb)
     async def GetAgentInfo(
@@ -283,11 +294,12 @@ class MemoryAgentServicer(pb_grpc.MemoryAgentServicer):
         return await self._read(agent_info, self.kernel, self.stall, self.ager.state)
 
     @unary(wire.memory_info_from_pb, wire.as_is)
-    async def GetMemoryInfo(
-        self, spec: InfoSpec, context: Context[pb.GetMemoryInfoRequest, pb.MemoryInfo]
-    ) -> pb.MemoryInfo:
+    async def GetMemoryInfo(  # type: ignore[override]  # Bytes for MemoryInfo: ENCODED_ANSWERS.
+        self, spec: InfoSpec, context: Context[pb.GetMemoryInfoRequest, bytes]
+    ) -> bytes:
         # As fresh as when it came, however long it waits for its turn; read and encoded on a
-        # reader thread, so the loop that takes calls up stays free.
+        # reader thread, so the loop that takes calls up stays free. Bytes: its handler has
+        # no serializer (ENCODED_ANSWERS).
         fresh_from = self.reporter.fresh_from()
         async with self.admission.report():
             return await self._read(self._encoded_report, spec, fresh_from)

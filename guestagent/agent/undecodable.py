@@ -31,6 +31,9 @@ class Undecodable:
 class UndecodableRequests(grpc.aio.ServerInterceptor):
     def __init__(self, peers: PeerTable) -> None:
         self._peers = peers
+        # Each method's handler and its tolerant version, made at its first call: grpc asks
+        # for a handler at every call, and the services give the same one each time.
+        self._tolerant: dict[str, tuple[Handler, Handler]] = {}
 
     async def intercept_service(
         self,
@@ -40,8 +43,17 @@ class UndecodableRequests(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or handler.request_streaming or handler.request_deserializer is None:
             return handler
+        made = self._tolerant.get(details.method)
+        if made is not None and made[0] is handler:
+            return made[1]
+        tolerant = self._tolerant_handler(details, handler, _tolerant(handler.request_deserializer))
+        self._tolerant[details.method] = (handler, tolerant)
+        return tolerant
+
+    def _tolerant_handler(
+        self, details: grpc.HandlerCallDetails, handler: Handler, decode: Callable[[bytes], Any]
+    ) -> Handler:
         method = str(details.method).rpartition("/")[2]
-        decode = _tolerant(handler.request_deserializer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(method, handler.unary_unary),

@@ -83,9 +83,9 @@ WATCH_REASON_TO_PB = enum_to_pb(WatchReason, pb.WatchReason, "WATCH_REASON_")
 RECLAIM_STATE_TO_PB = enum_to_pb(Mode, pb.ReclaimState, "RECLAIM_STATE_")
 
 
-def as_is(message: pb.MemoryInfo) -> pb.MemoryInfo:
+def as_is(answer: bytes) -> bytes:
     """The encoder of an answer already encoded (GetMemoryInfo's, on a reader thread)."""
-    return message
+    return answer
 
 
 def no_arguments(

@@ -28,7 +28,7 @@ from guestagent.linux.meminfo import (
 )
 from guestagent.linux.statestore import state_unavailable
 from guestagent.ops.giveback_figures import GiveBackFigures, giveback_figures
-from guestagent.ops.idle import IdleAger, IdleSpec
+from guestagent.ops.idle import IdleAger, IdleSpec, IdleState
 from guestagent.ops.limits import BEING_MADE, CgroupsBeingMade
 from guestagent.ops.shared_reads import SharedReads
 from guestagent.ops.workingset.status import TargetStatus
@@ -75,6 +75,30 @@ class SystemSnapshot:
     reading: SystemReading
     sources: GiveBackSources
     state_unavailable: str
+
+
+@record
+class Readings:
+    """What one call's report is made of. Two calls whose Readings hold the same readings (the
+    same objects: a shared reading is one object for every call that takes it) and equal
+    statuses get the same report from report_from, so an answer encoded for one serves both
+    (agent/shared_answers.py)."""
+
+    snapshot: SystemSnapshot
+    cgroups: tuple[CgroupMemory, ...]
+    removed: tuple[str, ...]
+    reclaim: tuple[TargetStatus, ...]
+    ages: IdleState | None
+
+    def same_as(self, other: Readings) -> bool:
+        return (
+            self.snapshot is other.snapshot
+            and self.ages is other.ages
+            and len(self.cgroups) == len(other.cgroups)
+            and all(a is b for a, b in zip(self.cgroups, other.cgroups, strict=True))
+            and self.removed == other.removed
+            and self.reclaim == other.reclaim
+        )
 
 
 class Reporter:
@@ -155,6 +179,12 @@ class Reporter:
         when the call came (fresh_from()); None means now's. removed_ok lists an asked-for
         cgroup that does not exist in the report's `removed` (a stream's, after its first
         message) instead of refusing the call."""
+        return self.report_from(spec, self.readings(spec, removed_ok, fresh_from))
+
+    def readings(
+        self, spec: InfoSpec, removed_ok: bool = False, fresh_from: float | None = None
+    ) -> Readings:
+        """What report() makes its report of, read (or shared) as it says."""
         since = max(self.fresh_from() if fresh_from is None else fresh_from, self._all_changed_at)
         begun = self.being_made.begun(spec.cgroups) if spec.cgroups else 0
         self._wait_for_makings(spec.cgroups)
@@ -170,15 +200,26 @@ class Reporter:
             self._wait_for_makings(spec.cgroups)
             since = self._clock()
             cgroups, removed = read_cgroups(spec.cgroups, cgroup, removed_ok)
-        report = report_of(snapshot.reading, cgroups, removed)
+        return Readings(
+            snapshot,
+            cgroups,
+            removed,
+            self._reclaim_statuses(spec.cgroups),
+            self.ager.state if self.ager is not None else None,
+        )
+
+    def report_from(self, spec: InfoSpec, readings: Readings) -> Report:
+        """The report of these readings: a function of them and of spec alone."""
+        snapshot = readings.snapshot
+        report = report_of(snapshot.reading, readings.cgroups, readings.removed)
         return Report(
             report,
             self.confidential,
-            self._reclaim_statuses(spec.cgroups),
+            readings.reclaim,
             snapshot.state_unavailable,
             (
-                giveback_figures(snapshot.sources, report, self.ager.state, spec.idle)
-                if self.ager is not None
+                giveback_figures(snapshot.sources, report, readings.ages, spec.idle)
+                if readings.ages is not None
                 else None
             ),
         )

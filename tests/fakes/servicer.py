@@ -4,7 +4,7 @@ servicer's unit tests (no server, no socket)."""
 from __future__ import annotations
 
 import asyncio
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 
@@ -17,6 +17,7 @@ from guestagent.ops.hotplug import HotplugWatcher, OnlinePolicy
 from guestagent.ops.idle import IdleAger
 from guestagent.ops.swap import SwapManager
 from guestagent.ops.workingset.reclaimer import Reclaimer
+from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
 
 
@@ -69,3 +70,10 @@ def make_servicer(fake_root: FakeRoot, ager: IdleAger | None = None) -> MemoryAg
         stall=None,
         confidential=decide("auto", read_facts(fs)),
     )
+
+
+async def memory_info(
+    servicer: MemoryAgentServicer, request: pb.GetMemoryInfoRequest, context: Any
+) -> pb.MemoryInfo:
+    """GetMemoryInfo's answer decoded: the servicer answers it encoded (agent/shared_answers.py)."""
+    return pb.MemoryInfo.FromString(await servicer.GetMemoryInfo(request, context))

@@ -103,6 +103,24 @@ def test_generic_handlers_a_servicer_adds_are_recorded() -> None:
     assert recorded_handlers(lambda server: server.add_generic_rpc_handlers([generic])) == [generic]
 
 
+def test_an_encoded_answer_is_sent_as_it_is_and_registered_methods_come_first() -> None:
+    def add(server: Any) -> None:
+        echo: Any = grpc.unary_unary_rpc_method_handler(
+            lambda request, context: request, response_serializer=lambda answer: b"serialized"
+        )
+        methods = {"Say": echo, "Shout": echo}
+        server.add_generic_rpc_handlers(
+            [grpc.method_handlers_generic_handler("test.Echo", methods)]
+        )
+        server.add_registered_method_handlers("test.Echo", methods)
+
+    first, _ = recorded_handlers(add, frozenset({"Say"}))
+    say: Any = first.service(Call("/test.Echo/Say"))
+    shout: Any = first.service(Call("/test.Echo/Shout"))
+    assert say.response_serializer is None
+    assert shout.response_serializer(None) == b"serialized"
+
+
 def test_the_daemon_names_the_contracts_service() -> None:
     from guestagent.agent.daemon import SERVICE_NAME
     from guestagent.v1 import agent_pb2

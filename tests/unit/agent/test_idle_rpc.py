@@ -14,7 +14,7 @@ from guestagent.linux.lru_gen import lru_gen_path
 from guestagent.ops.idle import IdleAger
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
-from tests.fakes.servicer import Aborted, FakeContext, make_servicer
+from tests.fakes.servicer import Aborted, FakeContext, make_servicer, memory_info
 
 S = 1_000_000_000
 PAGES_100_MIB = 100 * 256
@@ -66,7 +66,7 @@ def aged_servicer(fake_root: FakeRoot) -> MemoryAgentServicer:
 
 async def test_report_carries_the_idle_histogram_and_cold(aged: MemoryAgentServicer) -> None:
     context: Any = FakeContext()
-    info = await aged.GetMemoryInfo(pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
+    info = await memory_info(aged, pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
     (pod,) = info.cgroups
     assert pod.idle.source == "mglru" and pod.idle.aged_at_unix_ns == (86_400 + 1000) * S
     assert [b.idle_at_least_ms for b in pod.idle.bins] == [0, 1000, 10000, 60000, 300000]
@@ -85,7 +85,7 @@ async def test_report_carries_the_idle_histogram_and_cold(aged: MemoryAgentServi
 async def test_edges_and_threshold_are_the_callers(aged: MemoryAgentServicer) -> None:
     context: Any = FakeContext()
     request = pb.GetMemoryInfoRequest(cgroups=["pod"], idle_edges_ms=[95000], cold_after_ms=100000)
-    (pod,) = (await aged.GetMemoryInfo(request, context)).cgroups
+    (pod,) = (await memory_info(aged, request, context)).cgroups
     assert [(b.idle_at_least_ms, b.anon_bytes) for b in pod.idle.bins] == [
         (0, (100 << 20) + (1 << 20)),
         (95000, 0),
@@ -106,7 +106,7 @@ async def test_bad_edges_are_invalid_argument(
 ) -> None:
     context: Any = FakeContext()
     with pytest.raises(Aborted):
-        await aged.GetMemoryInfo(pb.GetMemoryInfoRequest(idle_edges_ms=edges), context)
+        await memory_info(aged, pb.GetMemoryInfoRequest(idle_edges_ms=edges), context)
     assert context.code == grpc.StatusCode.INVALID_ARGUMENT
     assert details in context.details
 
@@ -118,8 +118,8 @@ async def test_without_the_multigen_lru_the_figures_are_absent_not_zero(
     ager = IdleAger(fake_root.fs)
     ager.cycle()
     context: Any = FakeContext()
-    info = await make_servicer(fake_root, ager).GetMemoryInfo(
-        pb.GetMemoryInfoRequest(cgroups=["pod"]), context
+    info = await memory_info(
+        make_servicer(fake_root, ager), pb.GetMemoryInfoRequest(cgroups=["pod"]), context
     )
     assert not info.HasField("idle") and not info.cgroups[0].HasField("idle")
     assert not info.giveback.HasField("cold") and not info.cgroups[0].giveback.HasField("cold")
@@ -140,8 +140,8 @@ async def test_a_watch_carries_what_get_memory_info_carries(aged: MemoryAgentSer
     await stream.aclose()
     assert [b.idle_at_least_ms for b in first.cgroups[0].idle.bins] == [0, 60000]
     assert first.cgroups[0].giveback.cold.bytes > 0
-    unary = await aged.GetMemoryInfo(
-        pb.GetMemoryInfoRequest(cgroups=["pod"], idle_edges_ms=[60000]), context
+    unary = await memory_info(
+        aged, pb.GetMemoryInfoRequest(cgroups=["pod"], idle_edges_ms=[60000]), context
     )
     assert first.confidential.platform == unary.confidential.platform == "none"
     assert first.reason == pb.WATCH_REASON_INITIAL
@@ -183,7 +183,7 @@ async def test_cold_anon_of_a_cgroup_that_may_not_swap_is_left_out(fake_root: Fa
     fake_root.write("sys/fs/cgroup/pod/memory.swap.max", "0\n")
     servicer = aged_servicer(fake_root)
     context: Any = FakeContext()
-    info = await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
+    info = await memory_info(servicer, pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
     (pod,) = info.cgroups
     assert pod.giveback.cold.bytes == 1 << 20  # Its cold file only.
     assert "100.0 MiB cold anon left out: its cgroups may not swap" in pod.giveback.cold.reason

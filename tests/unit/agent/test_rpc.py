@@ -17,7 +17,7 @@ from guestagent.agent.rpc import STATUS_BY_ERROR, MemoryAgentServicer, status_fo
 from guestagent.errors import kernel_error
 from guestagent.v1 import agent_pb2 as pb
 from tests.fakes.root import FakeRoot
-from tests.fakes.servicer import Aborted, FakeContext, make_servicer
+from tests.fakes.servicer import Aborted, FakeContext, make_servicer, memory_info
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ async def test_reads_are_not_audited(
 ) -> None:
     with caplog.at_level(logging.INFO):
         context: Any = FakeContext()
-        info = await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
+        info = await memory_info(servicer, pb.GetMemoryInfoRequest(cgroups=["pod"]), context)
     assert info.cgroups[0].path == "pod"
     assert audit_lines(caplog) == []
 
@@ -151,7 +151,7 @@ async def test_a_bug_is_internal_and_logged(
     monkeypatch.setattr("guestagent.ops.info.read_system", broken)
     context: Any = FakeContext()
     with caplog.at_level(logging.INFO), pytest.raises(Aborted):
-        await servicer.GetMemoryInfo(pb.GetMemoryInfoRequest(), context)
+        await memory_info(servicer, pb.GetMemoryInfoRequest(), context)
     assert (context.code, context.details) == (
         grpc.StatusCode.INTERNAL,
         "ZeroDivisionError: division by zero",
@@ -200,11 +200,11 @@ async def test_a_report_after_a_change_shows_it_within_the_sharing_window(
     sees its change in the next report, however soon it asks."""
     context: Any = FakeContext()
     request = pb.GetMemoryInfoRequest(cgroups=["pod"])
-    before = await servicer.GetMemoryInfo(request, context)
+    before = await memory_info(servicer, request, context)
     assert before.cgroups[0].max.unlimited
     limits = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=256 << 20))
     await servicer.SetMemoryLimits(limits, context)
-    after = await servicer.GetMemoryInfo(request, context)
+    after = await memory_info(servicer, request, context)
     assert after.cgroups[0].max.bytes == 256 << 20
 
 
@@ -213,10 +213,10 @@ async def test_reports_within_the_window_share_one_reading(
 ) -> None:
     context: Any = FakeContext()
     request = pb.GetMemoryInfoRequest(cgroups=["pod"])
-    first = await servicer.GetMemoryInfo(request, context)
+    first = await memory_info(servicer, request, context)
     # The kernel's figure moves, but a call within the window takes the reading it shares.
     (fake_root.root / "sys/fs/cgroup/pod/memory.current").write_text("12345\n")
-    second = await servicer.GetMemoryInfo(request, context)
+    second = await memory_info(servicer, request, context)
     assert second.collected_at_unix_ns == first.collected_at_unix_ns
     assert second.cgroups[0].current_bytes == first.cgroups[0].current_bytes
 
@@ -229,10 +229,10 @@ async def test_a_change_to_one_cgroup_leaves_the_others_shared(
     fake_root.add_cgroup("other")
     context: Any = FakeContext()
     request = pb.GetMemoryInfoRequest(cgroups=["other"])
-    first = await servicer.GetMemoryInfo(request, context)
+    first = await memory_info(servicer, request, context)
     (fake_root.root / "sys/fs/cgroup/other/memory.current").write_text("12345\n")
     limits = pb.SetMemoryLimitsRequest(cgroup="pod", memory=pb.LinuxMemory(limit=256 << 20))
     await servicer.SetMemoryLimits(limits, context)
-    second = await servicer.GetMemoryInfo(request, context)
+    second = await memory_info(servicer, request, context)
     assert second.collected_at_unix_ns == first.collected_at_unix_ns
     assert second.cgroups[0].current_bytes == first.cgroups[0].current_bytes != 12345
