@@ -1,4 +1,5 @@
-"""Report admission: a few reports at a time, in turn, and one while a state-changing call runs."""
+"""Report admission: a few reports at a time, in turn; none while a state-changing call starts,
+then one."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ async def test_reports_beyond_the_slots_wait_in_turn() -> None:
     assert reports.running == [0, 1, 2, 3, 4]
 
 
-async def test_a_state_changing_call_leaves_reports_one_slot() -> None:
-    admission = ReportAdmission(3)
+async def test_no_report_starts_while_a_state_changing_call_runs() -> None:
+    admission = ReportAdmission(3, hold_s=60)
     reports = Reports(admission)
     changing = asyncio.Event()
     done = asyncio.Event()
@@ -65,11 +66,38 @@ async def test_a_state_changing_call_leaves_reports_one_slot() -> None:
     await changing.wait()
     tasks = [asyncio.create_task(reports.report(n)) for n in range(3)]
     await settle()
-    assert reports.running == [0]
+    assert reports.running == []
     done.set()
     await changer
     await settle()
-    assert reports.running == [0, 1, 2]  # Its end gives the other slots back.
+    assert reports.running == [0, 1, 2]  # Its end gives the slots back.
+    for n in range(3):
+        reports.release[n].set()
+    await asyncio.gather(*tasks)
+
+
+async def test_changes_past_the_hold_let_one_report_through() -> None:
+    admission = ReportAdmission(3, hold_s=0.01)
+    reports = Reports(admission)
+    done = asyncio.Event()
+
+    async def change() -> None:
+        async with admission.change():
+            await done.wait()
+
+    changers = [asyncio.create_task(change()) for _ in range(2)]
+    tasks = [asyncio.create_task(reports.report(n)) for n in range(3)]
+    await settle()
+    assert reports.running == []
+    async with asyncio.timeout(5):  # The hold ends at 10 ms: one report goes, the rest wait.
+        while not reports.running:
+            await asyncio.sleep(0.001)
+    await settle()
+    assert reports.running == [0]
+    done.set()
+    await asyncio.gather(*changers)
+    await settle()
+    assert reports.running == [0, 1, 2]
     for n in range(3):
         reports.release[n].set()
     await asyncio.gather(*tasks)
