@@ -217,9 +217,13 @@ def decide(
         return Decision(0, ControllerState(Mode.AT_FLOOR, why, 0, backoffs, 0, clean_steps))
 
     # What the ages call cold goes at once, whatever the slack: it is not the working set.
+    # Less than a chunk waits until more is cold, as a probe does (below): a few pages going
+    # cold each interval otherwise made an eviction write every second after the burst
+    # (12 KiB at a time on the kata-fc boot, 2026-12-08), and a reclaimer that never pauses
+    # holds back the compaction that follows a burst (compaction_trigger.py).
     cold = min(sample.cold_bytes, headroom)
     cold -= cold % page_size
-    if cold > 0:
+    if cold >= CHUNK_BYTES:
         why = (
             f"evicting {cold} B idle at least {policy.cold_after_ms / 1000:g} s "
             f"of {sample.current} B (floor {floor} B)"

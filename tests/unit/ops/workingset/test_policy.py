@@ -276,6 +276,20 @@ def test_what_the_ages_call_cold_goes_at_once_whatever_the_probe_would_be() -> N
     assert "evicting 62914560 B idle at least 60 s" in decision.state.why
 
 
+@pytest.mark.parametrize(
+    ("cold", "kind", "step"),
+    [
+        (12 * 1024, StepKind.PROBE, 0),  # A trickle of cold pages: no write for it.
+        (MIB - PAGE, StepKind.PROBE, 0),
+        (MIB, StepKind.EVICT_COLD, MIB),  # A chunk: the kernel's least write is worth it.
+    ],
+)
+def test_less_than_a_chunk_of_cold_waits_for_more(cold: int, kind: StepKind, step: int) -> None:
+    with_ages = replace(sample(cold=cold), cooling_bytes=cold)
+    decision = decide(with_ages, POLICY, ControllerState(), PAGE)
+    assert (decision.kind, decision.step_bytes) == (kind, step), decision.state.why
+
+
 def test_cold_is_evicted_down_to_the_floor_only() -> None:
     decision = decide(sample(cold=60 * MIB, protected=70 * MIB), POLICY, ControllerState(), PAGE)
     assert (decision.kind, decision.step_bytes) == (StepKind.EVICT_COLD, 30 * MIB)
