@@ -15,7 +15,7 @@ from guestagent.linux.delayacct import DelayStallMeter
 from guestagent.linux.kernel import Kernel
 from guestagent.linux.meminfo import read_system_pressure
 from guestagent.linux.mm import read_free_blocks_optional
-from guestagent.ops.compaction import Compactor
+from guestagent.ops.compaction import Compactor, free_bytes_at_or_above
 from guestagent.ops.workingset.policy import ReclaimPolicy
 from guestagent.records import record
 from guestagent.sizes import MIB
@@ -53,8 +53,8 @@ class CompactionRule:
 
 def small_free_bytes(free_blocks: tuple[int, ...], page_size: int) -> int:
     """Free memory in blocks under the order free page reporting hands back."""
-    order = reporting_order(page_size)
-    return sum(n * (page_size << o) for o, n in enumerate(free_blocks) if o < order)
+    all_free = free_bytes_at_or_above(free_blocks, 0, page_size)
+    return all_free - free_bytes_at_or_above(free_blocks, reporting_order(page_size), page_size)
 
 
 def compaction_decision(
@@ -73,11 +73,10 @@ def compaction_decision(
     since and paused, or paused after a run in its burst with more stranded since: what it
     freed is scattered). `small_after_last_run_bytes`: free memory in small blocks as the
     last run ended (None: no run yet). Returns (run, why)."""
-    order = reporting_order(page_size)
     small = small_free_bytes(free_blocks, page_size)
-    total = sum(n * (page_size << o) for o, n in enumerate(free_blocks))
+    total = free_bytes_at_or_above(free_blocks, 0, page_size)
     share = small / total if total else 0.0
-    block = (page_size << order) // MIB
+    block = (page_size << reporting_order(page_size)) // MIB
     figures = f"{small // MIB} MiB of {total // MIB} MiB free is in blocks under {block} MiB"
     burst_over = not reclaiming and reclaimed_since_bytes >= rule.settled_after_bytes
     # More in small blocks than the last run left (none: no run yet).
