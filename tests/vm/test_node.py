@@ -31,8 +31,6 @@ import pytest
 
 from guestagent.host.client import AgentClient
 from guestagent.host.sizing.boot import Disk, VMConfig, free_tcp_port
-from guestagent.host.sizing.measure import guest_ram_resident
-from guestagent.host.vmm.rss import read_vmm_memory
 from guestagent.linux.mm import zoneinfo_sum
 from guestagent.sizes import MIB
 from guestagent.v1 import agent_pb2 as pb
@@ -47,6 +45,7 @@ from tests.workloads.reclaim import (
     guest_free_memory,
     guest_time,
     iteration_log,
+    ram_block_rss,
     slowdown,
     start_workload,
     within,
@@ -151,13 +150,10 @@ def guest_rss(vm: GuestVM) -> int:
     return vm.qemu_guest_rss_bytes()
 
 
-def ram_block_rss(vm: GuestVM) -> int:
-    """The resident part of QEMU's mapping of the guest's RAM: the guest's memory in QEMU's
-    RSS. QEMU's own memory beside it grew 22-31 MiB in both guests during the run, which no
-    guest can give back: one thread's malloc arena, by about 67 bytes per guest page the guest
-    touched (7.6 MiB for 464 MiB touched, 2026-12-07), the size of TCG's software TLB entries
-    (a fast and a full entry per page), which KVM has none of."""
-    ram = guest_ram_resident(read_vmm_memory(vm.pid).mappings, [GUEST.memory_mib * MIB])
+def ram_in_rss(vm: GuestVM) -> int:
+    """ram_block_rss, which must find the mapping here. QEMU's own memory beside it grew
+    22-31 MiB in both guests during the run, which no guest can give back."""
+    ram = ram_block_rss(vm)
     assert ram is not None, "no private anonymous mapping of exactly the guest's RAM size"
     return ram
 
@@ -173,7 +169,7 @@ def where_the_rest_is(guest: GuestVM) -> dict[str, Any]:
     text = guest.exec(["cat", "/proc/meminfo"]).stdout
     meminfo = {key: kb_field(text, key) for key in ("MemTotal", "MemFree", "SwapTotal", "SwapFree")}
     listed = {key: kb_field(text, key) for key in MEMINFO + MEMINFO_PARTS}
-    rss, ram = guest_rss(guest), ram_block_rss(guest)
+    rss, ram = guest_rss(guest), ram_in_rss(guest)
     return {
         "qemu_guest_rss_mib": round(rss / MIB, 1),
         # Of that, the guest's RAM block's and QEMU's own (its heap, TCG's other state).
@@ -262,7 +258,7 @@ def test_the_node_gives_back_both_guests_cold_sets_and_drops_a_sandbox_that_goes
         wait_until(
             ready(guest, outs[name]), pace.scale(300), f"{name}'s workload to touch its memory"
         )
-    before = {name: ram_block_rss(guest) for name, guest in guests.items()}
+    before = {name: ram_in_rss(guest) for name, guest in guests.items()}
     before_rss = {name: guest_rss(guest) for name, guest in guests.items()}
     RESULTS["at_start"] = {n: where_the_rest_is(g) for n, g in guests.items()}
     RESULTS["before_mib"] = {name: round(rss / MIB, 1) for name, rss in before.items()}
@@ -295,7 +291,7 @@ def test_the_node_gives_back_both_guests_cold_sets_and_drops_a_sandbox_that_goes
 
         def fallen() -> bool:
             for name, guest in guests.items():
-                rss, ram = guest_rss(guest), ram_block_rss(guest)
+                rss, ram = guest_rss(guest), ram_in_rss(guest)
                 lowest[name] = min(lowest[name], ram)
                 lowest_rss[name] = min(lowest_rss[name], rss)
                 at = round(time.monotonic() - started, 1)
